@@ -1,0 +1,106 @@
+"""The small interface every backend implements, and the facts it reports.
+
+A backend knows one kind of device: whether the host offers it (`probe`), how to put tensors and
+models there, how to wait for it, how to time a call on it and how to flush its caches between
+timed calls. Timing loops, comparisons and profiling are written once in `kforge.tools` against this
+interface, the way `triton.testing.do_bench` is written once against `driver.active`.
+
+Backends are imported inside worker processes, where candidate code runs; the server only reads
+their names and the availability that a probe worker reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Availability", "Backend", "DeviceFacts", "Timer"]
+
+
+class Availability(BaseModel):
+    """Whether a backend can run on this host, and if not, why (printed word for word by `doctor`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str
+    ok: bool
+    reason: str = Field(description="Why it is unavailable, or what was found when it is available.")
+    device_name: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict, description="Toolchain versions found.")
+
+
+class DeviceFacts(BaseModel):
+    """What the analyst needs to judge a measurement against the device."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str
+    device_name: str
+    cores: int | None = None
+    cache_bytes: int | None = Field(default=None, description="Largest cache level that a flush must evict.")
+    peak_bandwidth_gbs: float | None = None
+    peak_tflops: dict[str, float] = Field(default_factory=dict, description="Measured ceilings per dtype.")
+
+
+@runtime_checkable
+class Timer(Protocol):
+    """Brackets one call; `elapsed_s` waits for the device and returns the bracketed time."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def elapsed_s(self) -> float: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One accelerator kind. Methods other than `probe` run only inside a worker process."""
+
+    name: str
+    #: torch device string that inputs and models are moved to ("cpu", "cuda").
+    device: str
+
+    def probe(self) -> Availability:
+        """Say whether this host offers the backend. Never raises."""
+        ...
+
+    def setup(self) -> None:
+        """Prepare the worker process (threads, default device state) before any user code runs."""
+        ...
+
+    def to_device(self, value: Any) -> Any:
+        """Move a tensor, module, or a list/tuple/dict of them to the backend's device."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on the device has finished."""
+        ...
+
+    def timer(self) -> Timer:
+        """A fresh timer that measures device time for the calls between start and stop."""
+        ...
+
+    def flush_cache(self) -> None:
+        """Evict the caches a previous call warmed up; called outside the timed window."""
+        ...
+
+    def facts(self) -> DeviceFacts:
+        """Facts about the device the analyst judges measurements against."""
+        ...
+
+    def build_defaults(self) -> dict[str, list[str]]:
+        """Extra `load_inline` flags this backend adds to every build (e.g. OpenMP, one GPU arch)."""
+        ...
+
+    def profiler_activities(self) -> list[Any]:
+        """The `torch.profiler.ProfilerActivity` values worth recording on this device."""
+        ...
+
+
+def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
+    """Apply `fn` to every leaf of nested lists, tuples and dicts."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_structure(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: map_structure(fn, v) for k, v in value.items()}
+    return fn(value)

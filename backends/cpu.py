@@ -1,0 +1,137 @@
+"""CPU backend: C++ kernels built with `torch.utils.cpp_extension.load_inline` and OpenMP."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import time
+from typing import Any
+
+from .base import Availability, DeviceFacts, map_structure
+
+__all__ = ["CpuBackend"]
+
+# Large enough to evict the last-level cache of common server CPUs (tens of MiB); see flush_cache.
+_FLUSH_BYTES = 64 * 1024 * 1024
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def _llc_bytes() -> int | None:
+    """Size of the largest CPU cache that sysfs reports, or None."""
+    sizes = []
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(root):
+            raw = open(os.path.join(root, entry, "size")).read().strip()
+            mult = {"K": 1024, "M": 1024**2}.get(raw[-1], 1)
+            sizes.append(int(raw.rstrip("KM")) * mult)
+    except (OSError, ValueError):
+        return None
+    return max(sizes) if sizes else None
+
+
+class _WallTimer:
+    """Host wall-clock timer; CPU work is synchronous, so the bracketed time is the work's time."""
+
+    def __init__(self) -> None:
+        self._t0 = self._t1 = 0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter_ns()
+
+    def stop(self) -> None:
+        self._t1 = time.perf_counter_ns()
+
+    def elapsed_s(self) -> float:
+        return (self._t1 - self._t0) / 1e9
+
+
+class CpuBackend:
+    name = "cpu"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self._flush_buf = None
+
+    def probe(self) -> Availability:
+        versions: dict[str, str] = {"python": platform.python_version()}
+        try:
+            import torch
+            from torch.utils import cpp_extension
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason=f"torch cannot be imported ({exc}); install torch (see README)")
+        versions["torch"] = torch.__version__
+        cxx = os.environ.get("CXX", "c++")
+        cxx_path = shutil.which(cxx)
+        if cxx_path is None:
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason=f"no C++ compiler: '{cxx}' not found on PATH; install g++ or set CXX")
+        versions["cxx"] = _first_line([cxx_path, "--version"]) or cxx_path
+        try:
+            cpp_extension.verify_ninja_availability()
+        except RuntimeError:
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason="ninja not found: `pip install ninja` (load_inline needs it)")
+        versions["ninja"] = _first_line(["ninja", "--version"]) or "found"
+        return Availability(backend=self.name, ok=True, versions=versions,
+                            device_name=self._cpu_name(),
+                            reason=f"C++ compiler and ninja found; {os.cpu_count()} cores")
+
+    @staticmethod
+    def _cpu_name() -> str:
+        try:
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine()
+
+    def setup(self) -> None:
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    def to_device(self, value: Any) -> Any:
+        return value  # inputs are made on the CPU already
+
+    def synchronize(self) -> None:
+        return None
+
+    def timer(self) -> _WallTimer:
+        return _WallTimer()
+
+    def flush_cache(self) -> None:
+        import torch
+
+        if self._flush_buf is None:
+            self._flush_buf = torch.empty(_FLUSH_BYTES // 4, dtype=torch.float32)
+        # Writing the whole buffer evicts what the previous call left in the caches.
+        self._flush_buf.fill_(1.0)
+
+    def facts(self) -> DeviceFacts:
+        return DeviceFacts(backend=self.name, device_name=self._cpu_name(),
+                           cores=len(os.sched_getaffinity(0)), cache_bytes=_llc_bytes())
+
+    def build_defaults(self) -> dict[str, list[str]]:
+        return {"extra_cflags": ["-O3", "-fopenmp"], "extra_ldflags": ["-fopenmp"]}
+
+    def profiler_activities(self) -> list[Any]:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU]
+
+    @staticmethod
+    def move(value: Any, device: str) -> Any:
+        return map_structure(lambda v: v.to(device) if hasattr(v, "to") else v, value)

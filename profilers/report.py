@@ -1,0 +1,132 @@
+"""The normalized profile: one model that every collector fills and every analyst reads.
+
+Times are stored in microseconds (`_us`), as `torch.profiler` reports them; `format_us` picks
+the unit for display only.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Counter", "OpRow", "ProfileReport", "TimingStats", "format_us"]
+
+# A spread (IQR / median) above this makes a timing noisy enough to warn about.
+_IQR_WARN_FRACTION = 0.10
+# Fewer samples than this and the median itself is shaky.
+_MIN_SAMPLES = 10
+
+
+def format_us(us: float | None) -> str:
+    if us is None or math.isnan(us):
+        return "n/a"
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f} ms"
+    return f"{us:.2f} us"
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    pos = (len(sorted_values) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+class TimingStats(BaseModel):
+    """Statistics of repeated timed calls of one model, built once from the samples."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str = Field(description="What was timed: 'candidate', 'eager', 'torch.compile'.")
+    samples: int
+    median_us: float
+    mean_us: float
+    std_us: float
+    min_us: float
+    max_us: float
+    q1_us: float
+    q3_us: float
+    rel_sem: float = Field(description="Standard error of the mean divided by the mean.")
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def iqr_us(self) -> float:
+        return self.q3_us - self.q1_us
+
+    @classmethod
+    def from_samples_s(cls, label: str, samples_s: Sequence[float], *, extra_warnings: Sequence[str] = ()) -> TimingStats:
+        if not samples_s:
+            raise ValueError(f"no timing samples for {label}")
+        us = sorted(s * 1e6 for s in samples_s)
+        n = len(us)
+        mean = statistics.fmean(us)
+        std = statistics.stdev(us) if n > 1 else 0.0
+        median = statistics.median(us)
+        q1, q3 = _quantile(us, 0.25), _quantile(us, 0.75)
+        warnings = list(extra_warnings)
+        if n < _MIN_SAMPLES:
+            warnings.append(f"only {n} samples (fewer than {_MIN_SAMPLES}); the median is uncertain")
+        if median > 0 and (q3 - q1) / median > _IQR_WARN_FRACTION:
+            warnings.append(f"noisy: IQR is {100 * (q3 - q1) / median:.0f}% of the median")
+        return cls(label=label, samples=n, median_us=median, mean_us=mean, std_us=std, min_us=us[0],
+                   max_us=us[-1], q1_us=q1, q3_us=q3,
+                   rel_sem=(std / math.sqrt(n) / mean) if mean > 0 else 0.0, warnings=tuple(warnings))
+
+    def __str__(self) -> str:
+        return (f"{self.label}: median {format_us(self.median_us)} "
+                f"(IQR {format_us(self.q1_us)} to {format_us(self.q3_us)}, {self.samples} samples)")
+
+
+class OpRow(BaseModel):
+    """One line of a profiler's operator or kernel table."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    calls: int
+    self_time_us: float = Field(description="Time in this op itself, per profiled window.")
+    total_time_us: float = Field(description="Time including the ops it called.")
+    device_time_us: float | None = Field(default=None, description="Device (GPU) time, where recorded.")
+    share: float = Field(description="self_time_us as a fraction of all ops' self time.")
+    is_custom: bool = Field(description="True for the candidate's own compiled kernels.")
+
+
+class Counter(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    value: float
+    unit: str = ""
+
+
+class Baseline(BaseModel):
+    """A reference implementation timed in the same run as the candidate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="'eager' or 'torch.compile'.")
+    timing: TimingStats | None = None
+    speedup: float | None = Field(default=None, description="Baseline median / candidate median; >1 means the candidate is faster.")
+    error: str | None = Field(default=None, description="Why this baseline could not be timed.")
+
+
+class ProfileReport(BaseModel):
+    """Everything the analyst reads about one profiled candidate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str
+    device_name: str
+    collector: str = Field(description="Which profiler produced the op table, e.g. 'torch.profiler'.")
+    candidate: TimingStats | None = None
+    baselines: tuple[Baseline, ...] = ()
+    ops: tuple[OpRow, ...] = ()
+    profiled_calls: int = Field(default=0, description="Calls inside the profiler window; op times cover all of them.")
+    custom_share: float | None = Field(default=None, description="Share of op self time in the candidate's own kernels.")
+    counters: tuple[Counter, ...] = ()
+    counters_note: str | None = Field(default=None, description="Why hardware counters are missing, when they are.")
+    notes: tuple[str, ...] = ()

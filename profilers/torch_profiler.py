@@ -1,0 +1,72 @@
+"""Collector: `torch.profiler`'s operator table, condensed to `OpRow`s, plus a Chrome trace.
+
+Functions of the candidate's own extensions are invisible to the profiler (pybind calls are not
+aten ops), so while profiling they are wrapped in `record_function("kforge::<ext>.<fn>")`; those
+rows are the candidate's custom kernels. The wrappers are removed before anything is timed.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, Sequence
+
+from .report import OpRow
+
+__all__ = ["CUSTOM_PREFIX", "collect_op_table", "label_extension_functions"]
+
+CUSTOM_PREFIX = "kforge::"
+_MAX_ROWS = 25
+
+
+@contextmanager
+def label_extension_functions(extensions: Sequence[ModuleType]) -> Iterator[None]:
+    import torch
+
+    patched: list[tuple[ModuleType, str, Any]] = []
+    for ext in extensions:
+        ext_name = getattr(ext, "__name__", "ext").rsplit(".", 1)[-1]
+        for attr in dir(ext):
+            fn = getattr(ext, attr)
+            if attr.startswith("_") or not callable(fn) or isinstance(fn, type):
+                continue
+
+            def wrapped(*args: Any, __fn: Any = fn, __label: str = f"{CUSTOM_PREFIX}{ext_name}.{attr}", **kw: Any) -> Any:
+                with torch.profiler.record_function(__label):
+                    return __fn(*args, **kw)
+
+            setattr(ext, attr, wrapped)
+            patched.append((ext, attr, fn))
+    try:
+        yield
+    finally:
+        for ext, attr, fn in patched:
+            setattr(ext, attr, fn)
+
+
+def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any, *,
+                     calls: int, trace_path: Path | None) -> tuple[list[OpRow], float]:
+    """Profile `calls` calls and return the op rows (per window) and the window's total self time (us)."""
+    from torch.profiler import profile
+
+    arg_sets = [make_args(i) for i in range(calls)]
+    backend.synchronize()
+    with profile(activities=backend.profiler_activities(), record_shapes=False) as prof:
+        for args in arg_sets:
+            fn(*args)
+        backend.synchronize()
+    if trace_path is not None:
+        prof.export_chrome_trace(str(trace_path))
+    events = prof.key_averages()
+    total_self = sum(e.self_cpu_time_total for e in events) or 1.0
+    rows = []
+    for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True):
+        device_total = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", None)
+        rows.append(OpRow(name=e.key, calls=e.count, self_time_us=float(e.self_cpu_time_total),
+                          total_time_us=float(e.cpu_time_total),
+                          device_time_us=float(device_total) if device_total else None,
+                          share=float(e.self_cpu_time_total) / total_self,
+                          is_custom=e.key.startswith(CUSTOM_PREFIX)))
+    # A record_function range's self time excludes the aten ops it launched; its total is the kernel.
+    return rows[:_MAX_ROWS], float(total_self)

@@ -1,0 +1,90 @@
+"""What every tool function needs from its caller: data directory, store, limits, device locks.
+
+Built once by the server from its settings and passed down; nothing below reads the environment.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Iterator
+
+import anyio
+
+from kforge.backends import Availability, backend_names
+
+from .runner import WorkerLimits, WorkerProcess
+from .store import ResultStore
+
+__all__ = ["Progress", "RequestError", "ToolContext", "no_progress"]
+
+Progress = Callable[[float, float | None, str], Awaitable[None]]
+
+
+async def no_progress(done: float, total: float | None, message: str) -> None:
+    return None
+
+
+class RequestError(Exception):
+    """A request the server cannot serve (unknown backend, unknown profile); the message says how to fix it."""
+
+
+@dataclass
+class ToolContext:
+    home: Path
+    limits: WorkerLimits = field(default_factory=WorkerLimits)
+    keep_scratch: bool = False
+    store: ResultStore = field(init=False)
+    _locks: dict[str, anyio.Lock] = field(default_factory=dict, init=False)
+    _availability: list[Availability] | None = field(default=None, init=False)
+    _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).expanduser().resolve()
+        self.store = ResultStore(self.home)
+
+    def device_lock(self, backend: str) -> anyio.Lock:
+        """One timing job per accelerator at a time; builds and correctness runs do not take it."""
+        return self._locks.setdefault(backend, anyio.Lock())
+
+    @contextmanager
+    def scratch(self, tool: str) -> Iterator[Path]:
+        path = self.home / "jobs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{tool}-{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        try:
+            yield path
+        finally:
+            if not self.keep_scratch:
+                shutil.rmtree(path, ignore_errors=True)
+
+    async def availability(self) -> list[Availability]:
+        """Probe every known backend once, in a worker (the server itself never imports torch)."""
+        async with self._probe_lock:
+            if self._availability is None:
+                with self.scratch("probe") as scratch:
+                    async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
+                                             role="probe") as w:
+                        reply = await w.call("probe", stage="probe", timeout_s=120, backends=backend_names())
+                self._availability = [Availability(**b) for b in reply["backends"]]
+            return self._availability
+
+    async def require_backend(self, name: str) -> Availability:
+        found = {a.backend: a for a in await self.availability()}
+        if name not in found:
+            raise RequestError(f"unknown backend {name!r}; this server knows: {', '.join(sorted(found))}")
+        if not found[name].ok:
+            offered = [a.backend for a in found.values() if a.ok]
+            raise RequestError(f"backend {name!r} is not available on this host: {found[name].reason}. "
+                               f"Available here: {', '.join(offered) or 'none'}")
+        return found[name]
+
+    async def environment(self, backend: str) -> dict[str, str]:
+        """Versions that make a stored result stale when they change."""
+        from kforge import __version__
+
+        avail = await self.require_backend(backend)
+        return {"kforge": __version__, **avail.versions, "device": avail.device_name or ""}

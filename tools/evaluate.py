@@ -1,0 +1,176 @@
+"""compile_kernel and verify_against_reference as plain async functions (profile_kernel: `profile.py`).
+
+Each one runs user code only in workers (see `kforge.tools.worker`): a *candidate* worker builds and
+runs ModelNew; for verify and profile a separate *judge* worker builds the reference, makes the
+inputs from fresh secret seeds and keeps the expected outputs, so the candidate never sees them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from .context import Progress, ToolContext, no_progress
+from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
+                     VerifyResult, WeightSync, sha256_text)
+from .runner import WorkerDied, WorkerProcess
+
+__all__ = ["compile_kernel", "verify_against_reference"]
+
+# Failures that depend only on the code, so a stored answer stays true; crashes and timeouts may not.
+_DETERMINISTIC_FAILURES = {"syntax_error", "build_error", "interface_error"}
+
+
+async def _spec(ctx: ToolContext, tool: str, backend: str, candidate: str, reference: str | None,
+                options: dict[str, Any]) -> JobSpec:
+    return JobSpec(tool=tool, backend=backend, candidate_sha256=sha256_text(candidate),
+                   reference_sha256=sha256_text(reference) if reference is not None else None,
+                   options=options, environment=await ctx.environment(backend))
+
+
+def _compile_result(spec: JobSpec, reply: dict[str, Any] | None, failure: Failure | None) -> CompileResult:
+    reply = reply or {}
+    builds = [BuildInfo(**b) for b in reply.get("builds", [])]
+    diagnostics = [Diagnostic(**d) for d in reply.get("diagnostics", [])]
+    if failure is None and reply.get("failure"):
+        failure = Failure(**reply["failure"])
+    if failure is not None and failure.diagnostics:
+        known = {(d.message, d.origin) for d in diagnostics}
+        diagnostics = [d for d in failure.diagnostics if (d.message, d.origin) not in known] + diagnostics
+    diagnostics.sort(key=lambda d: d.severity != "error")
+    return CompileResult(spec=spec, ok=failure is None, build_seconds=round(sum(b.seconds for b in builds), 3),
+                         load_seconds=round(reply.get("seconds", 0.0), 3),
+                         from_cache=bool(builds) and all(b.from_cache for b in builds), builds=builds,
+                         diagnostics=diagnostics, failure=failure)
+
+
+def _storable(failure: Failure | None) -> bool:
+    return failure is None or failure.kind in _DETERMINISTIC_FAILURES
+
+
+async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str) -> WorkerProcess:
+    return await stack.enter_async_context(
+        WorkerProcess(backend=backend, home=ctx.home, scratch=scratch / role, limits=ctx.limits, role=role))
+
+
+async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
+                          code: str) -> tuple[WorkerProcess | None, CompileResult]:
+    try:
+        worker = await _start(stack, ctx, backend, scratch, "candidate")
+        reply = await worker.call("load", stage="load", role="candidate", source=code)
+    except WorkerDied as died:
+        return None, _compile_result(spec, None, died.failure)
+    result = _compile_result(spec, reply, None)
+    return (worker if result.ok else None), result
+
+
+def _as_reference_failure(failure: Failure) -> Failure:
+    return failure.model_copy(update={"stage": "reference",
+                                      "message": f"the reference failed, not the candidate: {failure.message}"})
+
+
+async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
+                         seeds: list[int], init_seed: int) -> tuple[WorkerProcess | None, Failure | None]:
+    try:
+        judge = await _start(stack, ctx, backend, scratch, "judge")
+        reply = await judge.call("load", stage="reference", role="reference", source=reference)
+        if reply.get("failure"):
+            return None, _as_reference_failure(Failure(**reply["failure"]))
+        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds,
+                                 exchange=str(scratch / "inputs.pt"))
+        if reply.get("failure"):
+            return None, _as_reference_failure(Failure(**reply["failure"]))
+    except WorkerDied as died:
+        return None, _as_reference_failure(died.failure)
+    return judge, None
+
+
+def _fresh_seeds(n: int) -> tuple[int, list[int]]:
+    """Secret seeds: drawn by the server per request, unknown to the candidate until it has run."""
+    return secrets.randbits(31), [secrets.randbits(31) for _ in range(n)]
+
+
+async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *, use_store: bool = True,
+                         progress: Progress = no_progress) -> CompileResult:
+    spec = await _spec(ctx, "compile_kernel", backend, candidate_code, None, {})
+    if use_store and (hit := ctx.store.get_result(spec.key)):
+        return CompileResult(**{**hit, "from_store": True})
+    await progress(0, 1, "building the candidate in a worker")
+    with ctx.scratch("compile") as scratch:
+        async with AsyncExitStack() as stack:
+            _, result = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+    if _storable(result.failure):
+        ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
+    await progress(1, 1, "built" if result.ok else "build failed")
+    return result
+
+
+async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
+                                   trials: int = 5, atol: float | None = None, rtol: float | None = None,
+                                   use_store: bool = True, progress: Progress = no_progress) -> VerifyResult:
+    options = {"trials": trials, "atol": atol, "rtol": rtol}
+    spec = await _spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
+    if use_store and (hit := ctx.store.get_result(spec.key)):
+        return VerifyResult(**{**hit, "from_store": True})
+    t0 = time.perf_counter()
+    init_seed, seeds = _fresh_seeds(trials)
+    steps = 4.0
+    with ctx.scratch("verify") as scratch:
+        async with AsyncExitStack() as stack:
+            await progress(0, steps, "running the reference in the judge worker")
+            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            if failure is not None:
+                return VerifyResult(spec=spec, ok=False, correct=False, failure=failure, seconds=time.perf_counter() - t0)
+            await progress(1, steps, "building the candidate")
+            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+            if worker is None:
+                return _finish_verify(ctx, spec, t0, compile=compiled, failure=compiled.failure)
+            await progress(2, steps, f"running {trials} trials of the candidate")
+            try:
+                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                        outputs=str(scratch / "outputs.pt"))
+            except WorkerDied as died:
+                return _finish_verify(ctx, spec, t0, compile=compiled, failure=died.failure)
+            if run.get("failure"):
+                return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["failure"]))
+            await progress(3, steps, "comparing with the reference")
+            try:
+                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),
+                                            atol=atol, rtol=rtol)
+            except WorkerDied as died:
+                return _finish_verify(ctx, spec, t0, compile=compiled, failure=_as_reference_failure(died.failure))
+    reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(compared["trials"])]
+    tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
+    weights = WeightSync(**run["weights"])
+    warnings = _verify_warnings(reports, weights)
+    await progress(steps, steps, "done")
+    return _finish_verify(ctx, spec, t0, compile=compiled, trials=reports, tolerances=list(tolerances.values()),
+                          weights=weights, warnings=warnings)
+
+
+def _trial_report(i: int, seed: int, trial: dict[str, Any]) -> TrialReport:
+    checks = [OutputCheck(**c) for c in trial["checks"]]
+    ok = trial["error"] is None and bool(checks) and all(c.correct for c in checks)
+    return TrialReport(trial=i, seed=seed, correct=ok, outputs=checks, error=trial["error"])
+
+
+def _verify_warnings(reports: list[TrialReport], weights: WeightSync) -> list[str]:
+    warnings = []
+    if weights.unmatched:
+        warnings.append(f"{len(weights.unmatched)} reference parameter(s) had no same-named, same-shaped "
+                        f"entry in ModelNew and kept ModelNew's own initialization: {', '.join(weights.unmatched[:5])}")
+    return warnings
+
+
+def _finish_verify(ctx: ToolContext, spec: JobSpec, t0: float, **fields: Any) -> VerifyResult:
+    trials = fields.get("trials") or []
+    failure = fields.get("failure")
+    correct = failure is None and bool(trials) and all(t.correct for t in trials)
+    result = VerifyResult(spec=spec, ok=failure is None, correct=correct, seconds=round(time.perf_counter() - t0, 3),
+                          **fields)
+    if _storable(failure):
+        ctx.store.put_result(spec.key, "verify_against_reference", result.model_dump(mode="json"))
+    return result

@@ -1,0 +1,213 @@
+"""Load a candidate or reference module inside a worker, capturing every `load_inline` build.
+
+Runs only in worker processes. The user's source is written to a file (Triton and tracebacks need
+real files) and imported as a module. While it imports, `torch.utils.cpp_extension.load_inline` is
+replaced by a wrapper that
+
+* puts each build in a content-addressed directory of the shared build cache (same sources, flags
+  and toolchain -> same directory, so a repeated candidate is ready without compiling; torch's own
+  lock file serializes concurrent builders of one directory);
+* adds the backend's default flags (OpenMP on CPU, the present GPU's arch on CUDA);
+* captures the compiler's output and turns it into located diagnostics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+from .diagnostics import SourceMap, parse_compiler_output
+from .models import BuildInfo, Diagnostic, Failure
+
+__all__ = ["LoadOutcome", "load_user_module", "python_failure"]
+
+_TAIL_LINES = 30
+
+
+@dataclass
+class LoadOutcome:
+    module: ModuleType | None
+    seconds: float
+    builds: list[BuildInfo] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    failure: Failure | None = None
+    #: extension modules built while loading, for the profiler's per-function labels
+    extensions: list[ModuleType] = field(default_factory=list)
+
+
+def _tail(text: str, n: int = _TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str | None = None) -> Failure:
+    """A Failure for a Python exception, pointing at the deepest frame in the user's file."""
+    line = None
+    if isinstance(exc, SyntaxError) and exc.filename == str(user_file):
+        line = exc.lineno
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename == str(user_file):
+            line = frame.lineno
+    if kind is None:
+        kind = ("syntax_error" if isinstance(exc, SyntaxError)
+                else "out_of_memory" if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+                else "import_error" if isinstance(exc, ImportError) else "exception")
+    message = f"{type(exc).__name__}: {exc}".strip()
+    tb = "".join(traceback.format_exception(exc))
+    return Failure(stage=stage, kind=kind, message=message[:2000], line=line, traceback_tail=_tail(tb))
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _build_key(kwargs: dict[str, Any], backend_name: str) -> str:
+    import torch
+
+    parts = {k: kwargs.get(k) for k in sorted(kwargs) if k not in ("verbose", "build_directory")}
+    parts["_torch"] = torch.__version__
+    parts["_backend"] = backend_name
+    parts["_cxx"] = os.environ.get("CXX", "")
+    parts["_arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _built_library_exists(build_dir: Path, name: str) -> bool:
+    return any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
+
+
+@contextmanager
+def _fd_capture(path: Path) -> Iterator[None]:
+    """Point fds 1 and 2 at `path` (compiler output from ninja's subprocesses lands there)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+class _BuildError(Exception):
+    """Raised out of the candidate's import when one of its builds failed."""
+
+    def __init__(self, name: str, diagnostics: list[Diagnostic], output: str) -> None:
+        super().__init__(f"build of extension '{name}' failed")
+        self.name, self.diagnostics, self.output = name, diagnostics, output
+
+
+class _InlineBuilder:
+    """The `load_inline` stand-in installed while user code imports."""
+
+    def __init__(self, original: Any, *, candidate_text: str, cache_dir: Path, backend: Any) -> None:
+        self.original = original
+        self.cache_dir = cache_dir
+        self.backend = backend
+        self.source_map = SourceMap(candidate_text)
+        self.builds: list[BuildInfo] = []
+        self.diagnostics: list[Diagnostic] = []
+        self.extensions: list[ModuleType] = []
+
+    def __call__(self, name: str, cpp_sources: Any, cuda_sources: Any = None, functions: Any = None, **kwargs: Any) -> Any:
+        kwargs.update(name=name, cpp_sources=_as_list(cpp_sources), cuda_sources=_as_list(cuda_sources), functions=functions)
+        for flag_kind, defaults in self.backend.build_defaults().items():
+            have = list(kwargs.get(flag_kind) or [])
+            kwargs[flag_kind] = have + [f for f in defaults if f not in have]
+        build_dir = self.cache_dir / f"{name}-{_build_key(kwargs, self.backend.name)}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cached = _built_library_exists(build_dir, name)
+        capture = build_dir / "kforge-build.log"
+        embedded_cpp = list(kwargs["cpp_sources"])
+        embedded_cuda = list(kwargs["cuda_sources"])
+        t0 = time.perf_counter()
+        try:
+            with _fd_capture(capture):
+                module = self.original(**{**kwargs, "build_directory": str(build_dir), "verbose": True})
+        except Exception as exc:
+            output = capture.read_text(errors="replace") if capture.exists() else ""
+            output = output + "\n" + str(exc)
+            diags = self._diagnostics(output, build_dir, embedded_cpp, embedded_cuda)
+            self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
+                                         functions=_as_list(functions) if not isinstance(functions, dict) else list(functions)))
+            self.diagnostics.extend(diags)
+            raise _BuildError(name, diags, output) from exc
+        seconds = time.perf_counter() - t0
+        output = capture.read_text(errors="replace") if capture.exists() else ""
+        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, embedded_cpp, embedded_cuda)
+                                if d.severity == "warning")
+        fn_names = list(functions) if isinstance(functions, dict) else _as_list(functions)
+        self.builds.append(BuildInfo(name=name, ok=True, seconds=seconds, from_cache=cached, functions=fn_names))
+        self.extensions.append(module)
+        return module
+
+    def _diagnostics(self, output: str, build_dir: Path, cpp: list[str], cuda: list[str]) -> list[Diagnostic]:
+        self.source_map.add_generated_file(build_dir / "main.cpp", cpp)
+        if cuda:
+            self.source_map.add_generated_file(build_dir / "cuda.cu", cuda)
+        return parse_compiler_output(output, self.source_map, build_dir=build_dir, source="c++")
+
+
+def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any) -> LoadOutcome:
+    """Import `source` as module `module_name` from file `path`, building its extensions.
+
+    Never raises for problems in the user's code: they come back as `LoadOutcome.failure`.
+    """
+    path.write_text(source)
+    t0 = time.perf_counter()
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        return LoadOutcome(None, time.perf_counter() - t0, failure=Failure(
+            stage="load", kind="syntax_error", message=f"SyntaxError: {exc.msg}", line=exc.lineno,
+            diagnostics=[Diagnostic(severity="error", message=exc.msg, line=exc.lineno, column=exc.offset,
+                                    source="python", code_line=(exc.text or "").rstrip() or None)]))
+
+    from torch.utils import cpp_extension
+
+    builder = _InlineBuilder(cpp_extension.load_inline, candidate_text=source, cache_dir=cache_dir, backend=backend)
+    module = ModuleType(module_name)
+    module.__file__ = str(path)
+    sys.modules[module_name] = module
+    cpp_extension.load_inline = builder
+    try:
+        exec(code, module.__dict__)
+    except _BuildError as exc:
+        errors = [d for d in exc.diagnostics if d.severity == "error"]
+        first = errors[0] if errors else None
+        return LoadOutcome(None, time.perf_counter() - t0, builder.builds, builder.diagnostics,
+                           failure=Failure(stage="build", kind="build_error",
+                                           message=str(first.message if first else exc),
+                                           line=first.line if first else None, diagnostics=exc.diagnostics,
+                                           output_tail=_tail(exc.output, 40)),
+                           extensions=builder.extensions)
+    except BaseException as exc:  # noqa: BLE001 - anything the user's import raises is a result
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        failure = python_failure(exc, stage="load", user_file=path)
+        if isinstance(exc, SystemExit):
+            failure = failure.model_copy(update={"kind": "exited", "message": f"the module called exit({exc.code})"})
+        return LoadOutcome(None, time.perf_counter() - t0, builder.builds, builder.diagnostics, failure=failure,
+                           extensions=builder.extensions)
+    finally:
+        cpp_extension.load_inline = builder.original
+    return LoadOutcome(module, time.perf_counter() - t0, builder.builds, builder.diagnostics,
+                       extensions=builder.extensions)

@@ -1,0 +1,271 @@
+"""Result models of the tools. Every tool returns one of these; `__str__` is its human summary.
+
+A candidate's failure (syntax error, build error, wrong output, crash, timeout) is a normal result
+with `ok=False` and a `Failure` that says what and where; only requests the server cannot serve
+are errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us
+
+__all__ = [
+    "BuildInfo", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
+    "ProfileResult", "TensorInfo", "Tolerance", "TrialReport", "VerifyResult", "WeightSync",
+    # re-exported for callers that only import tools
+    "Baseline", "Counter", "OpRow", "ProfileReport", "TimingStats",
+]
+
+_FROZEN = ConfigDict(frozen=True)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class JobSpec(BaseModel):
+    """What was asked: a result always carries the spec that produced it; its key indexes the store."""
+
+    model_config = _FROZEN
+
+    tool: str
+    backend: str
+    candidate_sha256: str
+    reference_sha256: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, str] = Field(default_factory=dict, description="kforge and toolchain versions.")
+
+    @property
+    def key(self) -> str:
+        return sha256_text(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+class Diagnostic(BaseModel):
+    """One compiler or interpreter message, located in the candidate's own text where possible."""
+
+    model_config = _FROZEN
+
+    severity: Literal["error", "warning", "note"]
+    message: str
+    line: int | None = Field(default=None, description="1-based line in the candidate's text.")
+    column: int | None = None
+    source: str = Field(description="Who said it: 'python', 'c++', 'cuda', 'linker', 'triton'.")
+    origin: str | None = Field(default=None, description="Where the tool pointed, e.g. 'main.cpp:14:7'.")
+    code_line: str | None = Field(default=None, description="The candidate's line the message points at.")
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line else (self.origin or "?")
+        return f"{where}: {self.severity}: {self.message}"
+
+
+class BuildInfo(BaseModel):
+    """One `load_inline` call made by the candidate."""
+
+    model_config = _FROZEN
+
+    name: str
+    ok: bool
+    seconds: float
+    from_cache: bool = Field(description="True when a previous build of the same sources and flags was reused.")
+    functions: list[str] = Field(default_factory=list)
+
+
+FailureKind = Literal[
+    "syntax_error", "import_error", "build_error", "interface_error", "exception",
+    "timeout", "crashed", "exited", "out_of_memory",
+]
+
+
+class Failure(BaseModel):
+    """What went wrong in a worker, and where."""
+
+    model_config = _FROZEN
+
+    stage: str = Field(description="What the worker was doing: load, build, init, forward, reference, timing, profile.")
+    kind: FailureKind
+    message: str
+    line: int | None = Field(default=None, description="Line in the candidate (or reference) text, where known.")
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    traceback_tail: str | None = None
+    output_tail: str | None = Field(default=None, description="Last lines the process printed (stdout and stderr).")
+
+    def __str__(self) -> str:
+        where = f" at line {self.line}" if self.line else ""
+        return f"{self.kind} during {self.stage}{where}: {self.message}"
+
+
+class CompileResult(BaseModel):
+    model_config = _FROZEN
+
+    spec: JobSpec
+    ok: bool
+    build_seconds: float = Field(description="Wall time of all load_inline builds.")
+    load_seconds: float = Field(description="Wall time to import the candidate, builds included.")
+    from_cache: bool = Field(description="True when every build was reused from the build cache.")
+    builds: list[BuildInfo] = Field(default_factory=list)
+    diagnostics: list[Diagnostic] = Field(default_factory=list, description="Errors first, then warnings.")
+    failure: Failure | None = None
+    from_store: bool = Field(default=False, description="True when this answer was read from the result store.")
+
+    def __str__(self) -> str:
+        warns = sum(d.severity == "warning" for d in self.diagnostics)
+        if self.ok:
+            cache = "from cache" if self.from_cache else "fresh build"
+            return (f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
+                    f"{warns} warning(s). Next: verify_against_reference.")
+        lines = [f"Compile failed: {self.failure}"]
+        lines += [f"  {d}" for d in self.diagnostics if d.severity == "error"][:5]
+        return "\n".join(lines)
+
+
+class TensorInfo(BaseModel):
+    model_config = _FROZEN
+
+    kind: str = Field(description="'tensor' or the Python type name of a non-tensor output.")
+    shape: list[int] | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+
+class Mismatch(BaseModel):
+    model_config = _FROZEN
+
+    index: list[int]
+    got: float
+    expected: float
+
+
+class Tolerance(BaseModel):
+    model_config = _FROZEN
+
+    dtype: str
+    atol: float
+    rtol: float
+    why: str
+
+
+class OutputCheck(BaseModel):
+    """The comparison of one output tensor of one trial."""
+
+    model_config = _FROZEN
+
+    output: int = Field(description="Position of the output (0 for a single tensor).")
+    correct: bool
+    expected: TensorInfo
+    got: TensorInfo | None
+    problems: list[str] = Field(default_factory=list, description="Why it is wrong, in words.")
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    mismatches: int = 0
+    numel: int = 0
+    first_mismatches: list[Mismatch] = Field(default_factory=list)
+    nan_count: int = 0
+    inf_count: int = 0
+    tolerance: Tolerance | None = None
+
+
+class TrialReport(BaseModel):
+    model_config = _FROZEN
+
+    trial: int
+    seed: int
+    correct: bool
+    outputs: list[OutputCheck]
+    error: str | None = Field(default=None, description="Why the candidate produced no output for this trial.")
+
+
+class WeightSync(BaseModel):
+    """How the reference's initial weights were given to ModelNew."""
+
+    model_config = _FROZEN
+
+    copied: int = Field(description="Parameters and buffers copied from Model by name and shape.")
+    reference_total: int
+    unmatched: list[str] = Field(default_factory=list, description="Reference entries with no same-named, same-shaped entry in ModelNew.")
+
+
+class VerifyResult(BaseModel):
+    model_config = _FROZEN
+
+    spec: JobSpec
+    ok: bool = Field(description="True when the candidate ran; see `correct` for the verdict.")
+    correct: bool
+    trials: list[TrialReport] = Field(default_factory=list)
+    tolerances: list[Tolerance] = Field(default_factory=list)
+    weights: WeightSync | None = None
+    compile: CompileResult | None = None
+    failure: Failure | None = None
+    warnings: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    from_store: bool = False
+
+    def __str__(self) -> str:
+        if self.failure is not None:
+            return f"Not verified: {self.failure}"
+        passed = sum(t.correct for t in self.trials)
+        head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed "
+                f"({self.seconds:.1f} s).")
+        lines = [head]
+        for t in self.trials:
+            if t.correct:
+                continue
+            if t.error:
+                lines.append(f"  trial {t.trial}: {t.error}")
+                continue
+            for o in t.outputs:
+                if not o.correct:
+                    first = o.first_mismatches[0] if o.first_mismatches else None
+                    at = f"; first at {first.index}: got {first.got:.6g}, expected {first.expected:.6g}" if first else ""
+                    lines.append(f"  trial {t.trial} output {o.output}: {'; '.join(o.problems)}{at}")
+            if len(lines) > 4:
+                break
+        lines += [f"  warning: {w}" for w in self.warnings]
+        if self.correct:
+            lines.append("Next: profile_kernel to time it against eager and torch.compile.")
+        return "\n".join(lines)
+
+
+class ProfileResult(BaseModel):
+    model_config = _FROZEN
+
+    spec: JobSpec
+    ok: bool
+    profile_id: str | None = Field(default=None, description="Read it as resource kforge://profiles/{profile_id} or pass it to summarize_profile.")
+    report: ProfileReport | None = None
+    output_correct: bool | None = Field(default=None, description="Whether the timed candidate's output matched the reference.")
+    output_check: OutputCheck | None = None
+    artifacts: list[str] = Field(default_factory=list, description="Resource URIs of raw artifacts (Chrome trace, logs).")
+    failure: Failure | None = None
+    warnings: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    from_store: bool = False
+
+    def __str__(self) -> str:
+        if self.failure is not None or self.report is None:
+            return f"Not profiled: {self.failure}"
+        r = self.report
+        lines = [f"Profile {self.profile_id} on {r.device_name}:", f"  {r.candidate}"]
+        for b in r.baselines:
+            if b.timing is not None:
+                lines.append(f"  {b.timing}; candidate speedup x{b.speedup:.2f}")
+            else:
+                lines.append(f"  {b.name}: not timed ({b.error})")
+        if r.custom_share is not None:
+            lines.append(f"  candidate's own kernels: {100 * r.custom_share:.0f}% of profiled op time")
+        if self.output_correct is False:
+            lines.append("  WARNING: the timed output did not match the reference; speedups are meaningless")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines.append(f"Next: summarize_profile with profile_id='{self.profile_id}'.")
+        return "\n".join(lines)
+
+
+def speedup_line(base: Baseline) -> str:
+    if base.timing is None:
+        return f"{base.name}: n/a"
+    return f"{base.name} {format_us(base.timing.median_us)} (x{base.speedup:.2f})"

@@ -1,0 +1,150 @@
+"""profile_kernel: time the candidate against eager and torch.compile baselines, then profile it.
+
+Order of work: the judge builds the reference and makes a few input sets; the candidate worker
+builds ModelNew and runs every set once so its output is checked before any number is trusted;
+then, holding the device lock (one timing job per accelerator), the judge times the reference in
+eager mode and under torch.compile and the candidate worker times ModelNew and records a
+torch.profiler window and perf counters. Builds happen before the lock is taken, so a compile
+never disturbs someone else's timing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from contextlib import AsyncExitStack
+from typing import Any
+
+from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
+
+from .context import Progress, ToolContext, no_progress
+from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec
+from .models import Failure, OutputCheck, ProfileResult
+from .runner import WorkerDied
+
+__all__ = ["BASELINES", "profile_kernel"]
+
+BASELINES = ("eager", "torch.compile")
+_INPUT_SETS = 3  # timed calls rotate over this many fresh input sets
+_PROFILED_CALLS = 5
+# torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
+_COMPILE_TIMEOUT_S = 600.0
+
+
+async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
+                         baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, use_store: bool = False,
+                         progress: Progress = no_progress) -> ProfileResult:
+    options = {"baselines": list(baselines), "budget_s": budget_s}
+    spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
+    if use_store and (hit := ctx.store.latest_profile_for(spec.key)):
+        return ProfileResult(**{**hit, "from_store": True})
+    t0 = time.perf_counter()
+    profile_id = uuid.uuid4().hex[:12]
+    init_seed, seeds = _fresh_seeds(_INPUT_SETS)
+    steps = 4.0 + len(baselines)
+    done = 0.0
+    policy = {"budget_s": budget_s}
+
+    async def step(message: str) -> None:
+        nonlocal done
+        await progress(done, steps, message)
+        done += 1
+
+    def failed(failure: Failure, **extra: Any) -> ProfileResult:
+        return ProfileResult(spec=spec, ok=False, failure=failure, seconds=round(time.perf_counter() - t0, 3), **extra)
+
+    with ctx.scratch("profile") as scratch:
+        async with AsyncExitStack() as stack:
+            await step("running the reference in the judge worker")
+            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            if failure is not None:
+                return failed(failure)
+            await step("building the candidate")
+            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+            if worker is None:
+                return failed(compiled.failure)
+            try:
+                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                        outputs=str(scratch / "outputs.pt"))
+                if run.get("failure"):
+                    return failed(Failure(**run["failure"]))
+                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"))
+            except WorkerDied as died:
+                return failed(died.failure)
+            check, output_correct = _first_wrong(compared["trials"])
+            measured: dict[str, Any] = {}
+            async with ctx.device_lock(backend):
+                try:
+                    for name in baselines:
+                        await step(f"timing the reference ({name})")
+                        measured[name] = await judge.call(
+                            "time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
+                            policy=policy, timeout_s=_COMPILE_TIMEOUT_S if name == "torch.compile" else None)
+                    await step("timing the candidate")
+                    cand = await worker.call("time", stage="timing", label="candidate", policy=policy)
+                    if cand.get("failure"):
+                        return failed(Failure(**cand["failure"]))
+                    await step("profiling the candidate")
+                    artifacts = ctx.store.artifact_dir(profile_id)
+                    prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
+                                             calls=_PROFILED_CALLS)
+                    if prof.get("failure"):
+                        return failed(Failure(**prof["failure"]))
+                except WorkerDied as died:
+                    return failed(died.failure)
+            if prof.get("trace"):
+                shutil.copy(scratch / "candidate" / prof["trace"], artifacts / "trace.json")
+            for role in ("candidate", "judge"):
+                log = scratch / role / f"{role}.log"
+                if log.exists() and log.stat().st_size:
+                    shutil.copy(log, artifacts / f"{role}.log")
+
+    candidate_stats = TimingStats(**cand["timing"])
+    report = ProfileReport(
+        backend=backend, device_name=prof["facts"]["device_name"], collector="torch.profiler",
+        candidate=candidate_stats, baselines=tuple(_baseline(n, measured[n], candidate_stats) for n in baselines),
+        ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
+        custom_share=_custom_share(prof["rows"], prof["total_us"]),
+        counters=tuple(Counter(**c) for c in prof["counters"]), counters_note=prof["counters_note"],
+        notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",))
+    warnings = list(candidate_stats.warnings)
+    if not output_correct:
+        warnings.append("the candidate's output did not match the reference on the profiled inputs; "
+                        "fix correctness first (verify_against_reference)")
+    result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
+                           output_check=check, artifacts=[f"kforge://profiles/{profile_id}/artifacts/{n}"
+                                                          for n in ctx.store.artifact_names(profile_id)],
+                           warnings=warnings, seconds=round(time.perf_counter() - t0, 3))
+    ctx.store.put_profile(profile_id, spec.key, backend, result.model_dump(mode="json"))
+    await progress(steps, steps, "done")
+    return result
+
+
+def _first_wrong(trials: list[dict[str, Any]]) -> tuple[OutputCheck | None, bool]:
+    """The first failing output check (or the first check) and whether all trials were correct."""
+    first = None
+    for t in trials:
+        for c in (OutputCheck(**c) for c in t["checks"]):
+            first = first or c
+            if not c.correct:
+                return c, False
+        if t["error"]:
+            return first, False
+    return first, True
+
+
+def _baseline(name: str, reply: dict[str, Any], candidate: TimingStats) -> Baseline:
+    if reply.get("failure"):
+        f = Failure(**reply["failure"])
+        return Baseline(name=name, error=f"{f.kind}: {f.message}"[:500])
+    stats = TimingStats(**reply["timing"])
+    return Baseline(name=name, timing=stats, speedup=round(stats.median_us / candidate.median_us, 4))
+
+
+def _custom_share(rows: list[dict[str, Any]], total_us: float) -> float | None:
+    custom = [r for r in rows if r["is_custom"]]
+    if not custom or total_us <= 0:
+        return 0.0 if rows else None
+    # A labelled range's total covers the kernel and any aten ops it launched itself.
+    return min(1.0, sum(r["total_time_us"] for r in custom) / total_us)

@@ -1,0 +1,194 @@
+"""Parent side of the worker protocol: start a worker, call its ops with deadlines, clean up.
+
+Every worker runs in its own process group with a scrubbed environment (an allowlist, so server
+secrets such as tokens and API keys never reach candidate code), its own scratch directory, and
+rlimits set by the worker before user code runs. A timeout, crash or early exit becomes a
+`WorkerDied` carrying a `Failure` (signal, exit code, the last lines of output); a cancelled call
+kills the whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from .models import Failure
+
+__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "worker_env"]
+
+# Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
+_ENV_ALLOWLIST = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "PYTHONPATH", "LD_LIBRARY_PATH",
+    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CXX", "CC", "MAX_JOBS",
+    "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET", "SSL_CERT_FILE",
+)
+_READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
+_TAIL_LINES = 30
+
+
+class WorkerDied(Exception):
+    """The worker stopped answering: it timed out, crashed or exited. `failure` says which."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+class HarnessError(RuntimeError):
+    """KForge's own worker code failed (a bug, not the candidate's fault)."""
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    timeout_s: float = 600.0
+    memory_bytes: int | None = None
+
+
+def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST}
+    here = Path(__file__).resolve().parents[1]  # the kforge package directory
+    if here.name == "kforge":  # a plain checkout on sys.path: make it importable for the child too
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here.parent), env.get("PYTHONPATH")) if p)
+    cache = home / "cache"
+    env.update({
+        "TMPDIR": str(scratch),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    })
+    env.update(extra or {})
+    return env
+
+
+def _tail(path: Path, n: int = _TAIL_LINES) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    lines = text.rstrip().splitlines()[-n:]
+    return "\n".join(lines) or None
+
+
+def _describe_exit(code: int) -> tuple[str, str]:
+    if code < 0:
+        sig = signal.Signals(-code)
+        if sig == signal.SIGKILL:
+            return "crashed", "killed by SIGKILL (the kernel's out-of-memory killer, or an external kill)"
+        desc = signal.strsignal(sig) or sig.name
+        return "crashed", f"killed by {sig.name} ({desc.lower()})"
+    return "exited", f"the process exited with code {code} before answering (os._exit, exit() in native code, or abort handling)"
+
+
+class WorkerProcess:
+    """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
+
+    def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
+                 extra_env: dict[str, str] | None = None, role: str = "worker") -> None:
+        self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
+        self.role = role
+        self.log = scratch / f"{role}.log"
+        self._extra_env = extra_env
+        self._proc: anyio.abc.Process | None = None
+        self._out: BufferedByteReceiveStream | None = None
+
+    async def __aenter__(self) -> WorkerProcess:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as errlog:
+            self._proc = await anyio.open_process(
+                [sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=errlog, cwd=str(self.scratch), env=worker_env(self.home, self.scratch, self._extra_env),
+                start_new_session=True)
+        self._out = BufferedByteReceiveStream(self._proc.stdout)
+        init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
+                "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes}
+        await self._send(init)
+        reply = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S)
+        if "fatal" in reply:
+            await self.aclose()
+            raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.aclose()
+
+    async def call(self, op: str, *, stage: str, timeout_s: float | None = None, **payload: Any) -> dict[str, Any]:
+        """Run one op in the worker and return its reply.
+
+        Raises:
+            WorkerDied: the worker timed out, crashed or exited; its group has been killed.
+            HarnessError: KForge's own worker code raised.
+        """
+        await self._send({"op": op, **payload})
+        reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s)
+        if "fatal" in reply:
+            raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
+        return reply
+
+    async def _send(self, payload: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            await self._proc.stdin.send((json.dumps(payload) + "\n").encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, BrokenPipeError):
+            raise WorkerDied(await self._death(payload.get("op", "start"))) from None
+
+    async def _receive(self, *, stage: str, timeout_s: float) -> dict[str, Any]:
+        assert self._out is not None
+        try:
+            with anyio.fail_after(timeout_s):
+                line = await self._out.receive_until(b"\n", 256 * 1024 * 1024)
+        except TimeoutError:
+            await self.kill()
+            raise WorkerDied(Failure(
+                stage=stage, kind="timeout",
+                message=f"no answer within {timeout_s:g} s; the worker and all its processes were killed "
+                        "(an endless loop, a deadlock, or work too large for the time limit)",
+                output_tail=_tail(self.log))) from None
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+            raise WorkerDied(await self._death(stage)) from None
+        return json.loads(line)
+
+    async def _death(self, stage: str) -> Failure:
+        assert self._proc is not None
+        with anyio.move_on_after(5):
+            await self._proc.wait()
+        code = self._proc.returncode
+        await self.kill()
+        kind, message = _describe_exit(code if code is not None else -signal.SIGKILL)
+        return Failure(stage=stage, kind=kind, message=message, output_tail=_tail(self.log))
+
+    async def kill(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)  # the group: compilers and children too
+        except (ProcessLookupError, PermissionError):
+            pass
+        with anyio.move_on_after(5):
+            await self._proc.wait()
+
+    async def aclose(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.returncode is None and self._proc.stdin is not None:
+            try:
+                await self._proc.stdin.aclose()  # EOF: the worker's loop ends on its own
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+            with anyio.move_on_after(2):
+                await self._proc.wait()
+        await self.kill()
+        await self._proc.aclose()
+        self._proc = None

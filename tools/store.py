@@ -1,0 +1,101 @@
+"""The result store: SQLite for results and profiles, files for their artifacts.
+
+Layout under the data directory (``KFORGE_HOME``)::
+
+    kforge.db                    results (keyed by JobSpec.key) and profiles (keyed by profile_id)
+    artifacts/<profile_id>/      raw artifacts of a profile (Chrome trace, worker logs)
+    cache/                       build caches (C++ extensions, inductor, triton)
+    jobs/                        scratch directories of running jobs (removed when a job ends)
+
+One short-lived connection per operation keeps the store safe to use from worker threads and
+from several server processes; WAL mode lets readers proceed while one writer commits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResultStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    key TEXT PRIMARY KEY, tool TEXT NOT NULL, created_at REAL NOT NULL, result TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS profiles (
+    id TEXT PRIMARY KEY, key TEXT NOT NULL, backend TEXT NOT NULL, created_at REAL NOT NULL, result TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS profiles_by_time ON profiles (created_at);
+"""
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ResultStore:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.path = home / "kforge.db"
+        with closing(self._connect()) as db, db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    # -- results ---------------------------------------------------------------------------------
+    def get_result(self, key: str) -> dict[str, Any] | None:
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put_result(self, key: str, tool: str, result: dict[str, Any]) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute("INSERT OR REPLACE INTO results (key, tool, created_at, result) VALUES (?, ?, ?, ?)",
+                       (key, tool, time.time(), json.dumps(result)))
+
+    # -- profiles --------------------------------------------------------------------------------
+    def put_profile(self, profile_id: str, key: str, backend: str, result: dict[str, Any]) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute("INSERT OR REPLACE INTO profiles (id, key, backend, created_at, result) VALUES (?, ?, ?, ?, ?)",
+                       (profile_id, key, backend, time.time(), json.dumps(result)))
+
+    def get_profile(self, profile_id: str) -> dict[str, Any] | None:
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT result FROM profiles WHERE id = ?", (profile_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def latest_profile_for(self, key: str) -> dict[str, Any] | None:
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT result FROM profiles WHERE key = ? ORDER BY created_at DESC LIMIT 1",
+                             (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def list_profiles(self, limit: int = 50) -> list[dict[str, Any]]:
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT id, backend, created_at FROM profiles ORDER BY created_at DESC LIMIT ?",
+                              (limit,)).fetchall()
+        return [{"profile_id": r[0], "backend": r[1], "created_at": r[2]} for r in rows]
+
+    # -- artifacts -------------------------------------------------------------------------------
+    def artifact_dir(self, profile_id: str) -> Path:
+        if not _SAFE_NAME.match(profile_id):
+            raise ValueError(f"bad profile id {profile_id!r}")
+        path = self.home / "artifacts" / profile_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def artifact_path(self, profile_id: str, name: str) -> Path | None:
+        """The file `name` of a profile, or None; names are checked so no path escapes the store."""
+        if not (_SAFE_NAME.match(profile_id) and _SAFE_NAME.match(name)):
+            return None
+        path = self.home / "artifacts" / profile_id / name
+        return path if path.is_file() else None
+
+    def artifact_names(self, profile_id: str) -> list[str]:
+        if not _SAFE_NAME.match(profile_id):
+            return []
+        path = self.home / "artifacts" / profile_id
+        return sorted(p.name for p in path.iterdir() if p.is_file()) if path.is_dir() else []
