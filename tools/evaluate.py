@@ -136,6 +136,8 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=died.failure)
             if run.get("failure"):
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["failure"]))
+            if all(run["trial_failures"]):  # every trial raised: report the first as the failure
+                return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["trial_failures"][0]))
             await progress(3, steps, "comparing with the reference")
             try:
                 compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),

@@ -169,7 +169,7 @@ class Worker:
                 results.append({"outputs": [o.detach().cpu().clone() if type(o) is torch.Tensor
                                             else {"__non_tensor__": type(o).__name__} for o in out]})
         torch.save(results, msg["outputs"])
-        return {"weights": sync, "errors": [r.get("error") for r in results]}
+        return {"weights": sync, "trial_failures": [r.get("failure") for r in results]}
 
     def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch

@@ -1,0 +1,224 @@
+"""The MCP surface: registers KForge's tools and resources on an `MCPServer`.
+
+Thin on purpose: each tool validates its arguments (pydantic, from the signature), resolves a
+named problem to its reference, forwards progress, and calls the plain function in
+`kforge.tools`. Results go out as structured content (the model's JSON schema is the tool's
+output schema) plus the result's human summary as text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+
+from kforge import __version__
+from kforge.backends import Availability
+from kforge.tools.context import RequestError, ToolContext
+from kforge.tools.evaluate import compile_kernel, verify_against_reference
+from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
+from kforge.tools.profile import BASELINES, profile_kernel
+from kforge.tools.runner import WorkerLimits
+from kforge.tools.summarize import ProfileSummary, summarize_profile
+
+from . import catalog
+from .settings import Settings
+
+__all__ = ["build_server", "tool_context"]
+
+log = logging.getLogger("kforge")
+
+_INSTRUCTIONS = """KForge compiles, verifies, times and profiles kernels you write, on this host's accelerators.
+Loop: read kforge://examples/{backend} once; write a KernelBench-format candidate (class ModelNew);
+compile_kernel until it builds; verify_against_reference until correct (functional pass);
+profile_kernel and summarize_profile, then improve (optimization pass). list_backends says what runs here."""
+
+_BACKEND = Annotated[str, Field(description="Backend to run on, e.g. 'cpu'. list_backends shows what this host offers.")]
+_CANDIDATE = Annotated[str, Field(description="Python source defining class ModelNew(nn.Module) with its kernel "
+                                              "(e.g. built by torch.utils.cpp_extension.load_inline).")]
+_REFERENCE = Annotated[str | None, Field(description="Python source defining class Model, get_inputs() and "
+                                                     "get_init_inputs(). Give this or `problem`.")]
+_PROBLEM = Annotated[str | None, Field(description="Name of a problem in the server's pack (resource kforge://problems) "
+                                                   "instead of reference_code.")]
+_USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
+_RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+
+class BackendList(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    backends: list[Availability]
+
+    def __str__(self) -> str:
+        return "\n".join(f"{a.backend}: {'available' if a.ok else 'unavailable'} ({a.reason})" for a in self.backends)
+
+
+def _result(model: BaseModel) -> CallToolResult:
+    """Summary text first, then the full JSON (for clients that ignore structured content)."""
+    data = model.model_dump(mode="json", exclude_none=True)
+    return CallToolResult(content=[TextContent(type="text", text=str(model)),
+                                   TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
+                          structured_content=data)
+
+
+def _reference(reference_code: str | None, problem: str | None) -> str:
+    if (reference_code is None) == (problem is None):
+        raise ToolError("pass exactly one of reference_code (KernelBench Model source) or problem "
+                        f"(one of: {', '.join(catalog.problem_names())})")
+    if problem is not None:
+        code = catalog.problem_reference(problem)
+        if code is None:
+            raise ToolError(f"unknown problem {problem!r}; the pack has: {', '.join(catalog.problem_names())}")
+        return code
+    return reference_code or ""
+
+
+def _progress(ctx: Context):
+    async def report(done: float, total: float | None, message: str) -> None:
+        await ctx.report_progress(done, total, message)
+    return report
+
+
+def tool_context(settings: Settings) -> ToolContext:
+    memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
+    return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
+                       limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory))
+
+
+def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPServer:
+    """The KForge MCP server for `settings` (all state lives in the returned server's ToolContext)."""
+    tools = tools or tool_context(settings)
+    mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
+
+    async def guarded(coro: Any) -> Any:
+        try:
+            return await coro
+        except RequestError as exc:
+            raise ToolError(str(exc)) from None
+
+    @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def list_backends() -> Annotated[CallToolResult, BackendList]:
+        """Which backends this host offers, and for each one that it does not, why."""
+        return _result(BackendList(backends=await tools.availability()))
+
+    @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
+    async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
+                                  use_store: _USE_STORE = True) -> Annotated[CallToolResult, CompileResult]:
+        """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
+        located at lines of your candidate text, build seconds and whether the build came from cache."""
+        return _result(await guarded(compile_kernel(tools, backend, candidate_code, use_store=use_store,
+                                                    progress=_progress(ctx))))
+
+    @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
+    async def verify_against_reference_tool(
+        backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
+        problem: _PROBLEM = None,
+        trials: Annotated[int, Field(ge=1, le=50, description="Trials, each with fresh random inputs.")] = 5,
+        atol: Annotated[float | None, Field(ge=0, description="Override the per-dtype absolute tolerance.")] = None,
+        rtol: Annotated[float | None, Field(ge=0, description="Override the per-dtype relative tolerance.")] = None,
+        use_store: _USE_STORE = True,
+    ) -> Annotated[CallToolResult, VerifyResult]:
+        """Run ModelNew and the reference Model (same initial weights) on fresh random inputs and compare
+        every output: shapes, dtypes, max abs/rel error, mismatch count and the first mismatches, NaN/Inf,
+        and the tolerances used and why. The reference runs in a separate process from the candidate."""
+        ref = _reference(reference_code, problem)
+        return _result(await guarded(verify_against_reference(
+            tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, use_store=use_store,
+            progress=_progress(ctx))))
+
+    @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
+    async def profile_kernel_tool(
+        backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
+        problem: _PROBLEM = None,
+        baselines: Annotated[list[Literal["eager", "torch.compile"]], Field(
+            description="Reference baselines timed in the same run.")] = list(BASELINES),
+        budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
+        use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
+    ) -> Annotated[CallToolResult, ProfileResult]:
+        """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
+        samples, speedups), record a profiler breakdown (torch.profiler ops, the share of your own kernels,
+        perf counters where allowed), store it and return its profile_id."""
+        ref = _reference(reference_code, problem)
+        return _result(await guarded(profile_kernel(
+            tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
+            use_store=use_store, progress=_progress(ctx))))
+
+    @mcp.tool(name="summarize_profile", title="Summarize a profile", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def summarize_profile_tool(
+        profile_id: Annotated[str | None, Field(description="A profile_id returned by profile_kernel.")] = None,
+        profile_text: Annotated[str | None, Field(description="Pasted profiler output (torch.profiler table, Nsight Compute details).")] = None,
+        candidate_code: Annotated[str | None, Field(description="The candidate, so recommendations can point at lines.")] = None,
+        previous_profile_id: Annotated[str | None, Field(description="An earlier profile to report changes against.")] = None,
+    ) -> Annotated[CallToolResult, ProfileSummary]:
+        """Turn a stored profile, or pasted profiler output, into the bottleneck, its evidence, and ranked
+        recommendations (what to change, where, why, expected effect, confidence)."""
+        return _result(await guarded(_async(summarize_profile, tools, profile_id=profile_id, profile_text=profile_text,
+                                            code=candidate_code, previous_profile_id=previous_profile_id,
+                                            provider=settings.analyst)))
+
+    _register_resources(mcp, tools)
+    return mcp
+
+
+async def _async(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def _register_resources(mcp: MCPServer, tools: ToolContext) -> None:
+    @mcp.resource("kforge://backends", mime_type="application/json", title="Backends on this host")
+    async def backends() -> str:
+        """Every backend KForge knows, whether this host offers it, and why not."""
+        return json.dumps([a.model_dump(mode="json") for a in await tools.availability()], indent=1)
+
+    @mcp.resource("kforge://format", mime_type="text/markdown", title="The candidate format")
+    def candidate_format() -> str:
+        """How references and candidates are written (KernelBench format) and what KForge checks."""
+        return catalog.candidate_format()
+
+    @mcp.resource("kforge://examples/{backend}", mime_type="text/x-python", title="Verified example per backend")
+    def example(backend: str) -> str:
+        """One complete, verified reference + candidate pair for a backend: enough to target it."""
+        pair = catalog.example(backend)
+        if pair is None:
+            raise ResourceNotFoundError(f"no example for backend {backend!r}; have: {', '.join(catalog.example_backends())}")
+        return f"# ---- reference.py ----\n{pair['reference']}\n# ---- candidate.py ----\n{pair['candidate']}"
+
+    @mcp.resource("kforge://problems", mime_type="application/json", title="Problem pack")
+    def problems() -> str:
+        """Names of the problems that tools accept as `problem=`."""
+        return json.dumps(catalog.problem_names())
+
+    @mcp.resource("kforge://problems/{name}", mime_type="text/x-python", title="A problem's reference")
+    def problem(name: str) -> str:
+        """The reference (Model, get_inputs, get_init_inputs) of a problem in the pack."""
+        code = catalog.problem_reference(name)
+        if code is None:
+            raise ResourceNotFoundError(f"no problem {name!r}; have: {', '.join(catalog.problem_names())}")
+        return code
+
+    @mcp.resource("kforge://profiles", mime_type="application/json", title="Stored profiles")
+    def profiles() -> str:
+        """The most recent stored profiles, newest first."""
+        return json.dumps(tools.store.list_profiles(50), indent=1)
+
+    @mcp.resource("kforge://profiles/{profile_id}", mime_type="application/json", title="A stored profile")
+    def stored_profile(profile_id: str) -> str:
+        """A stored profile: timings, baselines, op table, counters and links to its raw artifacts."""
+        found = tools.store.get_profile(profile_id)
+        if found is None:
+            raise ResourceNotFoundError(f"no stored profile {profile_id!r}")
+        return json.dumps(found, indent=1)
+
+    @mcp.resource("kforge://profiles/{profile_id}/artifacts/{name}", title="A profile's raw artifact")
+    def artifact(profile_id: str, name: str) -> str:
+        """A raw artifact of a profile: trace.json (open in Perfetto or chrome://tracing), worker logs."""
+        path = tools.store.artifact_path(profile_id, name)
+        if path is None:
+            raise ResourceNotFoundError(f"profile {profile_id!r} has no artifact {name!r}; "
+                                        f"it has: {', '.join(tools.store.artifact_names(profile_id)) or 'none'}")
+        return path.read_text(errors="replace")

@@ -1,0 +1,42 @@
+"""Read-only data from `kforge.resources`: the problem pack, the per-backend examples, the format."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+__all__ = ["candidate_format", "example", "example_backends", "problem_names", "problem_reference"]
+
+_NAME = re.compile(r"^[a-z0-9_]+$")
+
+
+def _root():
+    return resources.files("kforge.resources")
+
+
+def problem_names() -> list[str]:
+    return sorted(p.name for p in (_root() / "problems").iterdir() if (p / "reference.py").is_file())
+
+
+def problem_reference(name: str) -> str | None:
+    if not _NAME.match(name):
+        return None
+    path = _root() / "problems" / name / "reference.py"
+    return path.read_text() if path.is_file() else None
+
+
+def example_backends() -> list[str]:
+    return sorted(p.name for p in (_root() / "examples").iterdir() if (p / "candidate.py").is_file())
+
+
+def example(backend: str) -> dict[str, str] | None:
+    if not _NAME.match(backend):
+        return None
+    base = _root() / "examples" / backend
+    if not (base / "candidate.py").is_file():
+        return None
+    return {"reference": (base / "reference.py").read_text(), "candidate": (base / "candidate.py").read_text()}
+
+
+def candidate_format() -> str:
+    return (_root() / "candidate_format.md").read_text()

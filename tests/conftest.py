@@ -1,0 +1,136 @@
+"""Shared fixtures: a real `kforge serve` process reached through the MCP SDK's own client.
+
+The data directory (and so the C++ build cache) is shared by the whole session, so each
+distinct kernel is compiled once (about 30 s on 2 cores) however many tests use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from mcp import Client, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+HERE = Path(__file__).parent
+CANDIDATES = HERE / "candidates"
+EXAMPLES = HERE.parent / "resources" / "examples"
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where a GPU is present (scripts/run_gpu_tests.sh on a GPU host)."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run scripts/run_gpu_tests.sh on a GPU host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def kforge_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kforge-home")
+
+
+def kforge_command() -> list[str]:
+    """The installed console script, as a user runs it; `python -m` where it is not on PATH."""
+    exe = shutil.which("kforge")
+    return [exe] if exe else [sys.executable, "-m", "kforge.server.cli"]
+
+
+def server_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "CXX", "CC")}
+    env["KFORGE_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+@asynccontextmanager
+async def stdio_session(home: Path, *, mode: str = "auto", **env: str) -> AsyncIterator[Client]:
+    cmd = kforge_command()
+    params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "serve"], env=server_env(home, **env))
+    errlog = open(home / "server-stderr.log", "a")
+    try:
+        async with Client(stdio_client(params, errlog=errlog), mode=mode) as client:
+            yield client
+    finally:
+        errlog.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer:
+    def __init__(self, home: Path, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = open(home / "http-server.log", "a")
+        self.proc = subprocess.Popen([*kforge_command(), "serve", "--transport", "http", "--port", str(self.port)],
+                                     env=server_env(home, **env), stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kforge serve exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("kforge serve --transport http did not start listening within 60 s")
+
+    @asynccontextmanager
+    async def session(self, *, mode: str = "auto") -> AsyncIterator[Client]:
+        async with Client(streamable_http_client(self.url), mode=mode) as client:
+            yield client
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def http_server(kforge_home):
+    server = HttpServer(kforge_home)
+    yield server
+    server.stop()
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
+@pytest.fixture(scope="session")
+def cpu_example() -> dict[str, str]:
+    return {"reference": read(EXAMPLES / "cpu" / "reference.py"), "candidate": read(EXAMPLES / "cpu" / "candidate.py")}
+
+
+@pytest.fixture(scope="session")
+def candidate():
+    return lambda name: read(CANDIDATES / f"{name}.py")

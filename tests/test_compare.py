@@ -1,0 +1,48 @@
+"""The judge's comparison: tolerances per dtype, located mismatches, NaN/Inf, shapes and types."""
+
+import pytest
+import torch
+
+from kforge.tools.compare import compare_outputs, tolerance_for
+
+
+def test_float32_within_tolerance_passes():
+    e = torch.randn(64, 64)
+    [check] = compare_outputs([e], [e + 5e-6])
+    assert check.correct and check.mismatches == 0 and check.max_abs_error == pytest.approx(5e-6, rel=0.05)
+    assert check.tolerance.atol == 1e-4 and "KernelBench" in check.tolerance.why
+
+
+def test_mismatch_is_counted_and_located():
+    e = torch.zeros(4, 5)
+    g = e.clone()
+    g[2, 3] = 1.0
+    g[3, 0] = -2.0
+    [check] = compare_outputs([e], [g])
+    assert not check.correct and check.mismatches == 2 and check.numel == 20
+    assert check.first_mismatches[0].index == [2, 3] and check.first_mismatches[0].got == 1.0
+    assert check.max_abs_error == 2.0
+
+
+def test_nan_and_inf_are_reported():
+    e = torch.tensor([1.0, float("nan"), float("inf"), 4.0])
+    g = torch.tensor([float("nan"), float("nan"), float("inf"), float("inf")])
+    [check] = compare_outputs([e], [g])
+    assert not check.correct and check.mismatches == 2
+    assert check.nan_count == 1 and check.inf_count == 1
+
+
+def test_shape_dtype_and_type_problems():
+    e = torch.ones(3, 4)
+    assert "shape [4, 3]" in compare_outputs([e], [torch.ones(4, 3)])[0].problems[0]
+    assert "dtype float64" in compare_outputs([e], [torch.ones(3, 4, dtype=torch.float64)])[0].problems[0]
+    assert not compare_outputs([e], [])[0].correct
+    extra = compare_outputs([e], [e, e])
+    assert not extra[0].correct and "extra output" in extra[0].problems[-1]
+
+
+def test_tolerances_by_dtype_and_override():
+    assert tolerance_for(torch.bfloat16).atol == 1e-2
+    assert tolerance_for(torch.int32).atol == 0 and "exactly" in tolerance_for(torch.int32).why
+    custom = tolerance_for(torch.float32, atol=1e-3)
+    assert custom.atol == 1e-3 and custom.rtol == 1e-4 and "set by the caller" in custom.why

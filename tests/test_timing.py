@@ -1,0 +1,75 @@
+"""The timing loop and its statistics, on a fake backend with a seeded clock (no hardware needed)."""
+
+import random
+
+import pytest
+
+from kforge.profilers.report import TimingStats
+from kforge.tools.timing import TimingPolicy, time_model
+
+
+class FakeTimer:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def start(self):
+        self.t0 = self.backend.clock
+
+    def stop(self):
+        self.t1 = self.backend.clock
+
+    def elapsed_s(self):
+        return self.t1 - self.t0
+
+
+class FakeBackend:
+    """Each call costs `cost_s` plus seeded noise; flushes are counted, never timed."""
+
+    def __init__(self, cost_s, noise=0.0, seed=0):
+        self.clock, self.cost_s, self.noise = 0.0, cost_s, noise
+        self.rng = random.Random(seed)
+        self.flushes = 0
+
+    def synchronize(self):
+        pass
+
+    def flush_cache(self):
+        self.flushes += 1
+        self.clock += 1.0  # a flush costs a lot; it must never land inside a timed window
+
+    def timer(self):
+        return FakeTimer(self)
+
+    def run(self, *args):
+        self.clock += self.cost_s * (1 + self.rng.uniform(-self.noise, self.noise))
+
+
+def test_steady_kernel_stops_early_with_tight_stats():
+    backend = FakeBackend(100e-6)
+    seen_args = []
+    stats = time_model("candidate", backend.run, lambda i: seen_args.append(i) or [i], backend,
+                       TimingPolicy(min_samples=10, budget_s=5))
+    assert stats.samples == 10 and stats.median_us == pytest.approx(100.0)
+    assert stats.rel_sem == pytest.approx(0.0, abs=1e-9) and not stats.warnings
+    assert backend.flushes == stats.samples  # one flush per timed call, outside the window
+    assert len(set(seen_args[-10:])) == 10  # each timed call asked for its own inputs
+
+
+def test_noisy_kernel_warns():
+    backend = FakeBackend(100e-6, noise=0.5, seed=1)
+    stats = time_model("candidate", backend.run, lambda i: [], backend,
+                       TimingPolicy(min_samples=10, max_samples=50, target_rel_sem=1e-6, budget_s=1e9))
+    assert stats.samples == 50
+    assert any("noisy" in w for w in stats.warnings)
+    assert stats.min_us < stats.median_us < stats.max_us
+
+
+def test_stats_from_samples():
+    stats = TimingStats.from_samples_s("x", [1e-3, 2e-3, 3e-3, 4e-3])
+    assert stats.median_us == pytest.approx(2500.0) and stats.q1_us == pytest.approx(1750.0)
+    assert any("only 4 samples" in w for w in stats.warnings)
+    assert "median 2.500 ms" in str(stats)
+    with pytest.raises(ValueError):
+        TimingStats.from_samples_s("x", [])
+    with pytest.raises(ValueError):
+        TimingPolicy(min_samples=1)
