@@ -45,11 +45,17 @@ class DeviceFacts(BaseModel):
 
 @runtime_checkable
 class Timer(Protocol):
-    """Brackets one call; `elapsed_s` waits for the device and returns the bracketed time."""
+    """Brackets one call; `elapsed_s` waits for the device and returns the bracketed time.
+
+    `host_elapsed_s` is the same window on the host clock, closed only after a device-wide
+    synchronize: work the candidate hid on another stream or thread shows up there and not in
+    `elapsed_s`, which is how the timing loop checks that the timer saw all the work.
+    """
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def elapsed_s(self) -> float: ...
+    def host_elapsed_s(self) -> float: ...
 
 
 @runtime_checkable
@@ -59,6 +65,8 @@ class Backend(Protocol):
     name: str
     #: torch device string that inputs and models are moved to ("cpu", "cuda").
     device: str
+    #: Whether an address-space rlimit is safe (GPU runtimes reserve huge virtual ranges; CPU does not).
+    limits_address_space: bool
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""

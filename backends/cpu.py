@@ -55,10 +55,14 @@ class _WallTimer:
     def elapsed_s(self) -> float:
         return (self._t1 - self._t0) / 1e9
 
+    def host_elapsed_s(self) -> float:
+        return self.elapsed_s()
+
 
 class CpuBackend:
     name = "cpu"
     device = "cpu"
+    limits_address_space = True
 
     def __init__(self) -> None:
         self._flush_buf = None

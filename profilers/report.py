@@ -51,6 +51,8 @@ class TimingStats(BaseModel):
     q1_us: float
     q3_us: float
     rel_sem: float = Field(description="Standard error of the mean divided by the mean.")
+    host_median_us: float | None = Field(default=None, description="Median of the same calls on the host clock, "
+                                         "closed after a device-wide sync; far above median_us means unseen work.")
     warnings: tuple[str, ...] = ()
 
     @property
@@ -58,7 +60,8 @@ class TimingStats(BaseModel):
         return self.q3_us - self.q1_us
 
     @classmethod
-    def from_samples_s(cls, label: str, samples_s: Sequence[float], *, extra_warnings: Sequence[str] = ()) -> TimingStats:
+    def from_samples_s(cls, label: str, samples_s: Sequence[float], *, host_samples_s: Sequence[float] = (),
+                       extra_warnings: Sequence[str] = ()) -> TimingStats:
         if not samples_s:
             raise ValueError(f"no timing samples for {label}")
         us = sorted(s * 1e6 for s in samples_s)
@@ -72,8 +75,9 @@ class TimingStats(BaseModel):
             warnings.append(f"only {n} samples (fewer than {_MIN_SAMPLES}); the median is uncertain")
         if median > 0 and (q3 - q1) / median > _IQR_WARN_FRACTION:
             warnings.append(f"noisy: IQR is {100 * (q3 - q1) / median:.0f}% of the median")
+        host_median = statistics.median(host_samples_s) * 1e6 if host_samples_s else None
         return cls(label=label, samples=n, median_us=median, mean_us=mean, std_us=std, min_us=us[0],
-                   max_us=us[-1], q1_us=q1, q3_us=q3,
+                   max_us=us[-1], q1_us=q1, q3_us=q3, host_median_us=host_median,
                    rel_sem=(std / math.sqrt(n) / mean) if mean > 0 else 0.0, warnings=tuple(warnings))
 
     def __str__(self) -> str:

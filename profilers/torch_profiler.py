@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .report import OpRow
 
@@ -45,11 +45,23 @@ def label_extension_functions(extensions: Sequence[ModuleType]) -> Iterator[None
             setattr(ext, attr, fn)
 
 
+def _base_name(kernel: str) -> str:
+    """'relu_kernel(float const*, float*, int)' -> 'relu_kernel'; 'void ns::k<4>(...)' -> 'ns::k'."""
+    name = kernel.split("(", 1)[0].strip()
+    name = name.split("<", 1)[0]
+    return name.rsplit(" ", 1)[-1]
+
+
 def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any, *,
-                     calls: int, trace_path: Path | None) -> tuple[list[OpRow], float]:
-    """Profile `calls` calls and return the op rows (per window) and the window's total self time (us)."""
+                     calls: int, trace_path: Path | None, custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:
+    """Profile `calls` calls; return the op rows, the window's total time (us) and its basis.
+
+    On a GPU the basis is device time (kernels), elsewhere host CPU time. Rows are the candidate's
+    own (`is_custom`) when they are a labelled extension function or a kernel the candidate built.
+    """
     from torch.profiler import profile
 
+    own = {_base_name(k) for k in custom_kernels}
     arg_sets = [make_args(i) for i in range(calls)]
     backend.synchronize()
     with profile(activities=backend.profiler_activities(), record_shapes=False) as prof:
@@ -58,15 +70,23 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
         backend.synchronize()
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    events = prof.key_averages()
-    total_self = sum(e.self_cpu_time_total for e in events) or 1.0
+    events = list(prof.key_averages())
+
+    def device_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    device_total = sum(device_us(e) for e in events)
+    basis = "device" if device_total > 0 else "cpu"
+    key = device_us if basis == "device" else (lambda e: float(e.self_cpu_time_total))
+    total = sum(key(e) for e in events) or 1.0
     rows = []
-    for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True):
-        device_total = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", None)
+    for e in sorted(events, key=key, reverse=True):
+        if basis == "device" and device_us(e) == 0 and not e.key.startswith(CUSTOM_PREFIX):
+            continue  # host-only bookkeeping rows say nothing about a GPU kernel's time
         rows.append(OpRow(name=e.key, calls=e.count, self_time_us=float(e.self_cpu_time_total),
                           total_time_us=float(e.cpu_time_total),
-                          device_time_us=float(device_total) if device_total else None,
-                          share=float(e.self_cpu_time_total) / total_self,
-                          is_custom=e.key.startswith(CUSTOM_PREFIX)))
+                          device_time_us=device_us(e) if basis == "device" else None,
+                          share=key(e) / total,
+                          is_custom=e.key.startswith(CUSTOM_PREFIX) or _base_name(e.key) in own))
     # A record_function range's self time excludes the aten ops it launched; its total is the kernel.
-    return rows[:_MAX_ROWS], float(total_self)
+    return rows[:_MAX_ROWS], float(total), basis

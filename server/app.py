@@ -23,13 +23,12 @@ from kforge.tools.context import RequestError, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES, profile_kernel
-from kforge.tools.runner import WorkerLimits
 from kforge.tools.summarize import ProfileSummary, summarize_profile
 
 from . import catalog
-from .settings import Settings
+from .settings import Settings, tool_context
 
-__all__ = ["build_server", "tool_context"]
+__all__ = ["build_server"]
 
 log = logging.getLogger("kforge")
 
@@ -82,12 +81,6 @@ def _progress(ctx: Context):
     async def report(done: float, total: float | None, message: str) -> None:
         await ctx.report_progress(done, total, message)
     return report
-
-
-def tool_context(settings: Settings) -> ToolContext:
-    memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
-    return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
-                       limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory))
 
 
 def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPServer:

@@ -52,7 +52,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:
-    from .app import tool_context
+    from .settings import tool_context
 
     tools = tool_context(settings)
     found = anyio.run(tools.availability)

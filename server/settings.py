@@ -9,7 +9,10 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings"]
+from kforge.tools.context import ToolContext
+from kforge.tools.runner import WorkerLimits
+
+__all__ = ["Settings", "tool_context"]
 
 
 def _default_memory_mb() -> int:
@@ -31,3 +34,10 @@ class Settings(BaseSettings):
     keep_scratch: bool = Field(default=False, description="Keep each job's scratch directory for debugging.")
     analyst: str = Field(default="rules", description="Analyst provider for summarize_profile.")
     timing_budget_s: float = Field(default=2.0, gt=0, le=60, description="Default time budget per timed model.")
+
+
+def tool_context(settings: Settings) -> ToolContext:
+    """The tools' context for these settings: configuration is read once here and passed down."""
+    memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
+    return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
+                       limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory))

@@ -55,3 +55,26 @@ def test_nvcc_format_errors_first_and_deduplicated(tmp_path):
     assert [d.severity for d in diags] == ["error", "error", "warning"]
     assert diags[0].line == 6
     assert diags[1].source == "linker" and "foo()" in diags[1].message  # demangled by c++filt
+
+
+PTXAS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z11relu_kernelPKfPfi' for 'sm_90'
+ptxas info    : Function properties for _Z11relu_kernelPKfPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers, 368 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z6tiledPKfS0_Pfi' for 'sm_90'
+ptxas info    : Function properties for _Z6tiledPKfS0_Pfi
+    16 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 380 bytes cmem[0]
+"""
+
+
+def test_ptxas_resources_per_kernel():
+    from kforge.tools.diagnostics import parse_ptxas_resources
+
+    relu, tiled = parse_ptxas_resources(PTXAS)
+    assert relu.kernel == "relu_kernel(float const*, float*, int)" and relu.registers == 8
+    assert relu.shared_bytes == 0 and relu.spill_store_bytes == 0 and relu.arch == "sm_90"
+    assert tiled.registers == 255 and tiled.shared_bytes == 8192
+    assert (tiled.stack_bytes, tiled.spill_store_bytes, tiled.spill_load_bytes) == (16, 12, 8)

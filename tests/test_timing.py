@@ -21,6 +21,9 @@ class FakeTimer:
     def elapsed_s(self):
         return self.t1 - self.t0
 
+    def host_elapsed_s(self):
+        return self.t1 - self.t0 + self.backend.hidden_s
+
 
 class FakeBackend:
     """Each call costs `cost_s` plus seeded noise; flushes are counted, never timed."""
@@ -29,6 +32,7 @@ class FakeBackend:
         self.clock, self.cost_s, self.noise = 0.0, cost_s, noise
         self.rng = random.Random(seed)
         self.flushes = 0
+        self.hidden_s = 0.0  # work the device timer cannot see (a side stream)
 
     def synchronize(self):
         pass
@@ -73,3 +77,11 @@ def test_stats_from_samples():
         TimingStats.from_samples_s("x", [])
     with pytest.raises(ValueError):
         TimingPolicy(min_samples=1)
+
+
+def test_work_hidden_from_the_device_timer_is_flagged():
+    backend = FakeBackend(10e-6)
+    backend.hidden_s = 500e-6
+    stats = time_model("candidate", backend.run, lambda i: [], backend, TimingPolicy(budget_s=5))
+    assert stats.median_us == pytest.approx(10.0) and stats.host_median_us == pytest.approx(510.0)
+    assert any("outside the timed stream" in w for w in stats.warnings)

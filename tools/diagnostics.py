@@ -14,9 +14,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .models import Diagnostic
+from .models import Diagnostic, KernelResources
 
-__all__ = ["SourceMap", "parse_compiler_output"]
+__all__ = ["SourceMap", "parse_compiler_output", "parse_ptxas_resources"]
 
 # gcc/clang: "path:12:5: error: message"
 _GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<sev>fatal error|error|warning|note):\s*(?P<msg>.*)$")
@@ -133,3 +133,34 @@ def parse_compiler_output(text: str, source_map: SourceMap, *, build_dir: Path |
             break
     found.sort(key=lambda d: d.severity != "error")
     return found
+
+
+_PTXAS_ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '(?P<name>[^']+)' for '(?P<arch>[^']+)'")
+_PTXAS_PROPS = re.compile(r"ptxas info\s*: Function properties for (?P<name>\S+)")
+_PTXAS_FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"ptxas info\s*: Used (?P<regs>\d+) registers(?P<rest>.*)")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_resources(text: str) -> list[KernelResources]:
+    """Per-kernel registers, shared memory, spills and stack from `nvcc -Xptxas -v` output."""
+    kernels: dict[str, dict] = {}
+    entry = props_for = None
+    for line in text.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            entry = m.group("name")
+            kernels.setdefault(entry, {"arch": m.group("arch")})
+        elif m := _PTXAS_PROPS.search(line):
+            props_for = m.group("name")
+        elif (m := _PTXAS_FRAME.search(line)) and props_for:
+            kernels.setdefault(props_for, {}).update(stack_bytes=int(m.group("stack")),
+                                                     spill_store_bytes=int(m.group("st")),
+                                                     spill_load_bytes=int(m.group("ld")))
+        elif (m := _PTXAS_USED.search(line)) and entry:
+            smem = _SMEM.search(m.group("rest"))
+            kernels[entry].update(registers=int(m.group("regs")), shared_bytes=int(smem.group(1)) if smem else 0)
+    names = _demangle("\n".join(kernels)).splitlines() if kernels else []
+    if len(names) != len(kernels):
+        names = list(kernels)
+    return [KernelResources(kernel=pretty, **info) for pretty, info in zip(names, kernels.values())
+            if "registers" in info]

@@ -51,15 +51,17 @@ def _storable(failure: Failure | None) -> bool:
     return failure is None or failure.kind in _DETERMINISTIC_FAILURES
 
 
-async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str) -> WorkerProcess:
+async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str,
+                 extra_env: dict[str, str] | None = None) -> WorkerProcess:
     return await stack.enter_async_context(
-        WorkerProcess(backend=backend, home=ctx.home, scratch=scratch / role, limits=ctx.limits, role=role))
+        WorkerProcess(backend=backend, home=ctx.home, scratch=scratch / role, limits=ctx.limits, role=role,
+                      extra_env=extra_env))
 
 
 async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
-                          code: str) -> tuple[WorkerProcess | None, CompileResult]:
+                          code: str, *, extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess | None, CompileResult]:
     try:
-        worker = await _start(stack, ctx, backend, scratch, "candidate")
+        worker = await _start(stack, ctx, backend, scratch, "candidate", extra_env)
         reply = await worker.call("load", stage="load", role="candidate", source=code)
     except WorkerDied as died:
         return None, _compile_result(spec, None, died.failure)
@@ -125,7 +127,9 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             if failure is not None:
                 return VerifyResult(spec=spec, ok=False, correct=False, failure=failure, seconds=time.perf_counter() - t0)
             await progress(1, steps, "building the candidate")
-            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+            # Synchronous launches: a device fault is raised at the candidate line that launched it.
+            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code,
+                                                     extra_env={"CUDA_LAUNCH_BLOCKING": "1"})
             if worker is None:
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=compiled.failure)
             await progress(2, steps, f"running {trials} trials of the candidate")

@@ -26,12 +26,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
-from .diagnostics import SourceMap, parse_compiler_output
-from .models import BuildInfo, Diagnostic, Failure
+from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
+from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
 __all__ = ["LoadOutcome", "load_user_module", "python_failure"]
 
 _TAIL_LINES = 30
+# Messages of GPU faults that leave the device context unusable (the worker is discarded after).
+_DEVICE_FAULTS = ("illegal memory access", "misaligned address", "unspecified launch failure",
+                  "illegal instruction", "CUDA error", "device-side assert")
 
 
 @dataclass
@@ -57,8 +60,10 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
     for frame in traceback.extract_tb(exc.__traceback__):
         if frame.filename == str(user_file):
             line = frame.lineno
+    text = str(exc)
     if kind is None:
-        kind = ("syntax_error" if isinstance(exc, SyntaxError)
+        kind = ("device_fault" if any(m in text for m in _DEVICE_FAULTS)
+                else "syntax_error" if isinstance(exc, SyntaxError)
                 else "out_of_memory" if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
                 else "import_error" if isinstance(exc, ImportError) else "exception")
     message = f"{type(exc).__name__}: {exc}".strip()
@@ -155,9 +160,22 @@ class _InlineBuilder:
         self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, embedded_cpp, embedded_cuda)
                                 if d.severity == "warning")
         fn_names = list(functions) if isinstance(functions, dict) else _as_list(functions)
-        self.builds.append(BuildInfo(name=name, ok=True, seconds=seconds, from_cache=cached, functions=fn_names))
+        kernels = self._kernel_resources(output, build_dir)
+        self.builds.append(BuildInfo(name=name, ok=True, seconds=seconds, from_cache=cached, functions=fn_names,
+                                     kernels=kernels))
         self.extensions.append(module)
         return module
+
+    @staticmethod
+    def _kernel_resources(output: str, build_dir: Path) -> list[KernelResources]:
+        """ptxas' report of a fresh build, kept beside the build so a cache hit reports it too."""
+        saved = build_dir / "kforge-kernels.json"
+        kernels = parse_ptxas_resources(output)
+        if kernels:
+            saved.write_text(json.dumps([k.model_dump(mode="json") for k in kernels]))
+        elif saved.exists():
+            kernels = [KernelResources(**k) for k in json.loads(saved.read_text())]
+        return kernels
 
     def _diagnostics(self, output: str, build_dir: Path, cpp: list[str], cuda: list[str]) -> list[Diagnostic]:
         self.source_map.add_generated_file(build_dir / "main.cpp", cpp)

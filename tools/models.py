@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us
 
 __all__ = [
-    "BuildInfo", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
+    "KernelResources", "BuildInfo", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
     "ProfileResult", "TensorInfo", "Tolerance", "TrialReport", "VerifyResult", "WeightSync",
     # re-exported for callers that only import tools
     "Baseline", "Counter", "OpRow", "ProfileReport", "TimingStats",
@@ -64,6 +64,22 @@ class Diagnostic(BaseModel):
         return f"{where}: {self.severity}: {self.message}"
 
 
+class KernelResources(BaseModel):
+    """What the GPU compiler reported about one kernel (ptxas -v, or Triton's compiled metadata)."""
+
+    model_config = _FROZEN
+
+    kernel: str = Field(description="Kernel name (demangled where possible).")
+    registers: int | None = Field(default=None, description="Registers per thread.")
+    shared_bytes: int | None = Field(default=None, description="Static shared memory per block.")
+    spill_store_bytes: int | None = None
+    spill_load_bytes: int | None = None
+    stack_bytes: int | None = Field(default=None, description="Stack frame per thread (local memory).")
+    arch: str | None = None
+    num_warps: int | None = Field(default=None, description="Triton only.")
+    num_stages: int | None = Field(default=None, description="Triton only.")
+
+
 class BuildInfo(BaseModel):
     """One `load_inline` call made by the candidate."""
 
@@ -74,11 +90,12 @@ class BuildInfo(BaseModel):
     seconds: float
     from_cache: bool = Field(description="True when a previous build of the same sources and flags was reused.")
     functions: list[str] = Field(default_factory=list)
+    kernels: list[KernelResources] = Field(default_factory=list, description="Per-kernel resource usage (GPU builds).")
 
 
 FailureKind = Literal[
     "syntax_error", "import_error", "build_error", "interface_error", "exception",
-    "timeout", "crashed", "exited", "out_of_memory",
+    "timeout", "crashed", "exited", "out_of_memory", "device_fault",
 ]
 
 

@@ -105,7 +105,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         backend=backend, device_name=prof["facts"]["device_name"], collector="torch.profiler",
         candidate=candidate_stats, baselines=tuple(_baseline(n, measured[n], candidate_stats) for n in baselines),
         ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
-        custom_share=_custom_share(prof["rows"], prof["total_us"]),
+        custom_share=_custom_share(prof["rows"], prof["total_us"], prof["basis"]),
         counters=tuple(Counter(**c) for c in prof["counters"]), counters_note=prof["counters_note"],
         notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",))
     warnings = list(candidate_stats.warnings)
@@ -142,9 +142,13 @@ def _baseline(name: str, reply: dict[str, Any], candidate: TimingStats) -> Basel
     return Baseline(name=name, timing=stats, speedup=round(stats.median_us / candidate.median_us, 4))
 
 
-def _custom_share(rows: list[dict[str, Any]], total_us: float) -> float | None:
-    custom = [r for r in rows if r["is_custom"]]
-    if not custom or total_us <= 0:
-        return 0.0 if rows else None
-    # A labelled range's total covers the kernel and any aten ops it launched itself.
-    return min(1.0, sum(r["total_time_us"] for r in custom) / total_us)
+def _custom_share(rows: list[dict[str, Any]], total_us: float, basis: str) -> float | None:
+    """Share of the profiled window spent in the candidate's own code (device time on a GPU)."""
+    if not rows or total_us <= 0:
+        return None
+    if basis == "device":
+        own = sum(r["device_time_us"] or 0.0 for r in rows if r["is_custom"])
+    else:
+        # A labelled range's total covers the kernel and any aten ops it launched itself.
+        own = sum(r["total_time_us"] for r in rows if r["is_custom"])
+    return min(1.0, own / total_us)

@@ -8,6 +8,9 @@ Algorithm (`time_model`):
      then time exactly one call with the backend's timer.
   3. Stop once there are `min_samples` samples and the relative standard error of the mean is
      below `target_rel_sem`, or the time budget or `max_samples` is reached.
+  4. Cross-check: each sample also has a host-clock time closed after a device-wide synchronize.
+     When the host saw much more time than the device timer, work ran where the timer could not
+     see it (another stream, a thread), and the result says so.
 Trade-off: a cold cache per call measures what one call costs from DRAM, which is what a
 kernel in a real model usually sees; warm-cache numbers would flatter small kernels.
 """
@@ -22,6 +25,10 @@ from typing import Any, Callable, Sequence
 from kforge.profilers.report import TimingStats
 
 __all__ = ["TimingPolicy", "time_model"]
+
+# Host time above this multiple of device time (plus launch and sync overhead) means unseen work.
+_UNSEEN_WORK_RATIO = 1.5
+_SYNC_OVERHEAD_S = 50e-6
 
 
 class TimingPolicy:
@@ -52,6 +59,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     backend.synchronize()
 
     samples: list[float] = []
+    host_samples: list[float] = []
     t_sampling = time.perf_counter()
     hit_budget = False
     while len(samples) < policy.max_samples:
@@ -63,6 +71,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         fn(*args)
         timer.stop()
         samples.append(timer.elapsed_s())
+        host_samples.append(timer.host_elapsed_s())
         if len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem:
             break
         if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
@@ -72,4 +81,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if hit_budget:
         extra.append(f"time budget of {policy.budget_s:g} s reached before the standard error fell below "
                      f"{100 * policy.target_rel_sem:g}% of the mean")
-    return TimingStats.from_samples_s(label, samples, extra_warnings=extra)
+    device_med, host_med = statistics.median(samples), statistics.median(host_samples)
+    if host_med > _UNSEEN_WORK_RATIO * device_med + _SYNC_OVERHEAD_S:
+        extra.append(f"the host saw {host_med * 1e6:.1f} us per call but the device timer {device_med * 1e6:.1f} us: "
+                     "work ran outside the timed stream (another stream or thread); the device time understates the cost")
+    return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra)

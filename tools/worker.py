@@ -43,11 +43,14 @@ class Worker:
         self.cache_dir = Path(init["cache_dir"])
         # A probe worker has no backend: it must work even where torch cannot be imported.
         self.backend = load_backend(init["backend"]) if init.get("backend") else None
+        memory = init.get("memory_bytes") if getattr(self.backend, "limits_address_space", False) else None
+        _set_limits(memory)  # before any user code runs
         if self.backend is not None:
             self.backend.setup()
         self.module: Any = None
         self.user_file: Path | None = None
         self.extensions: list[Any] = []
+        self.kernel_names: list[str] = []
         self.model: Any = None
         self.sets: list[list[Any]] = []
         self.expected: list[list[Any]] = []
@@ -88,6 +91,7 @@ class Worker:
         outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
                                    cache_dir=self.cache_dir, backend=self.backend)
         self.module, self.extensions = outcome.module, outcome.extensions
+        self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
         failure = outcome.failure
         wanted = "Model" if role == "reference" else "ModelNew"
         if failure is None:
@@ -215,7 +219,8 @@ class Worker:
         trace = Path(msg["artifacts"]) / "trace.json"
         try:
             with torch.no_grad(), label_extension_functions(self.extensions):
-                rows, total_us = collect_op_table(self.model, self._args, self.backend, calls=msg["calls"], trace_path=trace)
+                rows, total_us, basis = collect_op_table(self.model, self._args, self.backend, calls=msg["calls"],
+                                                         trace_path=trace, custom_kernels=self.kernel_names)
             with torch.no_grad(), PerfStat() as perf:
                 t_end = time.perf_counter() + msg.get("perf_seconds", 0.5)
                 i = 0
@@ -225,7 +230,7 @@ class Worker:
                 self.backend.synchronize()
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "profile")
-        return {"rows": [r.model_dump(mode="json") for r in rows], "total_us": total_us,
+        return {"rows": [r.model_dump(mode="json") for r in rows], "total_us": total_us, "basis": basis,
                 "trace": trace.name if trace.exists() else None,
                 "counters": [c.model_dump(mode="json") for c in perf.counters], "counters_note": perf.note,
                 "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
@@ -260,7 +265,6 @@ def main() -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     os.chdir(init["scratch"])
-    _set_limits(init.get("memory_bytes"))
 
     def reply(payload: dict[str, Any]) -> None:
         proto_out.write(json.dumps(payload) + "\n")

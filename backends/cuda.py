@@ -1,0 +1,146 @@
+"""CUDA backend: CUDA C++ built with `torch.utils.cpp_extension.load_inline`, on NVIDIA GPUs.
+
+Builds target only the GPU that is present (TORCH_CUDA_ARCH_LIST is pinned to its compute
+capability) and ask ptxas for its resource report (`-Xptxas -v`), which `kforge.tools` turns into
+registers, shared memory, spills and stack per kernel. TF32 is switched off so a fp32 reference
+is computed in fp32.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from typing import Any
+
+from .base import Availability, DeviceFacts, map_structure
+
+__all__ = ["CudaBackend"]
+
+# Twice the largest L2 of current data-center GPUs (H100 50 MB, H200 60 MB, B200 126 MB is not
+# covered fully but mostly evicted); zeroed before every timed call, outside the timed window.
+_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def _nvcc_version(nvcc: str) -> str | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [l for l in out.splitlines() if "release" in l]
+    return lines[0].strip() if lines else None
+
+
+class _EventTimer:
+    """CUDA events on the current stream, plus the host clock closed after a device-wide sync."""
+
+    def __init__(self) -> None:
+        import time
+
+        import torch
+
+        self._torch, self._clock = torch, time.perf_counter
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._h0 = self._h1 = 0.0
+
+    def start(self) -> None:
+        self._h0 = self._clock()
+        self._start.record()
+
+    def stop(self) -> None:
+        self._end.record()
+        self._torch.cuda.synchronize()  # device-wide: includes work on every stream
+        self._h1 = self._clock()
+
+    def elapsed_s(self) -> float:
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1e3
+
+    def host_elapsed_s(self) -> float:
+        return self._h1 - self._h0
+
+
+class CudaBackend:
+    name = "cuda"
+    device = "cuda"
+    limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
+
+    def __init__(self) -> None:
+        self._flush_buf = None
+
+    def probe(self) -> Availability:
+        versions: dict[str, str] = {"python": platform.python_version()}
+        try:
+            import torch
+            from torch.utils import cpp_extension
+        except Exception as exc:  # noqa: BLE001
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason=f"torch cannot be imported ({exc})")
+        versions["torch"] = torch.__version__
+        if torch.version.cuda is None:
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason="torch is a CPU-only build; install a CUDA build of torch")
+        versions["torch_cuda"] = torch.version.cuda
+        if not torch.cuda.is_available():
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason="no NVIDIA GPU visible (torch.cuda.is_available() is False)")
+        home = cpp_extension.CUDA_HOME
+        nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
+        if not nvcc or not os.path.exists(nvcc):
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+        versions["nvcc"] = _nvcc_version(nvcc) or nvcc
+        try:
+            cpp_extension.verify_ninja_availability()
+        except RuntimeError:
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason="ninja not found: `pip install ninja` (load_inline needs it)")
+        major, minor = torch.cuda.get_device_capability(0)
+        name = torch.cuda.get_device_name(0)
+        versions["compute_capability"] = f"{major}.{minor}"
+        return Availability(backend=self.name, ok=True, versions=versions, device_name=name,
+                            reason=f"{torch.cuda.device_count()} GPU(s); builds for sm_{major}{minor}")
+
+    def setup(self) -> None:
+        import torch
+
+        torch.cuda.init()
+        major, minor = torch.cuda.get_device_capability(0)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"  # build only for the GPU present
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def to_device(self, value: Any) -> Any:
+        return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def timer(self) -> _EventTimer:
+        return _EventTimer()
+
+    def flush_cache(self) -> None:
+        import torch
+
+        if self._flush_buf is None:
+            self._flush_buf = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        self._flush_buf.zero_()
+
+    def facts(self) -> DeviceFacts:
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return DeviceFacts(backend=self.name, device_name=props.name, cores=props.multi_processor_count,
+                           cache_bytes=getattr(props, "L2_cache_size", None))
+
+    def build_defaults(self) -> dict[str, list[str]]:
+        return {"extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3", "-Xptxas=-v"]}
+
+    def profiler_activities(self) -> list[Any]:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]

@@ -1,0 +1,76 @@
+"""The CUDA backend on a real GPU, end to end through the MCP client (skipped without a GPU).
+
+Run on a GPU host with scripts/run_gpu_tests.sh.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import stdio_session
+
+pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
+
+
+def data(result) -> dict:
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+async def test_cuda_compile_verify_profile(kforge_home, candidate):
+    cand = candidate("cuda_relu")
+    async with stdio_session(kforge_home) as client:
+        cuda = next(b for b in data(await client.call_tool("list_backends", {}))["backends"] if b["backend"] == "cuda")
+        assert cuda["ok"], cuda["reason"]
+
+        built = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": cand}))
+        assert built["ok"], built
+        [kernel] = built["builds"][0]["kernels"]
+        assert kernel["kernel"].startswith("relu_kernel") and kernel["registers"] > 0
+        assert kernel["spill_store_bytes"] == 0 and kernel["arch"].startswith("sm_")
+        again = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": cand, "use_store": False}))
+        assert again["from_cache"] and again["builds"][0]["kernels"] == built["builds"][0]["kernels"]
+
+        verdict = data(await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "problem": "relu", "candidate_code": cand}))
+        assert verdict["correct"] and verdict["trials"][0]["outputs"][0]["got"]["device"].startswith("cuda")
+
+        wrong = data(await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_wrong")}))
+        assert not wrong["correct"] and wrong["trials"][0]["outputs"][0]["mismatches"] > 0
+
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "problem": "relu", "candidate_code": cand, "budget_s": 1.0}))
+        report = prof["report"]
+        assert prof["output_correct"] and report["candidate"]["median_us"] > 0
+        own = [op for op in report["ops"] if op["is_custom"] and op.get("device_time_us")]
+        assert own and own[0]["name"].startswith("relu_kernel")
+        assert report["custom_share"] > 0.5
+        assert not any("outside the timed stream" in w for w in report["candidate"]["warnings"])
+        assert {b["name"] for b in report["baselines"] if b.get("timing")} == {"eager", "torch.compile"}
+
+
+async def test_cuda_errors_are_located_and_faults_contained(kforge_home, candidate):
+    async with stdio_session(kforge_home) as client:
+        broken = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": candidate("cuda_compile_error")}))
+        assert not broken["ok"] and broken["failure"]["kind"] == "build_error"
+        err = broken["diagnostics"][0]
+        assert err["line"] == 13 and "undefined_bias" in err["message"] and err["source"] == "cuda"
+
+        fault = data(await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_illegal_address"), "trials": 1}))
+        assert not fault["correct"] and fault["failure"]["kind"] == "device_fault", fault["failure"]
+        assert "illegal memory access" in fault["failure"]["message"]
+
+        healthy = data(await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_relu"), "trials": 1, "use_store": False}))
+        assert healthy["correct"], "the next job must run on a healthy GPU context"
+
+
+async def test_cuda_side_stream_work_is_flagged(kforge_home, candidate):
+    async with stdio_session(kforge_home) as client:
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_side_stream"),
+            "baselines": ["eager"], "budget_s": 0.5}))
+    warnings = prof["report"]["candidate"]["warnings"]
+    assert any("outside the timed stream" in w for w in warnings), warnings
