@@ -46,3 +46,12 @@ def test_tolerances_by_dtype_and_override():
     assert tolerance_for(torch.int32).atol == 0 and "exactly" in tolerance_for(torch.int32).why
     custom = tolerance_for(torch.float32, atol=1e-3)
     assert custom.atol == 1e-3 and custom.rtol == 1e-4 and "set by the caller" in custom.why
+
+
+def test_output_on_the_wrong_device_fails():
+    e = torch.ones(2, 2)
+    [check] = compare_outputs([e], [e.clone()], expected_devices=["cuda:0"], got_devices=["cpu"])
+    assert not check.correct and "device cpu != expected cuda:0" in check.problems
+    assert check.got.device == "cpu" and check.expected.device == "cuda:0"
+    [same] = compare_outputs([e], [e.clone()], expected_devices=["cuda:0"], got_devices=["cuda:0"])
+    assert same.correct and same.got.device == "cuda:0"

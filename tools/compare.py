@@ -110,9 +110,27 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
                        first_mismatches=first, nan_count=nan_count, inf_count=inf_count, tolerance=tol)
 
 
-def compare_outputs(expected: list[Any], got: list[Any], *, atol: float | None = None, rtol: float | None = None) -> list[OutputCheck]:
+def _with_devices(check: OutputCheck, expected_device: str | None, got_device: str | None) -> OutputCheck:
+    """Put back the devices the tensors lived on (the judge compares CPU copies) and check them."""
+    update: dict[str, Any] = {}
+    if expected_device:
+        update["expected"] = check.expected.model_copy(update={"device": expected_device})
+    if got_device and check.got is not None:
+        update["got"] = check.got.model_copy(update={"device": got_device})
+    if expected_device and got_device and expected_device.split(":")[0] != got_device.split(":")[0]:
+        update["correct"] = False
+        update["problems"] = check.problems + [f"device {got_device} != expected {expected_device}"]
+    return check.model_copy(update=update) if update else check
+
+
+def compare_outputs(expected: list[Any], got: list[Any], *, atol: float | None = None, rtol: float | None = None,
+                    expected_devices: list[str | None] | None = None,
+                    got_devices: list[str | None] | None = None) -> list[OutputCheck]:
     """Check every expected output against the candidate's output at the same position."""
     checks = [_compare_one(i, exp, got[i] if i < len(got) else None, atol, rtol) for i, exp in enumerate(expected)]
+    exp_dev, got_dev = expected_devices or [], got_devices or []
+    checks = [_with_devices(c, exp_dev[i] if i < len(exp_dev) else None, got_dev[i] if i < len(got_dev) else None)
+              for i, c in enumerate(checks)]
     if len(got) > len(expected) and checks:
         extra = f"{len(got) - len(expected)} extra output(s) beyond the reference's {len(expected)}"
         checks[-1] = checks[-1].model_copy(update={"correct": False, "problems": checks[-1].problems + [extra]})

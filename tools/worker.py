@@ -54,6 +54,7 @@ class Worker:
         self.model: Any = None
         self.sets: list[list[Any]] = []
         self.expected: list[list[Any]] = []
+        self.expected_devices: list[str | None] = []
         self.compiled: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -138,6 +139,7 @@ class Worker:
                     out = flatten_outputs(self.model(*self._args(i)))
                     self.backend.synchronize()
                     self.expected.append([o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in out])
+                    self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, stage)
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
@@ -170,8 +172,10 @@ class Worker:
                     f = self._failure(exc, "forward")["failure"]
                     results.append({"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f})
                     continue
+                # The judge sees CPU copies, so record where each output lived for the device check.
                 results.append({"outputs": [o.detach().cpu().clone() if type(o) is torch.Tensor
-                                            else {"__non_tensor__": type(o).__name__} for o in out]})
+                                            else {"__non_tensor__": type(o).__name__} for o in out],
+                                "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]})
         torch.save(results, msg["outputs"])
         return {"weights": sync, "trial_failures": [r.get("failure") for r in results]}
 
@@ -187,7 +191,8 @@ class Worker:
                 trials.append({"error": res["error"], "checks": []})
                 continue
             got = [_NonTensor(o["__non_tensor__"]) if isinstance(o, dict) else o for o in res["outputs"]]
-            checks = compare_outputs(self.expected[i], got, atol=msg.get("atol"), rtol=msg.get("rtol"))
+            checks = compare_outputs(self.expected[i], got, atol=msg.get("atol"), rtol=msg.get("rtol"),
+                                     expected_devices=self.expected_devices, got_devices=res.get("devices"))
             trials.append({"error": None, "checks": [c.model_dump(mode="json") for c in checks]})
         return {"trials": trials}
 
