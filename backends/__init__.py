@@ -17,6 +17,7 @@ __all__ = ["Availability", "Backend", "DeviceFacts", "Timer", "backend_names", "
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
     "cuda": "kforge.backends.cuda:CudaBackend",
+    "triton": "kforge.backends.triton:TritonBackend",
 }
 
 

@@ -28,6 +28,8 @@ class Availability(BaseModel):
     reason: str = Field(description="Why it is unavailable, or what was found when it is available.")
     device_name: str | None = None
     versions: dict[str, str] = Field(default_factory=dict, description="Toolchain versions found.")
+    timing: bool = Field(default=True, description="Whether timings on this backend here mean anything.")
+    mode: str | None = Field(default=None, description="A restricted way of running, e.g. 'interpreter'.")
 
 
 class DeviceFacts(BaseModel):

@@ -6,10 +6,10 @@ import os
 import platform
 import shutil
 import subprocess
-import time
 from typing import Any
 
-from .base import Availability, DeviceFacts, map_structure
+from ._host import WallTimer, cpu_name, llc_bytes
+from .base import Availability, DeviceFacts
 
 __all__ = ["CpuBackend"]
 
@@ -24,39 +24,6 @@ def _first_line(cmd: list[str]) -> str | None:
         return None
     text = (out.stdout or out.stderr).strip()
     return text.splitlines()[0] if text else None
-
-
-def _llc_bytes() -> int | None:
-    """Size of the largest CPU cache that sysfs reports, or None."""
-    sizes = []
-    root = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in os.listdir(root):
-            raw = open(os.path.join(root, entry, "size")).read().strip()
-            mult = {"K": 1024, "M": 1024**2}.get(raw[-1], 1)
-            sizes.append(int(raw.rstrip("KM")) * mult)
-    except (OSError, ValueError):
-        return None
-    return max(sizes) if sizes else None
-
-
-class _WallTimer:
-    """Host wall-clock timer; CPU work is synchronous, so the bracketed time is the work's time."""
-
-    def __init__(self) -> None:
-        self._t0 = self._t1 = 0
-
-    def start(self) -> None:
-        self._t0 = time.perf_counter_ns()
-
-    def stop(self) -> None:
-        self._t1 = time.perf_counter_ns()
-
-    def elapsed_s(self) -> float:
-        return (self._t1 - self._t0) / 1e9
-
-    def host_elapsed_s(self) -> float:
-        return self.elapsed_s()
 
 
 class CpuBackend:
@@ -89,18 +56,8 @@ class CpuBackend:
                                 reason="ninja not found: `pip install ninja` (load_inline needs it)")
         versions["ninja"] = _first_line(["ninja", "--version"]) or "found"
         return Availability(backend=self.name, ok=True, versions=versions,
-                            device_name=self._cpu_name(),
+                            device_name=cpu_name(),
                             reason=f"C++ compiler and ninja found; {os.cpu_count()} cores")
-
-    @staticmethod
-    def _cpu_name() -> str:
-        try:
-            for line in open("/proc/cpuinfo"):
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine()
 
     def setup(self) -> None:
         import torch
@@ -113,8 +70,8 @@ class CpuBackend:
     def synchronize(self) -> None:
         return None
 
-    def timer(self) -> _WallTimer:
-        return _WallTimer()
+    def timer(self) -> WallTimer:
+        return WallTimer()
 
     def flush_cache(self) -> None:
         import torch
@@ -125,8 +82,8 @@ class CpuBackend:
         self._flush_buf.fill_(1.0)
 
     def facts(self) -> DeviceFacts:
-        return DeviceFacts(backend=self.name, device_name=self._cpu_name(),
-                           cores=len(os.sched_getaffinity(0)), cache_bytes=_llc_bytes())
+        return DeviceFacts(backend=self.name, device_name=cpu_name(),
+                           cores=len(os.sched_getaffinity(0)), cache_bytes=llc_bytes())
 
     def build_defaults(self) -> dict[str, list[str]]:
         return {"extra_cflags": ["-O3", "-fopenmp"], "extra_ldflags": ["-fopenmp"]}
@@ -136,6 +93,3 @@ class CpuBackend:
 
         return [ProfilerActivity.CPU]
 
-    @staticmethod
-    def move(value: Any, device: str) -> Any:
-        return map_structure(lambda v: v.to(device) if hasattr(v, "to") else v, value)

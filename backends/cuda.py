@@ -14,14 +14,10 @@ import shutil
 import subprocess
 from typing import Any
 
+from ._nvidia import EventTimer, L2Flusher, gpu_facts
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["CudaBackend"]
-
-# Twice the largest L2 of current data-center GPUs (H100 50 MB, H200 60 MB, B200 126 MB is not
-# covered fully but mostly evicted); zeroed before every timed call, outside the timed window.
-_FLUSH_BYTES = 256 * 1024 * 1024
-
 
 def _nvcc_version(nvcc: str) -> str | None:
     try:
@@ -32,43 +28,13 @@ def _nvcc_version(nvcc: str) -> str | None:
     return lines[0].strip() if lines else None
 
 
-class _EventTimer:
-    """CUDA events on the current stream, plus the host clock closed after a device-wide sync."""
-
-    def __init__(self) -> None:
-        import time
-
-        import torch
-
-        self._torch, self._clock = torch, time.perf_counter
-        self._start = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
-        self._h0 = self._h1 = 0.0
-
-    def start(self) -> None:
-        self._h0 = self._clock()
-        self._start.record()
-
-    def stop(self) -> None:
-        self._end.record()
-        self._torch.cuda.synchronize()  # device-wide: includes work on every stream
-        self._h1 = self._clock()
-
-    def elapsed_s(self) -> float:
-        self._end.synchronize()
-        return self._start.elapsed_time(self._end) / 1e3
-
-    def host_elapsed_s(self) -> float:
-        return self._h1 - self._h0
-
-
 class CudaBackend:
     name = "cuda"
     device = "cuda"
     limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
 
     def __init__(self) -> None:
-        self._flush_buf = None
+        self._flush = L2Flusher()
 
     def probe(self) -> Availability:
         versions: dict[str, str] = {"python": platform.python_version()}
@@ -120,22 +86,14 @@ class CudaBackend:
 
         torch.cuda.synchronize()
 
-    def timer(self) -> _EventTimer:
-        return _EventTimer()
+    def timer(self) -> EventTimer:
+        return EventTimer()
 
     def flush_cache(self) -> None:
-        import torch
-
-        if self._flush_buf is None:
-            self._flush_buf = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device=self.device)
-        self._flush_buf.zero_()
+        self._flush()
 
     def facts(self) -> DeviceFacts:
-        import torch
-
-        props = torch.cuda.get_device_properties(0)
-        return DeviceFacts(backend=self.name, device_name=props.name, cores=props.multi_processor_count,
-                           cache_bytes=getattr(props, "L2_cache_size", None))
+        return gpu_facts(self.name)
 
     def build_defaults(self) -> dict[str, list[str]]:
         return {"extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3", "-Xptxas=-v"]}

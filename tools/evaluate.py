@@ -152,6 +152,9 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
     weights = WeightSync(**run["weights"])
     warnings = _verify_warnings(reports, weights)
+    avail = await ctx.require_backend(backend)
+    if avail.mode:
+        warnings.append(f"ran in {avail.mode} mode: {avail.reason}")
     await progress(steps, steps, "done")
     return _finish_verify(ctx, spec, t0, compile=compiled, trials=reports, tolerances=list(tolerances.values()),
                           weights=weights, warnings=warnings)

@@ -52,14 +52,64 @@ def _tail(text: str, n: int = _TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:])
 
 
+def _triton_compile_error(exc: BaseException) -> Any:
+    """The Triton CompilationError in `exc`'s chain, if any (matched by name: triton may be absent)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if type(exc).__name__ == "CompilationError" and type(exc).__module__.startswith("triton"):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def _triton_failure(err: Any, *, stage: str, user_file: Path) -> Failure:
+    """Locate a Triton compile error in the candidate: its `src` starts at the kernel's `def` line."""
+    try:
+        text = user_file.read_text()
+    except OSError:
+        text = ""
+    src, node = getattr(err, "src", None), getattr(err, "node", None)
+    line = None
+    if src and node is not None and getattr(node, "lineno", None):
+        first = src.splitlines()[0].strip()
+        hits = [i for i, l in enumerate(text.splitlines(), 1) if l.strip() == first]
+        if len(hits) == 1:
+            line = hits[0] + node.lineno - 1
+    message = (getattr(err, "error_message", None) or str(err).splitlines()[-1]).strip()
+    code_lines = text.splitlines()
+    code_line = code_lines[line - 1].rstrip() if line and 0 < line <= len(code_lines) else None
+    diag = Diagnostic(severity="error", message=message, line=line, column=getattr(node, "col_offset", None),
+                      source="triton", code_line=code_line)
+    return Failure(stage=stage, kind="build_error", message=f"Triton could not compile the kernel: {message}",
+                   line=line, diagnostics=[diag], traceback_tail=_tail(str(err)))
+
+
+def _deepest_user_line(exc: BaseException, user_file: Path) -> int | None:
+    """The deepest line of the user's file in the traceback, innermost cause first.
+
+    Wrapped errors (Triton's InterpreterError around a NameError in the kernel body) carry the
+    line that matters in their cause's traceback, not in the wrapper's.
+    """
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in chain and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for err in reversed(chain):
+        if isinstance(err, SyntaxError) and err.filename == str(user_file):
+            return err.lineno
+        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == str(user_file)]
+        if lines:
+            return lines[-1]
+    return None
+
+
 def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str | None = None) -> Failure:
     """A Failure for a Python exception, pointing at the deepest frame in the user's file."""
-    line = None
-    if isinstance(exc, SyntaxError) and exc.filename == str(user_file):
-        line = exc.lineno
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename == str(user_file):
-            line = frame.lineno
+    if kind is None and (triton_err := _triton_compile_error(exc)) is not None:
+        return _triton_failure(triton_err, stage=stage, user_file=user_file)
+    line = _deepest_user_line(exc, user_file)
     text = str(exc)
     if kind is None:
         kind = ("device_fault" if any(m in text for m in _DEVICE_FAULTS)

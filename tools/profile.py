@@ -18,7 +18,7 @@ from typing import Any
 
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
 
-from .context import Progress, ToolContext, no_progress
+from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import WorkerDied
@@ -35,6 +35,10 @@ _COMPILE_TIMEOUT_S = 600.0
 async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                          baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, use_store: bool = False,
                          progress: Progress = no_progress) -> ProfileResult:
+    avail = await ctx.require_backend(backend)
+    if not avail.timing:
+        raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
+                           "verify_against_reference works; profile on a host where the backend has a device.")
     options = {"baselines": list(baselines), "budget_s": budget_s}
     spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
     if use_store and (hit := ctx.store.latest_profile_for(spec.key)):

@@ -93,6 +93,9 @@ class Worker:
                                    cache_dir=self.cache_dir, backend=self.backend)
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
+        if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
+            self.kernel_names += [name for name, obj in vars(self.module).items()
+                                  if type(obj).__module__.startswith("triton") and callable(obj)]
         failure = outcome.failure
         wanted = "Model" if role == "reference" else "ModelNew"
         if failure is None:

@@ -1,0 +1,62 @@
+"""NVIDIA GPU helpers shared by the `cuda` and `triton` backends (which must not import each other)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .base import DeviceFacts
+
+__all__ = ["EventTimer", "L2Flusher", "gpu_facts"]
+
+# Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
+# call, outside the timed window, so each call starts from a cold L2.
+_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+class EventTimer:
+    """CUDA events on the current stream, plus the host clock closed after a device-wide sync."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._h0 = self._h1 = 0.0
+
+    def start(self) -> None:
+        self._h0 = time.perf_counter()
+        self._start.record()
+
+    def stop(self) -> None:
+        self._end.record()
+        self._torch.cuda.synchronize()  # device-wide: includes work on every stream
+        self._h1 = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1e3
+
+    def host_elapsed_s(self) -> float:
+        return self._h1 - self._h0
+
+
+class L2Flusher:
+    def __init__(self) -> None:
+        self._buf: Any = None
+
+    def __call__(self) -> None:
+        import torch
+
+        if self._buf is None:
+            self._buf = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+        self._buf.zero_()
+
+
+def gpu_facts(backend: str) -> DeviceFacts:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return DeviceFacts(backend=backend, device_name=props.name, cores=props.multi_processor_count,
+                       cache_bytes=getattr(props, "L2_cache_size", None))

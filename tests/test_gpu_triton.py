@@ -1,0 +1,36 @@
+"""The Triton backend on a real GPU (skipped without one; scripts/run_gpu_tests.sh runs it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import stdio_session
+
+pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
+
+
+def data(result) -> dict:
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+async def test_triton_on_gpu(kforge_home, candidate):
+    args = {"backend": "triton", "problem": "relu"}
+    async with stdio_session(kforge_home) as client:
+        good = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_relu")}))
+        assert good["correct"] and good["trials"][0]["outputs"][0]["got"]["device"].startswith("cuda")
+        assert not any("interpreter" in w for w in good["warnings"])
+
+        wrong = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_wrong")}))
+        assert not wrong["correct"]
+
+        broken = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_compile_error"), "trials": 1}))
+        failure = broken["failure"]
+        assert failure["kind"] == "build_error" and failure["line"] == 12, failure
+        assert failure["diagnostics"][0]["source"] == "triton"
+
+        prof = data(await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("triton_relu"), "budget_s": 1.0}))
+        report = prof["report"]
+        own = [op for op in report["ops"] if op["is_custom"]]
+        assert own and own[0]["name"].startswith("relu_kernel") and report["custom_share"] > 0.5
+        assert {b["name"] for b in report["baselines"] if b.get("timing")} == {"eager", "torch.compile"}
