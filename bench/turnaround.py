@@ -27,8 +27,8 @@ import anyio
 HERE = Path(__file__).resolve().parent
 CANDIDATES = HERE.parent / "tests" / "candidates"
 SETS = {
-    "cuda": [("elementwise relu", "relu", "cuda_relu")],
-    "cpu": [("fused elementwise", None, None)],
+    "cuda": [("elementwise relu", "relu", None)],
+    "cpu": [("fused elementwise", None, None)],  # the example's own reference
 }
 
 
@@ -57,11 +57,10 @@ async def measure(backend: str, noise_runs: int, home: Path) -> dict:
     avail = await ctx.require_backend(backend)
     rows = []
     for label, problem, cand_name in SETS[backend]:
-        if problem is None:
-            pair = example(backend)
-            ref, cand_path = pair["reference"], HERE.parent / "resources" / "examples" / backend / "candidate.py"
-        else:
-            ref, cand_path = problem_reference(problem), CANDIDATES / f"{cand_name}.py"
+        # cand_name None: the backend's served example; its reference, or the named problem's.
+        ref = problem_reference(problem) if problem else example(backend)["reference"]
+        cand_path = (CANDIDATES / f"{cand_name}.py" if cand_name
+                     else HERE.parent / "resources" / "examples" / backend / "candidate.py")
         cand = cand_path.read_text()
         plain = plain_load_inline_s(cand_path)
         t = time.perf_counter(); cold = await compile_kernel(ctx, backend, cand, use_store=False); cold_s = time.perf_counter() - t

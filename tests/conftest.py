@@ -131,6 +131,13 @@ def cpu_example() -> dict[str, str]:
     return {"reference": read(EXAMPLES / "cpu" / "reference.py"), "candidate": read(EXAMPLES / "cpu" / "candidate.py")}
 
 
+def candidate_path(name: str) -> Path:
+    """A test candidate by name; `example_<backend>` is the served example (so the tests verify it)."""
+    if name.startswith("example_"):
+        return EXAMPLES / name.removeprefix("example_") / "candidate.py"
+    return CANDIDATES / f"{name}.py"
+
+
 @pytest.fixture(scope="session")
 def candidate():
-    return lambda name: read(CANDIDATES / f"{name}.py")
+    return lambda name: read(candidate_path(name))

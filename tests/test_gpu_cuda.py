@@ -18,7 +18,7 @@ def data(result) -> dict:
 
 
 async def test_cuda_compile_verify_profile(kforge_home, candidate):
-    cand = candidate("cuda_relu")
+    cand = candidate("example_cuda")
     async with stdio_session(kforge_home) as client:
         cuda = next(b for b in data(await client.call_tool("list_backends", {}))["backends"] if b["backend"] == "cuda")
         assert cuda["ok"], cuda["reason"]
@@ -63,7 +63,7 @@ async def test_cuda_errors_are_located_and_faults_contained(kforge_home, candida
         assert "illegal memory access" in fault["failure"]["message"]
 
         healthy = data(await client.call_tool("verify_against_reference", {
-            "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_relu"), "trials": 1, "use_store": False}))
+            "backend": "cuda", "problem": "relu", "candidate_code": candidate("example_cuda"), "trials": 1, "use_store": False}))
         assert healthy["correct"], "the next job must run on a healthy GPU context"
 
 

@@ -17,7 +17,7 @@ def data(result) -> dict:
 async def test_triton_on_gpu(kforge_home, candidate):
     args = {"backend": "triton", "problem": "relu"}
     async with stdio_session(kforge_home) as client:
-        good = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_relu")}))
+        good = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("example_triton")}))
         assert good["correct"] and good["trials"][0]["outputs"][0]["got"]["device"].startswith("cuda")
         assert not any("interpreter" in w for w in good["warnings"])
 
@@ -29,7 +29,7 @@ async def test_triton_on_gpu(kforge_home, candidate):
         assert failure["kind"] == "build_error" and failure["line"] == 12, failure
         assert failure["diagnostics"][0]["source"] == "triton"
 
-        prof = data(await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("triton_relu"), "budget_s": 1.0}))
+        prof = data(await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("example_triton"), "budget_s": 1.0}))
         report = prof["report"]
         own = [op for op in report["ops"] if op["is_custom"]]
         assert own and own[0]["name"].startswith("relu_kernel") and report["custom_share"] > 0.5

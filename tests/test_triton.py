@@ -18,7 +18,7 @@ async def test_triton_candidates_under_the_interpreter(kforge_home, candidate):
                       if b["backend"] == "triton")
         assert triton["ok"] and triton["mode"] == "interpreter" and triton["timing"] is False
 
-        good = (await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_relu")})).structured_content
+        good = (await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("example_triton")})).structured_content
         assert good["correct"], good
         assert any("interpreter mode" in w for w in good["warnings"])
 
@@ -29,5 +29,5 @@ async def test_triton_candidates_under_the_interpreter(kforge_home, candidate):
         assert not broken["correct"] and broken["failure"]["line"] == 12, broken["failure"]
         assert "undefined_bias" in broken["failure"]["message"]
 
-        timed = await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("triton_relu")})
+        timed = await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("example_triton")})
         assert timed.is_error and "cannot be timed on this host" in timed.content[0].text

@@ -1,4 +1,4 @@
-"""CUDA, WRONG: leaky ReLU where ReLU is asked for the `relu` problem (KernelBench load_inline convention)."""
+"""CUDA, WRONG (the cuda example with one line changed): leaky ReLU where ReLU is asked for the `relu` problem (KernelBench load_inline convention)."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
