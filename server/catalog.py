@@ -35,7 +35,12 @@ def example(backend: str) -> dict[str, str] | None:
     base = _root() / "examples" / backend
     if not (base / "candidate.py").is_file():
         return None
-    return {"reference": (base / "reference.py").read_text(), "candidate": (base / "candidate.py").read_text()}
+    # An example either carries its own reference or names a problem of the pack (problem.txt).
+    if (base / "reference.py").is_file():
+        reference = (base / "reference.py").read_text()
+    else:
+        reference = problem_reference((base / "problem.txt").read_text().strip()) or ""
+    return {"reference": reference, "candidate": (base / "candidate.py").read_text()}
 
 
 def candidate_format() -> str:

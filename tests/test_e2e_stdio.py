@@ -143,3 +143,10 @@ async def test_store_survives_restart(tmp_path, cpu_example, candidate):
     assert [t["seed"] for t in second["trials"]] == [t["seed"] for t in first["trials"]]
     assert stored["report"]["candidate"] == prof["report"]["candidate"]
     assert summary["profile_id"] == prof["profile_id"]
+
+
+async def test_every_backend_has_a_complete_example(kforge_home):
+    async with stdio_session(kforge_home) as client:
+        for backend in ("cpu", "cuda", "triton"):
+            text = (await client.read_resource(f"kforge://examples/{backend}")).contents[0].text
+            assert "class Model(" in text and "def get_inputs" in text and "class ModelNew" in text, backend
