@@ -50,3 +50,26 @@ def llc_bytes() -> int | None:
     except (OSError, ValueError):
         return None
     return max(sizes) if sizes else None
+
+
+def measure_cpu_ceilings() -> dict:
+    """Measured copy bandwidth and fp32 matmul rate of this CPU (a few seconds, cached by the caller)."""
+    import torch
+
+    src = torch.ones(64 * 1024**2 // 4)  # 64 MiB: well past the last-level cache
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    bandwidth_gbs = 2 * src.numel() * 4 / best / 1e9  # bytes read plus bytes written
+    a = torch.randn(1024, 1024)
+    torch.mm(a, a)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        best = min(best, time.perf_counter() - t0)
+    return {"peak_bandwidth_gbs": round(bandwidth_gbs, 2),
+            "peak_tflops": {"float32": round(2 * 1024**3 / best / 1e12, 4)}}

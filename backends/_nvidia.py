@@ -60,3 +60,46 @@ def gpu_facts(backend: str) -> DeviceFacts:
     props = torch.cuda.get_device_properties(0)
     return DeviceFacts(backend=backend, device_name=props.name, cores=props.multi_processor_count,
                        cache_bytes=getattr(props, "L2_cache_size", None))
+
+
+def measure_gpu_ceilings() -> dict:
+    """Measured device-copy bandwidth and bf16/fp32 matmul rates (seconds; cached by the caller).
+
+    Best of several runs after warm-up: a ceiling is what the device *can* do. fp32 is measured
+    with TF32 off, the precision a strict fp32 reference uses.
+    """
+    import torch
+
+    def best_ms(fn, reps: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return min(times)
+
+    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")  # 2 GiB, far past the L2
+    dst = torch.empty_like(src)
+    copy_ms = best_ms(lambda: dst.copy_(src), 10)
+    bandwidth_gbs = 2 * src.numel() / (copy_ms / 1e3) / 1e9  # bytes read plus bytes written
+    del src, dst
+    n = 8192
+    tflops = {}
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for dtype in (torch.bfloat16, torch.float32):
+            a = torch.randn(n, n, device="cuda", dtype=dtype)
+            b = torch.randn(n, n, device="cuda", dtype=dtype)
+            ms = best_ms(lambda: torch.mm(a, b), 10)
+            tflops[str(dtype).removeprefix("torch.")] = round(2 * n**3 / (ms / 1e3) / 1e12, 2)
+            del a, b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    torch.cuda.empty_cache()
+    return {"peak_bandwidth_gbs": round(bandwidth_gbs, 1), "peak_tflops": tflops}

@@ -98,6 +98,10 @@ class Backend(Protocol):
         """Facts about the device the analyst judges measurements against."""
         ...
 
+    def measure_ceilings(self) -> dict[str, Any]:
+        """Measure `peak_bandwidth_gbs` and `peak_tflops` per dtype (seconds; callers cache it)."""
+        ...
+
     def build_defaults(self) -> dict[str, list[str]]:
         """Extra `load_inline` flags this backend adds to every build (e.g. OpenMP, one GPU arch)."""
         ...

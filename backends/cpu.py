@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._host import WallTimer, cpu_name, llc_bytes
+from ._host import WallTimer, cpu_name, llc_bytes, measure_cpu_ceilings
 from .base import Availability, DeviceFacts
 
 __all__ = ["CpuBackend"]
@@ -84,6 +84,9 @@ class CpuBackend:
     def facts(self) -> DeviceFacts:
         return DeviceFacts(backend=self.name, device_name=cpu_name(),
                            cores=len(os.sched_getaffinity(0)), cache_bytes=llc_bytes())
+
+    def measure_ceilings(self) -> dict[str, Any]:
+        return measure_cpu_ceilings()
 
     def build_defaults(self) -> dict[str, list[str]]:
         return {"extra_cflags": ["-O3", "-fopenmp"], "extra_ldflags": ["-fopenmp"]}

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._nvidia import EventTimer, L2Flusher, gpu_facts
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["CudaBackend"]
@@ -94,6 +94,9 @@ class CudaBackend:
 
     def facts(self) -> DeviceFacts:
         return gpu_facts(self.name)
+
+    def measure_ceilings(self) -> dict[str, Any]:
+        return measure_gpu_ceilings()
 
     def build_defaults(self) -> dict[str, list[str]]:
         return {"extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3", "-Xptxas=-v"]}

@@ -12,8 +12,8 @@ import os
 import platform
 from typing import Any
 
-from ._host import WallTimer, cpu_name
-from ._nvidia import EventTimer, L2Flusher, gpu_facts
+from ._host import WallTimer, cpu_name, measure_cpu_ceilings
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["TritonBackend"]
@@ -87,6 +87,9 @@ class TritonBackend:
 
     def facts(self) -> DeviceFacts:
         return gpu_facts(self.name) if self._gpu else DeviceFacts(backend=self.name, device_name=cpu_name())
+
+    def measure_ceilings(self) -> dict[str, Any]:
+        return measure_gpu_ceilings() if self._gpu else measure_cpu_ceilings()
 
     def build_defaults(self) -> dict[str, list[str]]:
         return {}

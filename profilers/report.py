@@ -12,6 +12,8 @@ from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kforge.backends.base import DeviceFacts
+
 __all__ = ["Counter", "OpRow", "ProfileReport", "TimingStats", "format_us"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
@@ -134,3 +136,29 @@ class ProfileReport(BaseModel):
     counters: tuple[Counter, ...] = ()
     counters_note: str | None = Field(default=None, description="Why hardware counters are missing, when they are.")
     notes: tuple[str, ...] = ()
+    device: DeviceFacts | None = Field(default=None, description="The device, with its measured ceilings.")
+    problem_bytes: int | None = Field(default=None, description="Bytes of inputs and outputs of one call: a floor on its memory traffic.")
+    problem_flops: int | None = Field(default=None, description="FLOPs of one call as torch.utils.flop_counter counts them (matmuls, convolutions).")
+    achieved_bandwidth_gbs: float | None = Field(default=None, description="problem_bytes / candidate median.")
+    bandwidth_fraction: float | None = Field(default=None, description="achieved_bandwidth_gbs / the device's measured copy bandwidth.")
+    achieved_tflops: float | None = None
+    compute_fraction: float | None = Field(default=None, description="achieved_tflops / the measured matmul rate for the output's dtype.")
+
+    @classmethod
+    def roofline(cls, device: DeviceFacts, median_us: float, problem_bytes: int | None, problem_flops: int | None,
+                 dtype: str | None) -> dict[str, float | None]:
+        """Achieved bandwidth and FLOP/s of one call, and their fractions of the measured ceilings."""
+        seconds = median_us / 1e6
+        out: dict[str, float | None] = {}
+        if problem_bytes and seconds > 0:
+            gbs = problem_bytes / seconds / 1e9
+            out["achieved_bandwidth_gbs"] = round(gbs, 3)
+            if device.peak_bandwidth_gbs:
+                out["bandwidth_fraction"] = round(gbs / device.peak_bandwidth_gbs, 4)
+        if problem_flops and seconds > 0:
+            tflops = problem_flops / seconds / 1e12
+            out["achieved_tflops"] = round(tflops, 4)
+            peak = device.peak_tflops.get(dtype or "") or device.peak_tflops.get("float32")
+            if peak:
+                out["compute_fraction"] = round(tflops / peak, 4)
+        return out

@@ -55,17 +55,32 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     from .settings import tool_context
 
     tools = tool_context(settings)
-    found = anyio.run(tools.availability)
+
+    async def gather() -> tuple[list, dict]:
+        found = await tools.availability()
+        facts = {}
+        if args.measure:  # ceilings: measured once per device, then read from the cache
+            for a in found:
+                if a.ok and a.timing:
+                    facts[a.backend] = await tools.device_facts(a.backend, remeasure=args.remeasure)
+        return found, facts
+
+    found, facts = anyio.run(gather)
     if args.json:
         print(json.dumps({"kforge": __version__, "home": str(settings.home),
-                          "backends": [a.model_dump(mode="json") for a in found]}, indent=1))
-    else:
-        print(f"kforge {__version__}; data directory {settings.home}")
-        for a in found:
-            mark = "ok " if a.ok else "-- "
-            print(f"{mark} {a.backend:8s} {a.reason}" + (f" [{a.device_name}]" if a.device_name else ""))
-            for tool, version in a.versions.items():
-                print(f"       {tool}: {version}")
+                          "backends": [a.model_dump(mode="json") for a in found],
+                          "devices": {k: v.model_dump(mode="json") for k, v in facts.items()}}, indent=1))
+        return 0 if any(a.ok for a in found) else 1
+    print(f"kforge {__version__}; data directory {settings.home}")
+    for a in found:
+        mark = "ok " if a.ok else "-- "
+        print(f"{mark} {a.backend:8s} {a.reason}" + (f" [{a.device_name}]" if a.device_name else ""))
+        for tool, version in a.versions.items():
+            print(f"       {tool}: {version}")
+        if a.backend in facts:
+            f = facts[a.backend]
+            rates = ", ".join(f"{dtype} {rate:g} TFLOP/s" for dtype, rate in f.peak_tflops.items())
+            print(f"       measured ceilings: copy {f.peak_bandwidth_gbs:g} GB/s; matmul {rates}")
     return 0 if any(a.ok for a in found) else 1
 
 
@@ -79,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
     doctor = sub.add_parser("doctor", help="say which backends this host offers and why others are missing")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--no-measure", dest="measure", action="store_false",
+                        help="skip the device ceilings (copy bandwidth, matmul rates; measured once per device)")
+    doctor.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of reading the cache")
     args = parser.parse_args(argv)
     settings = Settings()
     handler = {"serve": _serve, "doctor": _doctor}[args.command]

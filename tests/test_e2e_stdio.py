@@ -75,6 +75,12 @@ async def test_honest_candidate_end_to_end(kforge_home, cpu_example):
         custom = [op for op in report["ops"] if op["is_custom"]]
         assert custom and custom[0]["name"] == "kforge::fused_relu_scale_bias.fused_relu_scale_bias"
         assert report["custom_share"] > 0.5
+        assert report["problem_bytes"] == 2 * 512 * 2048 * 4  # x in, y out (fp32)
+        assert report["device"]["peak_bandwidth_gbs"] > 0
+        assert report["achieved_bandwidth_gbs"] == pytest.approx(
+            report["problem_bytes"] / report["candidate"]["median_us"] / 1e3, rel=1e-2)
+        assert 0 < report["bandwidth_fraction"] == pytest.approx(
+            report["achieved_bandwidth_gbs"] / report["device"]["peak_bandwidth_gbs"], rel=1e-2)
 
         stored = json.loads((await client.read_resource(f"kforge://profiles/{prof['profile_id']}")).contents[0].text)
         assert stored["profile_id"] == prof["profile_id"]

@@ -46,6 +46,8 @@ async def test_cuda_compile_verify_profile(kforge_home, candidate):
         own = [op for op in report["ops"] if op["is_custom"] and op.get("device_time_us")]
         assert own and own[0]["name"].startswith("relu_kernel")
         assert report["custom_share"] > 0.5
+        assert report["device"]["peak_bandwidth_gbs"] > 1000 and report["device"]["peak_tflops"]["bfloat16"] > 100
+        assert 0 < report["bandwidth_fraction"] < 1.5
         assert not any("outside the timed stream" in w for w in report["candidate"]["warnings"])
         assert {b["name"] for b in report["baselines"] if b.get("timing")} == {"eager", "torch.compile"}
 

@@ -85,3 +85,16 @@ def test_work_hidden_from_the_device_timer_is_flagged():
     stats = time_model("candidate", backend.run, lambda i: [], backend, TimingPolicy(budget_s=5))
     assert stats.median_us == pytest.approx(10.0) and stats.host_median_us == pytest.approx(510.0)
     assert any("outside the timed stream" in w for w in stats.warnings)
+
+
+def test_roofline_fractions_of_measured_ceilings():
+    from kforge.backends.base import DeviceFacts
+    from kforge.profilers.report import ProfileReport
+
+    device = DeviceFacts(backend="cuda", device_name="gpu", peak_bandwidth_gbs=4000.0,
+                         peak_tflops={"bfloat16": 800.0, "float32": 50.0})
+    # 8 MB in and out in 4 us is 2000 GB/s, half the copy ceiling; 2*1024^3 FLOPs in 4 us is 536.9 TFLOP/s.
+    r = ProfileReport.roofline(device, 4.0, 8_000_000, 2 * 1024**3, "bfloat16")
+    assert r["achieved_bandwidth_gbs"] == 2000.0 and r["bandwidth_fraction"] == 0.5
+    assert r["achieved_tflops"] == pytest.approx(536.87, rel=1e-3) and r["compute_fraction"] == pytest.approx(0.6711, rel=1e-3)
+    assert ProfileReport.roofline(device, 4.0, None, 0, "float32") == {}

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, Iterator
 
 import anyio
 
-from kforge.backends import Availability, backend_names
+from kforge.backends import Availability, DeviceFacts, backend_names
 
 from .runner import WorkerLimits, WorkerProcess
 from .store import ResultStore
@@ -71,6 +71,15 @@ class ToolContext:
                         reply = await w.call("probe", stage="probe", timeout_s=120, backends=backend_names())
                 self._availability = [Availability(**b) for b in reply["backends"]]
             return self._availability
+
+    async def device_facts(self, backend: str, *, remeasure: bool = False) -> DeviceFacts:
+        """The device's facts with measured ceilings (measured once per device, then cached)."""
+        await self.require_backend(backend)
+        with self.scratch("ceilings") as scratch:
+            async with self.device_lock(backend), WorkerProcess(backend=backend, home=self.home, scratch=scratch,
+                                                                limits=self.limits, role="ceilings") as w:
+                reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)
+        return DeviceFacts(**reply["facts"])
 
     async def require_backend(self, name: str) -> Availability:
         found = {a.backend: a for a in await self.availability()}

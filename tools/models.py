@@ -275,6 +275,11 @@ class ProfileResult(BaseModel):
                 lines.append(f"  {b.name}: not timed ({b.error})")
         if r.custom_share is not None:
             lines.append(f"  candidate's own kernels: {100 * r.custom_share:.0f}% of profiled op time")
+        if r.bandwidth_fraction is not None:
+            lines.append(f"  moves its inputs and outputs at {r.achieved_bandwidth_gbs:.1f} GB/s, "
+                         f"{100 * r.bandwidth_fraction:.1f}% of the measured {r.device.peak_bandwidth_gbs:g} GB/s")
+        if r.compute_fraction is not None:
+            lines.append(f"  {r.achieved_tflops:.3g} TFLOP/s, {100 * r.compute_fraction:.1f}% of the measured matmul rate")
         if self.output_correct is False:
             lines.append("  WARNING: the timed output did not match the reference; speedups are meaningless")
         lines += [f"  warning: {w}" for w in self.warnings]

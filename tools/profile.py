@@ -16,6 +16,7 @@ import uuid
 from contextlib import AsyncExitStack
 from typing import Any
 
+from kforge.backends.base import DeviceFacts
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
@@ -46,7 +47,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     t0 = time.perf_counter()
     profile_id = uuid.uuid4().hex[:12]
     init_seed, seeds = _fresh_seeds(_INPUT_SETS)
-    steps = 4.0 + len(baselines)
+    steps = 5.0 + len(baselines)
     done = 0.0
     policy = {"budget_s": budget_s}
 
@@ -61,7 +62,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
             await step("running the reference in the judge worker")
-            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            judge, failure, problem = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
             if failure is not None:
                 return failed(failure)
             await step("building the candidate")
@@ -95,6 +96,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                                              calls=_PROFILED_CALLS)
                     if prof.get("failure"):
                         return failed(Failure(**prof["failure"]))
+                    await step("reading the device's ceilings (measured once per device)")
+                    device = DeviceFacts(**(await worker.call("ceilings", stage="ceilings"))["facts"])
                 except WorkerDied as died:
                     return failed(died.failure)
             if prof.get("trace"):
@@ -111,7 +114,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
         custom_share=_custom_share(prof["rows"], prof["total_us"], prof["basis"]),
         counters=tuple(Counter(**c) for c in prof["counters"]), counters_note=prof["counters_note"],
-        notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",))
+        notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",),
+        device=device, problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
+        **ProfileReport.roofline(device, candidate_stats.median_us, problem["problem_bytes"],
+                                 problem["problem_flops"], problem["dtype"]))
     warnings = list(candidate_stats.warnings)
     if not output_correct:
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "

@@ -84,6 +84,23 @@ class Worker:
                 out.append({"backend": name, "ok": False, "reason": f"backend failed to load: {exc}"})
         return {"backends": out}
 
+    def op_ceilings(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The device's facts with its measured ceilings, measured once per device and cached."""
+        import re
+
+        import torch
+
+        facts = self.backend.facts()
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.backend.name}-{facts.device_name}-torch{torch.__version__}")
+        path = self.cache_dir.parent / "ceilings" / f"{slug.strip('-')}.json"
+        if path.exists() and not msg.get("remeasure"):
+            ceilings = json.loads(path.read_text())
+        else:
+            ceilings = self.backend.measure_ceilings()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(ceilings))
+        return {"facts": facts.model_copy(update=ceilings).model_dump(mode="json"), "cached": str(path)}
+
     def op_load(self, msg: dict[str, Any]) -> dict[str, Any]:
         from .loader import load_user_module
 
@@ -145,10 +162,28 @@ class Worker:
                     self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, stage)
+        size = self._problem_size()
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         torch.save({"init_inputs": init_inputs, "init_seed": msg["init_seed"], "state_dict": state, "sets": self.sets},
                    msg["exchange"])
-        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]]}
+        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]], **size}
+
+    def _problem_size(self) -> dict[str, Any]:
+        """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        tensors = [t for t in list(self.sets[0]) + list(self.expected[0]) if isinstance(t, torch.Tensor)]
+        flops = None
+        try:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                self.model(*self._args(0))
+            flops = int(counter.get_total_flops())
+        except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
+            pass
+        out = self.expected[0][0] if self.expected[0] else None
+        return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
+                "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
 
     def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Candidate: build ModelNew with the reference's weights, run every input set, save outputs."""
