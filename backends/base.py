@@ -30,6 +30,7 @@ class Availability(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict, description="Toolchain versions found.")
     timing: bool = Field(default=True, description="Whether timings on this backend here mean anything.")
     mode: str | None = Field(default=None, description="A restricted way of running, e.g. 'interpreter'.")
+    hardware_profiler: str | None = Field(default=None, description="The counter profiler for this device: 'ncu', 'perf'.")
 
 
 class DeviceFacts(BaseModel):

@@ -55,7 +55,7 @@ class CpuBackend:
             return Availability(backend=self.name, ok=False, versions=versions,
                                 reason="ninja not found: `pip install ninja` (load_inline needs it)")
         versions["ninja"] = _first_line(["ninja", "--version"]) or "found"
-        return Availability(backend=self.name, ok=True, versions=versions,
+        return Availability(backend=self.name, ok=True, versions=versions, hardware_profiler="perf",
                             device_name=cpu_name(),
                             reason=f"C++ compiler and ninja found; {os.cpu_count()} cores")
 

@@ -66,7 +66,7 @@ class CudaBackend:
         major, minor = torch.cuda.get_device_capability(0)
         name = torch.cuda.get_device_name(0)
         versions["compute_capability"] = f"{major}.{minor}"
-        return Availability(backend=self.name, ok=True, versions=versions, device_name=name,
+        return Availability(backend=self.name, ok=True, versions=versions, device_name=name, hardware_profiler="ncu",
                             reason=f"{torch.cuda.device_count()} GPU(s); builds for sm_{major}{minor}")
 
     def setup(self) -> None:

@@ -52,6 +52,7 @@ class TritonBackend:
         versions["triton"] = triton.__version__
         if self._gpu:
             return Availability(backend=self.name, ok=True, versions=versions, device_name=torch.cuda.get_device_name(0),
+                                hardware_profiler="ncu",
                                 reason="GPU present: kernels are JIT-compiled by Triton and timed")
         return Availability(backend=self.name, ok=True, timing=False, mode="interpreter", versions=versions,
                             device_name=cpu_name(),

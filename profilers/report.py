@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import DeviceFacts
 
-__all__ = ["Counter", "OpRow", "ProfileReport", "TimingStats", "format_us"]
+__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
 _IQR_WARN_FRACTION = 0.10
@@ -120,6 +120,20 @@ class Baseline(BaseModel):
     error: str | None = Field(default=None, description="Why this baseline could not be timed.")
 
 
+class NcuKernel(BaseModel):
+    """Nsight Compute's view of one kernel launch, condensed to what decides the next change."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    is_custom: bool
+    metrics: dict[str, float] = Field(description="By ncu's display names: 'Duration [us]', 'Compute (SM) Throughput', "
+                                                  "'Memory Throughput', 'DRAM Throughput', 'Achieved Occupancy', ...")
+    occupancy_limiter: str | None = Field(default=None, description="What limits blocks per SM: registers, shared memory, warps, blocks.")
+    top_stalls: list[tuple[str, float]] = Field(default_factory=list, description="Warp stall reasons, cycles per issued instruction.")
+    rules: list[dict[str, str]] = Field(default_factory=list, description="ncu's own rule findings: rule, title, message.")
+
+
 class ProfileReport(BaseModel):
     """Everything the analyst reads about one profiled candidate."""
 
@@ -137,6 +151,7 @@ class ProfileReport(BaseModel):
     counters_note: str | None = Field(default=None, description="Why hardware counters are missing, when they are.")
     notes: tuple[str, ...] = ()
     device: DeviceFacts | None = Field(default=None, description="The device, with its measured ceilings.")
+    ncu: tuple[NcuKernel, ...] = Field(default=(), description="Nsight Compute metrics per profiled kernel launch.")
     problem_bytes: int | None = Field(default=None, description="Bytes of inputs and outputs of one call: a floor on its memory traffic.")
     problem_flops: int | None = Field(default=None, description="FLOPs of one call as torch.utils.flop_counter counts them (matmuls, convolutions).")
     achieved_bandwidth_gbs: float | None = Field(default=None, description="problem_bytes / candidate median.")

@@ -208,10 +208,11 @@ def _register_resources(mcp: MCPServer, tools: ToolContext) -> None:
         return json.dumps(found, indent=1)
 
     @mcp.resource("kforge://profiles/{profile_id}/artifacts/{name}", title="A profile's raw artifact")
-    def artifact(profile_id: str, name: str) -> str:
-        """A raw artifact of a profile: trace.json (open in Perfetto or chrome://tracing), worker logs."""
+    def artifact(profile_id: str, name: str) -> str | bytes:
+        """A raw artifact of a profile: trace.json (open in Perfetto or chrome://tracing), profile.ncu-rep
+        (open in Nsight Compute; sent as binary), worker and ncu logs."""
         path = tools.store.artifact_path(profile_id, name)
         if path is None:
             raise ResourceNotFoundError(f"profile {profile_id!r} has no artifact {name!r}; "
                                         f"it has: {', '.join(tools.store.artifact_names(profile_id)) or 'none'}")
-        return path.read_text(errors="replace")
+        return path.read_bytes() if path.suffix == ".ncu-rep" else path.read_text(errors="replace")

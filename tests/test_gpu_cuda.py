@@ -48,6 +48,15 @@ async def test_cuda_compile_verify_profile(kforge_home, candidate):
         assert report["custom_share"] > 0.5
         assert report["device"]["peak_bandwidth_gbs"] > 1000 and report["device"]["peak_tflops"]["bfloat16"] > 100
         assert 0 < report["bandwidth_fraction"] < 1.5
+        [hot] = [k for k in report["ncu"] if k["is_custom"]][:1]
+        assert hot["name"].startswith("relu_kernel") and hot["metrics"]["Memory Throughput"] > 0
+        assert hot["occupancy_limiter"] and hot["metrics"]["Registers Per Thread"] > 0
+        # Our event timing covers the kernel ncu measured (plus launch overhead), never much less.
+        assert report["candidate"]["median_us"] >= 0.8 * hot["metrics"]["Duration [us]"]
+        assert any(c["name"] == "Memory Throughput" for c in report["counters"])
+        assert any(a.endswith("/profile.ncu-rep") for a in prof["artifacts"])
+        summary = data(await client.call_tool("summarize_profile", {"profile_id": prof["profile_id"]}))
+        assert any(e["source"] == "ncu" for e in summary["analysis"]["evidence"]), summary["analysis"]
         assert not any("outside the timed stream" in w for w in report["candidate"]["warnings"])
         assert {b["name"] for b in report["baselines"] if b.get("timing")} == {"eager", "torch.compile"}
 

@@ -66,6 +66,7 @@ async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str,
     except WorkerDied as died:
         return None, _compile_result(spec, None, died.failure)
     result = _compile_result(spec, reply, None)
+    worker.kernel_names = reply.get("kernel_names", [])  # the candidate's own kernels, for profilers
     return (worker if result.ok else None), result
 
 

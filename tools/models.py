@@ -280,6 +280,16 @@ class ProfileResult(BaseModel):
                          f"{100 * r.bandwidth_fraction:.1f}% of the measured {r.device.peak_bandwidth_gbs:g} GB/s")
         if r.compute_fraction is not None:
             lines.append(f"  {r.achieved_tflops:.3g} TFLOP/s, {100 * r.compute_fraction:.1f}% of the measured matmul rate")
+        own = [k for k in r.ncu if k.is_custom] or list(r.ncu)
+        if own:
+            k = max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0))
+            m = k.metrics
+            stall = f"; top stall {k.top_stalls[0][0]}" if k.top_stalls else ""
+            lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "
+                         f"memory {m.get('Memory Throughput', 0):.0f}%, occupancy {m.get('Achieved Occupancy', 0):.0f}%"
+                         f" (limited by {k.occupancy_limiter}){stall}")
+        elif r.counters_note:
+            lines.append(f"  hardware counters: {r.counters_note}")
         if self.output_correct is False:
             lines.append("  WARNING: the timed output did not match the reference; speedups are meaningless")
         lines += [f"  warning: {w}" for w in self.warnings]

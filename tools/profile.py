@@ -14,21 +14,25 @@ import shutil
 import time
 import uuid
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 from kforge.backends.base import DeviceFacts
-from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
+from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
+from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec
 from .models import Failure, OutputCheck, ProfileResult
-from .runner import WorkerDied
+from .runner import HarnessError, WorkerDied, WorkerProcess
 
 __all__ = ["BASELINES", "profile_kernel"]
 
 BASELINES = ("eager", "torch.compile")
 _INPUT_SETS = 3  # timed calls rotate over this many fresh input sets
 _PROFILED_CALLS = 5
+_NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric pass
+_NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
 # torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
 _COMPILE_TIMEOUT_S = 600.0
 
@@ -47,7 +51,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     t0 = time.perf_counter()
     profile_id = uuid.uuid4().hex[:12]
     init_seed, seeds = _fresh_seeds(_INPUT_SETS)
-    steps = 5.0 + len(baselines)
+    steps = 6.0 + len(baselines)
     done = 0.0
     policy = {"budget_s": budget_s}
 
@@ -98,6 +102,11 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                         return failed(Failure(**prof["failure"]))
                     await step("reading the device's ceilings (measured once per device)")
                     device = DeviceFacts(**(await worker.call("ceilings", stage="ceilings"))["facts"])
+                    ncu_kernels, ncu_note = [], None
+                    if avail.hardware_profiler == "ncu":
+                        await step("collecting Nsight Compute metrics of the candidate's kernels")
+                        ncu_kernels, ncu_note = await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
+                                                                worker.kernel_names, artifacts)
                 except WorkerDied as died:
                     return failed(died.failure)
             if prof.get("trace"):
@@ -113,7 +122,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         candidate=candidate_stats, baselines=tuple(_baseline(n, measured[n], candidate_stats) for n in baselines),
         ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
         custom_share=_custom_share(prof["rows"], prof["total_us"], prof["basis"]),
-        counters=tuple(Counter(**c) for c in prof["counters"]), counters_note=prof["counters_note"],
+        counters=tuple(Counter(**c) for c in prof["counters"]) + tuple(counters_for(ncu_kernels)),
+        counters_note=_counters_note(avail.hardware_profiler, prof["counters_note"], ncu_kernels, ncu_note),
+        ncu=tuple(ncu_kernels),
         notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",),
         device=device, problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
         **ProfileReport.roofline(device, candidate_stats.median_us, problem["problem_bytes"],
@@ -162,3 +173,40 @@ def _custom_share(rows: list[dict[str, Any]], total_us: float, basis: str) -> fl
         # A labelled range's total covers the kernel and any aten ops it launched itself.
         own = sum(r["total_time_us"] for r in rows if r["is_custom"])
     return min(1.0, own / total_us)
+
+
+async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,
+                    kernel_names: list[str], artifacts: Path) -> tuple[list[NcuKernel], str | None]:
+    """Run the candidate once more under Nsight Compute; the judge reads the report."""
+    where = scratch / "ncu"
+    where.mkdir(parents=True, exist_ok=True)
+    report, log = where / "profile", where / "nsight.log"
+    prefix = ncu_command(report, log, kernel_names, launches=_NCU_LAUNCHES)
+    if prefix is None:
+        return [], "ncu not found on PATH: install Nsight Compute for hardware metrics (timing and torch.profiler are unaffected)"
+    problem = None
+    try:
+        async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=ctx.limits, role="ncu",
+                                 prefix=prefix) as w:
+            loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
+            if loaded.get("failure") is None:
+                await w.call("run", stage="ncu", exchange=str(scratch / "inputs.pt"), outputs=str(where / "outputs.pt"),
+                             timeout_s=_NCU_TIMEOUT_S)
+    except (WorkerDied, HarnessError) as exc:
+        problem = f"the run under ncu failed: {exc}"[:400]
+    rep = report.with_suffix(".ncu-rep")
+    log_text = log.read_text(errors="replace") if log.exists() else ""
+    if log_text:
+        shutil.copy(log, artifacts / "nsight.log")
+    if not rep.exists():
+        return [], ncu_log_problem(log_text) or problem or "ncu wrote no report (see artifact nsight.log)"
+    shutil.copy(rep, artifacts / "profile.ncu-rep")
+    reply = await judge.call("read_ncu", stage="ncu", report=str(rep), custom_names=kernel_names)
+    return [NcuKernel(**k) for k in reply["kernels"]], reply["note"]
+
+
+def _counters_note(profiler: str | None, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:
+    """Why hardware counters are missing, for the device's own profiler (perf on CPUs, ncu on GPUs)."""
+    if profiler == "ncu":
+        return None if ncu_kernels else (ncu_note or "Nsight Compute collected no kernels")
+    return perf_note

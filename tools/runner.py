@@ -94,12 +94,14 @@ class WorkerProcess:
     """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
 
     def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
-                 extra_env: dict[str, str] | None = None, role: str = "worker") -> None:
+                 extra_env: dict[str, str] | None = None, role: str = "worker", prefix: list[str] | None = None) -> None:
         self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
         self.role = role
         self.log = scratch / f"{role}.log"
         self._extra_env = extra_env
+        self._prefix = prefix or []  # e.g. ncu: the worker runs under a profiler
         self._proc: anyio.abc.Process | None = None
+        self.kernel_names: list[str] = []
         self._out: BufferedByteReceiveStream | None = None
 
     async def __aenter__(self) -> WorkerProcess:
@@ -107,14 +109,14 @@ class WorkerProcess:
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as errlog:
             self._proc = await anyio.open_process(
-                [sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [*self._prefix, sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=errlog, cwd=str(self.scratch), env=worker_env(self.home, self.scratch, self._extra_env),
                 start_new_session=True)
         self._out = BufferedByteReceiveStream(self._proc.stdout)
         init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
                 "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes}
         await self._send(init)
-        reply = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S)
+        reply = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S * (2 if self._prefix else 1))
         if "fatal" in reply:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
@@ -187,7 +189,8 @@ class WorkerProcess:
                 await self._proc.stdin.aclose()  # EOF: the worker's loop ends on its own
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 pass
-            with anyio.move_on_after(2):
+            # A profiler (ncu) writes its report after the worker exits: give it time before the kill.
+            with anyio.move_on_after(120 if self._prefix else 2):
                 await self._proc.wait()
         await self.kill()
         await self._proc.aclose()

@@ -118,6 +118,7 @@ class Worker:
         if failure is None:
             failure = self._interface_failure(wanted, reference=(role == "reference"))
         return {"seconds": outcome.seconds, "builds": [b.model_dump(mode="json") for b in outcome.builds],
+                "kernel_names": self.kernel_names,
                 "diagnostics": [d.model_dump(mode="json") for d in outcome.diagnostics],
                 "failure": failure.model_dump(mode="json") if failure else None}
 
@@ -233,6 +234,15 @@ class Worker:
                                      expected_devices=self.expected_devices, got_devices=res.get("devices"))
             trials.append({"error": None, "checks": [c.model_dump(mode="json") for c in checks]})
         return {"trials": trials}
+
+    def op_read_ncu(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from kforge.profilers.ncu import read_report
+
+        try:
+            kernels = read_report(Path(msg["report"]), msg["custom_names"])
+        except Exception as exc:  # noqa: BLE001 - a report we cannot read is a note, not a failed profile
+            return {"kernels": [], "note": f"could not read the Nsight Compute report: {type(exc).__name__}: {exc}"}
+        return {"kernels": [k.model_dump(mode="json") for k in kernels], "note": None}
 
     def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
