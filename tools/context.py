@@ -47,9 +47,13 @@ class ToolContext:
         self.home = Path(self.home).expanduser().resolve()
         self.store = ResultStore(self.home)
 
-    def device_lock(self, backend: str) -> anyio.Lock:
-        """One timing job per accelerator at a time; builds and correctness runs do not take it."""
-        return self._locks.setdefault(backend, anyio.Lock())
+    def device_lock(self, device: str) -> anyio.Lock:
+        """One timing job per accelerator at a time; builds and correctness runs do not take it.
+
+        Keyed by the physical device (`Availability.device_name`), not the backend: `cuda` and
+        `triton` share one GPU, and must not time on it at once.
+        """
+        return self._locks.setdefault(device, anyio.Lock())
 
     @contextmanager
     def scratch(self, tool: str) -> Iterator[Path]:
@@ -76,7 +80,8 @@ class ToolContext:
         """The device's facts with measured ceilings (measured once per device, then cached)."""
         await self.require_backend(backend)
         with self.scratch("ceilings") as scratch:
-            async with self.device_lock(backend), WorkerProcess(backend=backend, home=self.home, scratch=scratch,
+            avail = await self.require_backend(backend)
+            async with self.device_lock(avail.device_name or backend), WorkerProcess(backend=backend, home=self.home, scratch=scratch,
                                                                 limits=self.limits, role="ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)
         return DeviceFacts(**reply["facts"])

@@ -83,7 +83,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(died.failure)
             check, output_correct = _first_wrong(compared["trials"])
             measured: dict[str, Any] = {}
-            async with ctx.device_lock(backend):
+            async with ctx.device_lock(avail.device_name or backend):
                 try:
                     for name in baselines:
                         await step(f"timing the reference ({name})")
