@@ -7,7 +7,7 @@ from typing import Any
 
 from .base import DeviceFacts
 
-__all__ = ["EventTimer", "L2Flusher", "gpu_facts"]
+__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "measure_gpu_ceilings", "setup_gpu"]
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
@@ -52,6 +52,15 @@ class L2Flusher:
         if self._buf is None:
             self._buf = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
         self._buf.zero_()
+
+
+def setup_gpu() -> None:
+    """Start CUDA in the worker, and keep TF32 off so an fp32 reference is computed in fp32."""
+    import torch
+
+    torch.cuda.init()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def gpu_facts(backend: str) -> DeviceFacts:

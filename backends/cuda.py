@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, setup_gpu
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["CudaBackend"]
@@ -72,11 +72,9 @@ class CudaBackend:
     def setup(self) -> None:
         import torch
 
-        torch.cuda.init()
+        setup_gpu()
         major, minor = torch.cuda.get_device_capability(0)
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"  # build only for the GPU present
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
 
     def to_device(self, value: Any) -> Any:
         return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)

@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from ._host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, setup_gpu
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["TritonBackend"]
@@ -64,11 +64,7 @@ class TritonBackend:
             # Must be set before the candidate imports triton: @triton.jit reads it at decoration.
             os.environ["TRITON_INTERPRET"] = "1"
             return
-        import torch
-
-        torch.cuda.init()
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        setup_gpu()
 
     def to_device(self, value: Any) -> Any:
         return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from .report import Counter, NcuKernel
+from .report import Counter, NcuKernel, kernel_base_name
 
 __all__ = ["counters_for", "ncu_command", "ncu_log_problem", "read_report"]
 
@@ -54,7 +54,7 @@ def ncu_command(report_path: Path, log_path: Path, kernel_names: Iterable[str], 
            "--launch-count", str(launches)]
     for section in _SECTIONS:
         cmd += ["--section", section]
-    names = sorted({n.split("(", 1)[0].split("<", 1)[0].rsplit(" ", 1)[-1] for n in kernel_names if n})
+    names = sorted({kernel_base_name(n) for n in kernel_names if n})
     if names:
         cmd += ["--kernel-name", "regex:" + "|".join(re.escape(n) for n in names)]
     return cmd
@@ -86,7 +86,7 @@ def _report_module():
 def read_report(path: Path, custom_names: Iterable[str]) -> list[NcuKernel]:
     """Condense every profiled launch in an `.ncu-rep` file."""
     ncu_report = _report_module()
-    own = {n.split("(", 1)[0].rsplit(" ", 1)[-1] for n in custom_names}
+    own = {kernel_base_name(n) for n in custom_names}
     ctx = ncu_report.load_report(str(path))
     kernels = []
     for r in range(ctx.num_ranges()):
@@ -109,7 +109,7 @@ def read_report(path: Path, custom_names: Iterable[str]) -> list[NcuKernel]:
                       "message": _MARKUP.sub(r"\1", (r.get("rule_message") or {}).get("message", ""))[:600]}
                      for r in action.rule_results_as_dicts() if (r.get("rule_message") or {}).get("type", 0) >= 1]
             name = action.name()
-            kernels.append(NcuKernel(name=name, is_custom=name.split("(", 1)[0] in own or not own,
+            kernels.append(NcuKernel(name=name, is_custom=kernel_base_name(name) in own or not own,
                                      metrics=metrics, top_stalls=stalls[:_TOP_STALLS], rules=rules,
                                      occupancy_limiter=min(limits, key=limits.get) if limits else None))
     return kernels

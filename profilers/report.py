@@ -14,12 +14,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import DeviceFacts
 
-__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us"]
+__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us", "kernel_base_name"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
 _IQR_WARN_FRACTION = 0.10
 # Fewer samples than this and the median itself is shaky.
 _MIN_SAMPLES = 10
+
+
+def kernel_base_name(kernel: str) -> str:
+    """'relu_kernel(float const*, float*, int)' -> 'relu_kernel'; 'void ns::k<4>(...)' -> 'ns::k'.
+
+    Profilers and compilers spell one kernel differently (with or without parameters, return type,
+    template arguments); the base name is what they agree on.
+    """
+    name = kernel.split("(", 1)[0].strip()
+    name = name.split("<", 1)[0]
+    return name.rsplit(" ", 1)[-1]
 
 
 def format_us(us: float | None) -> str:

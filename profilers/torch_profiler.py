@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .report import OpRow
+from .report import OpRow, kernel_base_name
 
 __all__ = ["CUSTOM_PREFIX", "collect_op_table", "label_extension_functions"]
 
@@ -45,13 +45,6 @@ def label_extension_functions(extensions: Sequence[ModuleType]) -> Iterator[None
             setattr(ext, attr, fn)
 
 
-def _base_name(kernel: str) -> str:
-    """'relu_kernel(float const*, float*, int)' -> 'relu_kernel'; 'void ns::k<4>(...)' -> 'ns::k'."""
-    name = kernel.split("(", 1)[0].strip()
-    name = name.split("<", 1)[0]
-    return name.rsplit(" ", 1)[-1]
-
-
 def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any, *,
                      calls: int, trace_path: Path | None, custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:
     """Profile `calls` calls; return the op rows, the window's total time (us) and its basis.
@@ -61,7 +54,7 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
     """
     from torch.profiler import profile
 
-    own = {_base_name(k) for k in custom_kernels}
+    own = {kernel_base_name(k) for k in custom_kernels}
     arg_sets = [make_args(i) for i in range(calls)]
     backend.synchronize()
     with profile(activities=backend.profiler_activities(), record_shapes=False) as prof:
@@ -87,6 +80,6 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
                           total_time_us=float(e.cpu_time_total),
                           device_time_us=device_us(e) if basis == "device" else None,
                           share=key(e) / total,
-                          is_custom=e.key.startswith(CUSTOM_PREFIX) or _base_name(e.key) in own))
+                          is_custom=e.key.startswith(CUSTOM_PREFIX) or kernel_base_name(e.key) in own))
     # A record_function range's self time excludes the aten ops it launched; its total is the kernel.
     return rows[:_MAX_ROWS], float(total), basis

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any, Literal
+from contextlib import contextmanager
+from typing import Annotated, Iterator, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
@@ -65,6 +66,15 @@ def _result(model: BaseModel) -> CallToolResult:
                           structured_content=data)
 
 
+@contextmanager
+def _request_errors() -> Iterator[None]:
+    """A request the tools cannot serve becomes a ToolError, whose text reaches the client."""
+    try:
+        yield
+    except RequestError as exc:
+        raise ToolError(str(exc)) from None
+
+
 def _reference(reference_code: str | None, problem: str | None) -> str:
     if (reference_code is None) == (problem is None):
         raise ToolError("pass exactly one of reference_code (KernelBench Model source) or problem "
@@ -88,12 +98,6 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
     tools = tools or tool_context(settings)
     mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
 
-    async def guarded(coro: Any) -> Any:
-        try:
-            return await coro
-        except RequestError as exc:
-            raise ToolError(str(exc)) from None
-
     @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
         """Which backends this host offers, and for each one that it does not, why."""
@@ -104,8 +108,9 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
                                   use_store: _USE_STORE = True) -> Annotated[CallToolResult, CompileResult]:
         """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
         located at lines of your candidate text, build seconds and whether the build came from cache."""
-        return _result(await guarded(compile_kernel(tools, backend, candidate_code, use_store=use_store,
-                                                    progress=_progress(ctx))))
+        with _request_errors():
+            return _result(await compile_kernel(tools, backend, candidate_code, use_store=use_store,
+                                                progress=_progress(ctx)))
 
     @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
     async def verify_against_reference_tool(
@@ -120,9 +125,10 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         every output: shapes, dtypes, max abs/rel error, mismatch count and the first mismatches, NaN/Inf,
         and the tolerances used and why. The reference runs in a separate process from the candidate."""
         ref = _reference(reference_code, problem)
-        return _result(await guarded(verify_against_reference(
-            tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, use_store=use_store,
-            progress=_progress(ctx))))
+        with _request_errors():
+            return _result(await verify_against_reference(
+                tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, use_store=use_store,
+                progress=_progress(ctx)))
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
     async def profile_kernel_tool(
@@ -137,9 +143,10 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         samples, speedups), record a profiler breakdown (torch.profiler ops, the share of your own kernels,
         perf counters where allowed), store it and return its profile_id."""
         ref = _reference(reference_code, problem)
-        return _result(await guarded(profile_kernel(
-            tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
-            use_store=use_store, progress=_progress(ctx))))
+        with _request_errors():
+            return _result(await profile_kernel(
+                tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
+                use_store=use_store, progress=_progress(ctx)))
 
     @mcp.tool(name="summarize_profile", title="Summarize a profile", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def summarize_profile_tool(
@@ -150,16 +157,13 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
     ) -> Annotated[CallToolResult, ProfileSummary]:
         """Turn a stored profile, or pasted profiler output, into the bottleneck, its evidence, and ranked
         recommendations (what to change, where, why, expected effect, confidence)."""
-        return _result(await guarded(_async(summarize_profile, tools, profile_id=profile_id, profile_text=profile_text,
-                                            code=candidate_code, previous_profile_id=previous_profile_id,
-                                            provider=settings.analyst)))
+        with _request_errors():
+            return _result(summarize_profile(tools, profile_id=profile_id, profile_text=profile_text,
+                                             code=candidate_code, previous_profile_id=previous_profile_id,
+                                             provider=settings.analyst))
 
     _register_resources(mcp, tools)
     return mcp
-
-
-async def _async(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
 
 
 def _register_resources(mcp: MCPServer, tools: ToolContext) -> None:

@@ -78,9 +78,8 @@ class ToolContext:
 
     async def device_facts(self, backend: str, *, remeasure: bool = False) -> DeviceFacts:
         """The device's facts with measured ceilings (measured once per device, then cached)."""
-        await self.require_backend(backend)
+        avail = await self.require_backend(backend)
         with self.scratch("ceilings") as scratch:
-            avail = await self.require_backend(backend)
             async with self.device_lock(avail.device_name or backend), WorkerProcess(backend=backend, home=self.home, scratch=scratch,
                                                                 limits=self.limits, role="ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)

@@ -76,20 +76,20 @@ def _as_reference_failure(failure: Failure) -> Failure:
 
 
 async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
-                         seeds: list[int], init_seed: int) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
-    """Start the judge; return it, or the reference's failure, and the judge's reply about the problem."""
+                         seeds: list[int], init_seed: int) -> tuple[WorkerProcess | None, Failure | None]:
+    """Start the judge and make the inputs; return it, or the reference's failure."""
     try:
         judge = await _start(stack, ctx, backend, scratch, "judge")
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"])), {}
+            return None, _as_reference_failure(Failure(**reply["failure"]))
         reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds,
                                  exchange=str(scratch / "inputs.pt"))
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"])), {}
+            return None, _as_reference_failure(Failure(**reply["failure"]))
     except WorkerDied as died:
-        return None, _as_reference_failure(died.failure), {}
-    return judge, None, reply
+        return None, _as_reference_failure(died.failure)
+    return judge, None
 
 
 def _fresh_seeds(n: int) -> tuple[int, list[int]]:
@@ -125,7 +125,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     with ctx.scratch("verify") as scratch:
         async with AsyncExitStack() as stack:
             await progress(0, steps, "running the reference in the judge worker")
-            judge, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
             if failure is not None:
                 return VerifyResult(spec=spec, ok=False, correct=False, failure=failure, seconds=time.perf_counter() - t0)
             await progress(1, steps, "building the candidate")

@@ -14,7 +14,6 @@ replaced by a wrapper that
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -32,6 +31,8 @@ from .models import BuildInfo, Diagnostic, Failure, KernelResources
 __all__ = ["LoadOutcome", "load_user_module", "python_failure"]
 
 _TAIL_LINES = 30
+# Messages of allocators that ran out (CUDA's "out of memory", torch CPU's "can't allocate memory").
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
 _DEVICE_FAULTS = ("illegal memory access", "misaligned address", "unspecified launch failure",
                   "illegal instruction", "CUDA error", "device-side assert")
@@ -114,7 +115,7 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
     if kind is None:
         kind = ("device_fault" if any(m in text for m in _DEVICE_FAULTS)
                 else "syntax_error" if isinstance(exc, SyntaxError)
-                else "out_of_memory" if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+                else "out_of_memory" if isinstance(exc, MemoryError) or any(m in text.lower() for m in _OUT_OF_MEMORY)
                 else "import_error" if isinstance(exc, ImportError) else "exception")
     message = f"{type(exc).__name__}: {exc}".strip()
     tb = "".join(traceback.format_exception(exc))

@@ -66,9 +66,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
             await step("running the reference in the judge worker")
-            judge, failure, problem = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
             if failure is not None:
                 return failed(failure)
+            problem = await judge.call("problem_size", stage="reference")
             await step("building the candidate")
             worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
             if worker is None:
@@ -97,7 +98,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     await step("profiling the candidate")
                     artifacts = ctx.store.artifact_dir(profile_id)
                     prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
-                                             calls=_PROFILED_CALLS)
+                                             calls=_PROFILED_CALLS, perf=avail.hardware_profiler == "perf")
                     if prof.get("failure"):
                         return failed(Failure(**prof["failure"]))
                     await step("reading the device's ceilings (measured once per device)")

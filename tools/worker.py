@@ -68,8 +68,6 @@ class Worker:
         from .loader import python_failure
 
         f = python_failure(exc, stage=stage, user_file=self.user_file or Path("<none>"))
-        if "can't allocate memory" in str(exc) or isinstance(exc, MemoryError):
-            f = f.model_copy(update={"kind": "out_of_memory"})
         return {"failure": f.model_dump(mode="json")}
 
     # -- ops -------------------------------------------------------------------------------------
@@ -163,13 +161,12 @@ class Worker:
                     self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, stage)
-        size = self._problem_size()
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         torch.save({"init_inputs": init_inputs, "init_seed": msg["init_seed"], "state_dict": state, "sets": self.sets},
                    msg["exchange"])
-        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]], **size}
+        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]]}
 
-    def _problem_size(self) -> dict[str, Any]:
+    def op_problem_size(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
         import torch
         from torch.utils.flop_counter import FlopCounterMode
@@ -274,18 +271,20 @@ class Worker:
             with torch.no_grad(), label_extension_functions(self.extensions):
                 rows, total_us, basis = collect_op_table(self.model, self._args, self.backend, calls=msg["calls"],
                                                          trace_path=trace, custom_kernels=self.kernel_names)
-            with torch.no_grad(), PerfStat() as perf:
-                t_end = time.perf_counter() + msg.get("perf_seconds", 0.5)
-                i = 0
-                while time.perf_counter() < t_end:
-                    self.model(*self._args(i))
-                    i += 1
-                self.backend.synchronize()
+            perf, i = None, 0
+            if msg.get("perf"):  # only where perf is the device's counter profiler (CPUs)
+                with torch.no_grad(), PerfStat() as perf:
+                    t_end = time.perf_counter() + msg.get("perf_seconds", 0.5)
+                    while time.perf_counter() < t_end:
+                        self.model(*self._args(i))
+                        i += 1
+                    self.backend.synchronize()
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "profile")
         return {"rows": [r.model_dump(mode="json") for r in rows], "total_us": total_us, "basis": basis,
                 "trace": trace.name if trace.exists() else None,
-                "counters": [c.model_dump(mode="json") for c in perf.counters], "counters_note": perf.note,
+                "counters": [c.model_dump(mode="json") for c in perf.counters] if perf else [],
+                "counters_note": perf.note if perf else None,
                 "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
 
 
