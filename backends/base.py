@@ -111,6 +111,14 @@ class Backend(Protocol):
         """The `torch.profiler.ProfilerActivity` values worth recording on this device."""
         ...
 
+    def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
+        """Kernels compiled at first launch from `module` (Triton), with their resources.
+
+        Each dict has the fields of `kforge.tools.models.KernelResources`. Backends whose kernels
+        are all built at import time (load_inline) return [].
+        """
+        ...
+
 
 def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
     """Apply `fn` to every leaf of nested lists, tuples and dicts."""

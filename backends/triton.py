@@ -95,3 +95,39 @@ class TritonBackend:
         from torch.profiler import ProfilerActivity
 
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA] if self._gpu else [ProfilerActivity.CPU]
+
+    def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
+        if not self._gpu:
+            return []  # the interpreter compiles nothing
+        seen: dict[str, dict[str, Any]] = {}
+        for obj in vars(module).values():
+            for compiled in _compiled_kernels(obj):
+                info = _resources(compiled)
+                seen[f"{info['kernel']}:{info['num_warps']}:{info['num_stages']}"] = info
+        return list(seen.values())
+
+
+def _compiled_kernels(obj: Any) -> list[Any]:
+    """CompiledKernels behind a JITFunction, unwrapping autotuners and heuristics (`.fn`)."""
+    for _ in range(4):  # @autotune(@heuristics(@jit)) nests a few levels at most
+        if not type(obj).__module__.startswith("triton"):
+            return []
+        if hasattr(obj, "device_caches"):
+            break
+        obj = getattr(obj, "fn", None)
+    else:
+        return []
+    # device_caches[device] is a tuple whose first item is {specialization key: CompiledKernel}.
+    return [k for entry in getattr(obj, "device_caches", {}).values() for k in entry[0].values()]
+
+
+def _resources(kernel: Any) -> dict[str, Any]:
+    meta = kernel.metadata
+    kernel._init_handles()  # loads the binary if no launch has yet; sets n_regs and n_spills
+    target = getattr(meta, "target", None)
+    return {"kernel": kernel.name, "registers": getattr(kernel, "n_regs", None),
+            "shared_bytes": getattr(meta, "shared", None),
+            # Triton's n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4: local memory, i.e. spills.
+            "local_bytes": 4 * kernel.n_spills if getattr(kernel, "n_spills", None) is not None else None,
+            "arch": f"sm_{target.arch}" if target is not None else None,
+            "num_warps": getattr(meta, "num_warps", None), "num_stages": getattr(meta, "num_stages", None)}

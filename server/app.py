@@ -105,12 +105,16 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
 
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
+                                  reference_code: _REFERENCE = None, problem: _PROBLEM = None,
                                   use_store: _USE_STORE = True) -> Annotated[CallToolResult, CompileResult]:
         """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
-        located at lines of your candidate text, build seconds and whether the build came from cache."""
+        located at lines of your candidate text, each kernel's registers, shared memory and spills, build
+        seconds and whether the build came from cache. Triton compiles at first launch: give a reference or
+        problem (optional) to launch the candidate once on its inputs and get the Triton kernels' resources."""
+        ref = _reference(reference_code, problem) if (reference_code or problem) else None
         with _request_errors():
-            return _result(await compile_kernel(tools, backend, candidate_code, use_store=use_store,
-                                                progress=_progress(ctx)))
+            return _result(await compile_kernel(tools, backend, candidate_code, reference_code=ref,
+                                                use_store=use_store, progress=_progress(ctx)))
 
     @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
     async def verify_against_reference_tool(

@@ -20,6 +20,12 @@ async def test_triton_on_gpu(kforge_home, candidate):
         good = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("example_triton")}))
         assert good["correct"] and good["trials"][0]["outputs"][0]["got"]["device"].startswith("cuda")
         assert not any("interpreter" in w for w in good["warnings"])
+        [kernel] = good["compile"]["jit_kernels"]
+        assert kernel["kernel"] == "relu_kernel" and kernel["registers"] > 0 and kernel["num_warps"] >= 1
+        assert kernel["num_stages"] >= 1 and kernel["local_bytes"] == 0 and kernel["arch"].startswith("sm_")
+
+        built = data(await client.call_tool("compile_kernel", {**args, "candidate_code": candidate("example_triton")}))
+        assert built["ok"] and built["jit_kernels"] == good["compile"]["jit_kernels"], built
 
         wrong = data(await client.call_tool("verify_against_reference", {**args, "candidate_code": candidate("triton_wrong")}))
         assert not wrong["correct"]
@@ -34,3 +40,4 @@ async def test_triton_on_gpu(kforge_home, candidate):
         own = [op for op in report["ops"] if op["is_custom"]]
         assert own and own[0]["name"].startswith("relu_kernel") and report["custom_share"] > 0.5
         assert {b["name"] for b in report["baselines"] if b.get("timing")} == {"eager", "torch.compile"}
+        assert [k["kernel"] for k in prof["kernel_resources"]] == ["relu_kernel"]

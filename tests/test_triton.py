@@ -29,5 +29,13 @@ async def test_triton_candidates_under_the_interpreter(kforge_home, candidate):
         assert not broken["correct"] and broken["failure"]["line"] == 12, broken["failure"]
         assert "undefined_bias" in broken["failure"]["message"]
 
+        # Triton compiles at first launch: compile_kernel alone imports fine, with a problem it launches once.
+        imported = (await client.call_tool("compile_kernel", {"backend": "triton", "candidate_code": candidate("triton_compile_error")})).structured_content
+        assert imported["ok"] and imported["jit_kernels"] == []
+        launched = (await client.call_tool("compile_kernel", {"backend": "triton", "problem": "relu", "candidate_code": candidate("triton_compile_error")})).structured_content
+        assert not launched["ok"] and launched["failure"]["line"] == 12, launched
+        fine = (await client.call_tool("compile_kernel", {"backend": "triton", "problem": "relu", "candidate_code": candidate("example_triton")})).structured_content
+        assert fine["ok"] and fine["jit_kernels"] == []  # the interpreter compiles nothing to report
+
         timed = await client.call_tool("profile_kernel", {**args, "candidate_code": candidate("example_triton")})
         assert timed.is_error and "cannot be timed on this host" in timed.content[0].text

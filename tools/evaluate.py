@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .context import Progress, ToolContext, no_progress
-from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
+from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerProcess
 
-__all__ = ["compile_kernel", "verify_against_reference"]
+__all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
 
 # Failures that depend only on the code, so a stored answer stays true; crashes and timeouts may not.
 _DETERMINISTIC_FAILURES = {"syntax_error", "build_error", "interface_error"}
@@ -97,19 +97,49 @@ def _fresh_seeds(n: int) -> tuple[int, list[int]]:
     return secrets.randbits(31), [secrets.randbits(31) for _ in range(n)]
 
 
-async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *, use_store: bool = True,
-                         progress: Progress = no_progress) -> CompileResult:
-    spec = await _spec(ctx, "compile_kernel", backend, candidate_code, None, {})
+def with_jit_kernels(compiled: CompileResult, run: dict[str, Any]) -> CompileResult:
+    """The compile result plus the kernels compiled at first launch during `run` (Triton)."""
+    if not run.get("jit_kernels"):
+        return compiled
+    return compiled.model_copy(update={"jit_kernels": [KernelResources(**k) for k in run["jit_kernels"]]})
+
+
+async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *, reference_code: str | None = None,
+                         use_store: bool = True, progress: Progress = no_progress) -> CompileResult:
+    """Build the candidate; with a reference, also launch it once on the reference's inputs so kernels
+    compiled at first launch (Triton) are built and their resources reported. Correctness is not judged."""
+    spec = await _spec(ctx, "compile_kernel", backend, candidate_code, reference_code, {})
     if use_store and (hit := ctx.store.get_result(spec.key)):
         return CompileResult(**{**hit, "from_store": True})
-    await progress(0, 1, "building the candidate in a worker")
+    steps = 2.0 if reference_code is not None else 1.0
+    await progress(0, steps, "building the candidate in a worker")
     with ctx.scratch("compile") as scratch:
         async with AsyncExitStack() as stack:
-            _, result = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+            worker, result = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+            if worker is not None and reference_code is not None:
+                await progress(1, steps, "launching the candidate once on the reference's inputs")
+                result = await _launch_once(stack, ctx, backend, scratch, worker, result, reference_code)
     if _storable(result.failure):
         ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
-    await progress(1, 1, "built" if result.ok else "build failed")
+    await progress(steps, steps, "built" if result.ok else "build failed")
     return result
+
+
+async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
+                       compiled: CompileResult, reference_code: str) -> CompileResult:
+    init_seed, seeds = _fresh_seeds(1)
+    _, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+    if failure is not None:
+        return compiled.model_copy(update={"ok": False, "failure": failure})
+    try:
+        run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                outputs=str(scratch / "outputs.pt"))
+    except WorkerDied as died:
+        return compiled.model_copy(update={"ok": False, "failure": died.failure})
+    failure = run.get("failure") or next(iter(f for f in run.get("trial_failures", []) if f), None)
+    if failure:
+        return compiled.model_copy(update={"ok": False, "failure": Failure(**failure)})
+    return with_jit_kernels(compiled, run)
 
 
 async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
@@ -142,6 +172,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=died.failure)
             if run.get("failure"):
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["failure"]))
+            compiled = with_jit_kernels(compiled, run)
             if all(run["trial_failures"]):  # every trial raised: report the first as the failure
                 return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["trial_failures"][0]))
             await progress(3, steps, "comparing with the reference")

@@ -75,9 +75,18 @@ class KernelResources(BaseModel):
     spill_store_bytes: int | None = None
     spill_load_bytes: int | None = None
     stack_bytes: int | None = Field(default=None, description="Stack frame per thread (local memory).")
+    local_bytes: int | None = Field(default=None, description="Local memory per thread as the driver reports it "
+                                    "(spills plus stack); Triton kernels report this.")
     arch: str | None = None
     num_warps: int | None = Field(default=None, description="Triton only.")
     num_stages: int | None = Field(default=None, description="Triton only.")
+
+    def __str__(self) -> str:
+        parts = [f"{label} {value}" for label, value in (
+            ("registers", self.registers), ("smem B", self.shared_bytes), ("spill stores B", self.spill_store_bytes),
+            ("local B", self.local_bytes), ("stack B", self.stack_bytes), ("warps", self.num_warps),
+            ("stages", self.num_stages)) if value is not None]
+        return f"{self.kernel}: {', '.join(parts) or 'no resource data'}"
 
 
 class BuildInfo(BaseModel):
@@ -126,6 +135,10 @@ class CompileResult(BaseModel):
     load_seconds: float = Field(description="Wall time to import the candidate, builds included.")
     from_cache: bool = Field(description="True when every build was reused from the build cache.")
     builds: list[BuildInfo] = Field(default_factory=list)
+    jit_kernels: list[KernelResources] = Field(
+        default_factory=list, description="Kernels compiled at their first launch (Triton), with registers, shared "
+        "memory, local memory, num_warps and num_stages; known once the candidate has run (give compile_kernel a "
+        "reference or problem, or read verify_against_reference's compile section).")
     diagnostics: list[Diagnostic] = Field(default_factory=list, description="Errors first, then warnings.")
     failure: Failure | None = None
     from_store: bool = Field(default=False, description="True when this answer was read from the result store.")
@@ -134,8 +147,11 @@ class CompileResult(BaseModel):
         warns = sum(d.severity == "warning" for d in self.diagnostics)
         if self.ok:
             cache = "from cache" if self.from_cache else "fresh build"
-            return (f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
-                    f"{warns} warning(s). Next: verify_against_reference.")
+            lines = [f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
+                     f"{warns} warning(s)."]
+            lines += [f"  {k}" for b in self.builds for k in b.kernels] + [f"  {k}" for k in self.jit_kernels]
+            lines.append("Next: verify_against_reference.")
+            return "\n".join(lines)
         lines = [f"Compile failed: {self.failure}"]
         lines += [f"  {d}" for d in self.diagnostics if d.severity == "error"][:5]
         return "\n".join(lines)
@@ -257,6 +273,8 @@ class ProfileResult(BaseModel):
     report: ProfileReport | None = None
     output_correct: bool | None = Field(default=None, description="Whether the timed candidate's output matched the reference.")
     output_check: OutputCheck | None = None
+    kernel_resources: list[KernelResources] = Field(
+        default_factory=list, description="The candidate's kernels as the compiler built them (ptxas -v, Triton metadata).")
     artifacts: list[str] = Field(default_factory=list, description="Resource URIs of raw artifacts (Chrome trace, logs).")
     failure: Failure | None = None
     warnings: list[str] = Field(default_factory=list)

@@ -22,7 +22,7 @@ from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec
+from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
 
@@ -79,6 +79,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                                         outputs=str(scratch / "outputs.pt"))
                 if run.get("failure"):
                     return failed(Failure(**run["failure"]))
+                compiled = with_jit_kernels(compiled, run)
                 compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"))
             except WorkerDied as died:
                 return failed(died.failure)
@@ -135,7 +136,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
-                           output_check=check, artifacts=[f"kforge://profiles/{profile_id}/artifacts/{n}"
+                           output_check=check,
+                           kernel_resources=[k for b in compiled.builds for k in b.kernels] + compiled.jit_kernels,
+                           artifacts=[f"kforge://profiles/{profile_id}/artifacts/{n}"
                                                           for n in ctx.store.artifact_names(profile_id)],
                            warnings=warnings, seconds=round(time.perf_counter() - t0, 3))
     ctx.store.put_profile(profile_id, spec.key, backend, result.model_dump(mode="json"))

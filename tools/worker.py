@@ -213,7 +213,16 @@ class Worker:
                                             else {"__non_tensor__": type(o).__name__} for o in out],
                                 "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]})
         torch.save(results, msg["outputs"])
-        return {"weights": sync, "trial_failures": [r.get("failure") for r in results]}
+        return {"weights": sync, "trial_failures": [r.get("failure") for r in results],
+                "jit_kernels": self._jit_kernels()}
+
+    def _jit_kernels(self) -> list[dict[str, Any]]:
+        """Kernels the backend compiled while the candidate ran (Triton); resource data is best effort."""
+        try:
+            return self.backend.jit_kernels(self.module)
+        except Exception as exc:  # noqa: BLE001 - an unknown Triton layout must not fail a verified run
+            print(f"kforge: could not read compiled kernel metadata: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return []
 
     def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
