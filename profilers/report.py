@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,6 +66,11 @@ class TimingStats(BaseModel):
     rel_sem: float = Field(description="Standard error of the mean divided by the mean.")
     host_median_us: float | None = Field(default=None, description="Median of the same calls on the host clock, "
                                          "closed after a device-wide sync; far above median_us means unseen work.")
+    unseen_work: bool = Field(default=False, description="The host saw far more time than the device timer: work "
+                              "ran on another stream or thread.")
+    replay_suspected: bool = Field(default=False, description="Calls on inputs seen before were much faster than "
+                                   "calls on new ones.")
+    input_sets: int | None = Field(default=None, description="Distinct input sets the timed calls walked through.")
     warnings: tuple[str, ...] = ()
 
     @property
@@ -74,7 +79,7 @@ class TimingStats(BaseModel):
 
     @classmethod
     def from_samples_s(cls, label: str, samples_s: Sequence[float], *, host_samples_s: Sequence[float] = (),
-                       extra_warnings: Sequence[str] = ()) -> TimingStats:
+                       extra_warnings: Sequence[str] = (), **flags: Any) -> TimingStats:
         if not samples_s:
             raise ValueError(f"no timing samples for {label}")
         us = sorted(s * 1e6 for s in samples_s)
@@ -91,7 +96,7 @@ class TimingStats(BaseModel):
         host_median = statistics.median(host_samples_s) * 1e6 if host_samples_s else None
         return cls(label=label, samples=n, median_us=median, mean_us=mean, std_us=std, min_us=us[0],
                    max_us=us[-1], q1_us=q1, q3_us=q3, host_median_us=host_median,
-                   rel_sem=(std / math.sqrt(n) / mean) if mean > 0 else 0.0, warnings=tuple(warnings))
+                   rel_sem=(std / math.sqrt(n) / mean) if mean > 0 else 0.0, warnings=tuple(warnings), **flags)
 
     def __str__(self) -> str:
         return (f"{self.label}: median {format_us(self.median_us)} "

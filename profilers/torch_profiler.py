@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .report import OpRow, kernel_base_name
 
-__all__ = ["CUSTOM_PREFIX", "collect_op_table", "label_extension_functions"]
+__all__ = ["CUSTOM_PREFIX", "collect_op_table", "custom_share", "label_extension_functions"]
 
 CUSTOM_PREFIX = "kforge::"
 _MAX_ROWS = 25
@@ -83,3 +83,15 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
                           is_custom=e.key.startswith(CUSTOM_PREFIX) or kernel_base_name(e.key) in own))
     # A record_function range's self time excludes the aten ops it launched; its total is the kernel.
     return rows[:_MAX_ROWS], float(total), basis
+
+
+def custom_share(rows: Sequence[OpRow], total_us: float, basis: str) -> float | None:
+    """Share of the profiled window spent in the candidate's own code (device time on a GPU)."""
+    if not rows or total_us <= 0:
+        return None
+    if basis == "device":
+        own = sum(r.device_time_us or 0.0 for r in rows if r.is_custom)
+    else:
+        # A labelled range's total covers the kernel and any aten ops it launched itself.
+        own = sum(r.total_time_us for r in rows if r.is_custom)
+    return min(1.0, own / total_us)

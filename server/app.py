@@ -43,6 +43,10 @@ _CANDIDATE = Annotated[str, Field(description="Python source defining class Mode
                                               "(e.g. built by torch.utils.cpp_extension.load_inline).")]
 _REFERENCE = Annotated[str | None, Field(description="Python source defining class Model, get_inputs() and "
                                                      "get_init_inputs(). Give this or `problem`.")]
+_PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(
+    description="strict: the candidate must match the reference's own precision (TF32 off in the reference). "
+    "tf32/fp16/bf16: the candidate declares it computes in that lower precision; tolerances widen to what "
+    "that precision implies, and the result states them.")]
 _PROBLEM = Annotated[str | None, Field(description="Name of a problem in the server's pack (resource kforge://problems) "
                                                    "instead of reference_code.")]
 _USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
@@ -123,16 +127,19 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         trials: Annotated[int, Field(ge=1, le=50, description="Trials, each with fresh random inputs.")] = 5,
         atol: Annotated[float | None, Field(ge=0, description="Override the per-dtype absolute tolerance.")] = None,
         rtol: Annotated[float | None, Field(ge=0, description="Override the per-dtype relative tolerance.")] = None,
+        precision: _PRECISION = "strict",
         use_store: _USE_STORE = True,
     ) -> Annotated[CallToolResult, VerifyResult]:
-        """Run ModelNew and the reference Model (same initial weights) on fresh random inputs and compare
-        every output: shapes, dtypes, max abs/rel error, mismatch count and the first mismatches, NaN/Inf,
-        and the tolerances used and why. The reference runs in a separate process from the candidate."""
+        """Run ModelNew and the reference Model (same initial weights) on fresh secret-seeded inputs from
+        several distributions and judge it: every output's error (element-wise and relative to float64) with
+        the tolerance and why; output contract (plain tensors, no aliasing, inputs unmodified); a second run
+        after NaN-poisoning memory; no tampering, threads or global-state changes; whether your own kernels
+        ran; and whether trivial outputs would pass this problem. `checks` lists each with its evidence."""
         ref = _reference(reference_code, problem)
         with _request_errors():
             return _result(await verify_against_reference(
-                tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, use_store=use_store,
-                progress=_progress(ctx)))
+                tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, precision=precision,
+                use_store=use_store, progress=_progress(ctx)))
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
     async def profile_kernel_tool(
@@ -141,6 +148,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         baselines: Annotated[list[Literal["eager", "torch.compile"]], Field(
             description="Reference baselines timed in the same run.")] = list(BASELINES),
         budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
+        precision: _PRECISION = "strict",
         use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
     ) -> Annotated[CallToolResult, ProfileResult]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
@@ -150,7 +158,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         with _request_errors():
             return _result(await profile_kernel(
                 tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
-                use_store=use_store, progress=_progress(ctx)))
+                precision=precision, use_store=use_store, progress=_progress(ctx)))
 
     @mcp.tool(name="summarize_profile", title="Summarize a profile", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def summarize_profile_tool(

@@ -9,9 +9,11 @@ from typing import Any
 
 from .models import Mismatch, OutputCheck, TensorInfo, Tolerance
 
-__all__ = ["compare_outputs", "flatten_outputs", "tensor_info", "tolerance_for"]
+__all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "relative_error", "tensor_info", "tolerance_for"]
 
 _FIRST_MISMATCHES = 5
+
+PRECISIONS = ("strict", "tf32", "fp16", "bf16")
 
 # dtype -> (atol, rtol, why). fp32 follows KernelBench's current default with the reference
 # computed with TF32 off; half types follow KernelBench/TritonBench; integers must match exactly.
@@ -22,18 +24,71 @@ _TOLERANCES = {
     "torch.bfloat16": (1e-2, 1e-2, "bfloat16: atol=rtol=1e-2 (KernelBench's half-precision default)"),
 }
 _EXACT_WHY = "integer/bool: must match exactly"
+# Unit roundoff of each storage or compute precision.
+_ROUNDOFF = {"torch.float64": 2.0 ** -53, "torch.float32": 2.0 ** -24, "torch.float16": 2.0 ** -11,
+             "torch.bfloat16": 2.0 ** -8, "tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+# A correct kernel's error may be this many times the reference's own (different summation order).
+_REF_ERROR_FACTOR = 8.0
+_FLOOR_ULPS = 16.0  # ... and at least this many units of roundoff of the output dtype
+# Without a float64 reference the candidate is held to a fixed multiple of the roundoff instead.
+_NO_F64_BOUND = {"torch.float32": 1e-5, "torch.float64": 1e-12}
 
 
-def tolerance_for(dtype: Any, *, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+def tolerance_for(dtype: Any, *, atol: float | None = None, rtol: float | None = None,
+                  precision: str = "strict", expected_rms: float | None = None) -> Tolerance:
+    """Element-wise tolerance for an output of `dtype` under a precision policy.
+
+    strict: the dtype's default (the candidate computes at the reference's precision). A declared
+    lower precision (tf32, fp16, bf16) widens it to what that precision implies: rtol = 8u and an
+    atol of 8u times the output's RMS, u being the declared precision's unit roundoff.
+    """
     name = str(dtype)
     base_atol, base_rtol, why = _TOLERANCES.get(name, (0.0, 0.0, _EXACT_WHY))
     if "float8" in name:
         base_atol, base_rtol, why = 1e-1, 1e-1, "float8: atol=rtol=1e-1"
+    floating = name in _ROUNDOFF or "float8" in name
+    if precision != "strict" and floating and _ROUNDOFF.get(precision, 0) > _ROUNDOFF.get(name, 1):
+        u = _ROUNDOFF[precision]
+        base_rtol = max(base_rtol, 8 * u)
+        base_atol = max(base_atol, 8 * u * (expected_rms or 0.0))
+        why = (f"precision={precision}: rtol=8u={base_rtol:.3g} and atol=8u x output RMS={base_atol:.3g} "
+               f"(u={u:.3g}, {precision}'s unit roundoff); strict would be: {why}")
     if atol is not None or rtol is not None:
         base_atol = base_atol if atol is None else atol
         base_rtol = base_rtol if rtol is None else rtol
         why = f"set by the caller (atol={base_atol:g}, rtol={base_rtol:g}); default would be: {why}"
-    return Tolerance(dtype=name.removeprefix("torch."), atol=base_atol, rtol=base_rtol, why=why)
+    return Tolerance(dtype=name.removeprefix("torch."), atol=base_atol, rtol=base_rtol, why=why, precision=precision)
+
+
+def error_bound(dtype: Any, precision: str, reference_error: float | None) -> tuple[float | None, str]:
+    """Largest relative L2 error accepted for an output, and why (None: not a floating output)."""
+    name = str(dtype)
+    if name not in _ROUNDOFF:
+        return None, "not a floating-point output: the element-wise check is exact"
+    u = _ROUNDOFF[name]
+    if precision != "strict" and _ROUNDOFF.get(precision, 0) > u:
+        bound = 8 * _ROUNDOFF[precision]
+        return (max(bound, _REF_ERROR_FACTOR * (reference_error or 0.0)),
+                f"precision={precision}: 8u={bound:.3g} of the declared precision")
+    if reference_error is None:
+        bound = _NO_F64_BOUND.get(name, _FLOOR_ULPS * u)
+        return bound, (f"strict, no float64 reference: {bound:.3g} "
+                       "(enough for reordered sums, not for TF32, fp16 or bf16 arithmetic)")
+    bound = max(_REF_ERROR_FACTOR * reference_error, _FLOOR_ULPS * u)
+    return bound, (f"strict: max({_REF_ERROR_FACTOR:g} x the reference's own error {reference_error:.3g}, "
+                   f"{_FLOOR_ULPS:g} ulp={_FLOOR_ULPS * u:.3g}); errors measured against the reference run in float64")
+
+
+def relative_error(got: Any, exact: Any) -> float | None:
+    """||got - exact|| / ||exact|| over finite elements (None when the exact output is all zero)."""
+    import torch
+
+    g, e = got.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(e) & torch.isfinite(g)
+    norm = float(torch.linalg.vector_norm(e[finite]))
+    if norm == 0.0:
+        return None
+    return float(torch.linalg.vector_norm((g - e)[finite])) / norm
 
 
 def flatten_outputs(out: Any) -> list[Any]:
@@ -55,7 +110,8 @@ def tensor_info(value: Any) -> TensorInfo:
     return TensorInfo(kind=type(value).__name__)
 
 
-def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None) -> OutputCheck:
+def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None,
+                 precision: str = "strict", exact: Any = None) -> OutputCheck:
     import torch
 
     exp_info = tensor_info(expected)
@@ -74,7 +130,8 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         problems.append(f"shape {list(got.shape)} != expected {list(expected.shape)}")
     if got.dtype != expected.dtype:
         problems.append(f"dtype {got_info.dtype} != expected {exp_info.dtype}")
-    tol = tolerance_for(expected.dtype, atol=atol, rtol=rtol)
+    rms = float(expected.detach().double().pow(2).mean().sqrt()) if expected.is_floating_point() and expected.numel() else 0.0
+    tol = tolerance_for(expected.dtype, atol=atol, rtol=rtol, precision=precision, expected_rms=rms)
     if problems:
         return OutputCheck(output=index, correct=False, expected=exp_info, got=got_info, problems=problems, tolerance=tol)
 
@@ -105,9 +162,34 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         problems.append(f"{nan_count} NaN where the reference is not NaN")
     if inf_count:
         problems.append(f"{inf_count} Inf where the reference is finite")
-    return OutputCheck(output=index, correct=mismatches == 0, expected=exp_info, got=got_info, problems=problems,
-                       max_abs_error=max_abs, max_rel_error=max_rel, mismatches=mismatches, numel=e.numel(),
-                       first_mismatches=first, nan_count=nan_count, inf_count=inf_count, tolerance=tol)
+    rel, ref_rel, norm_ok = _norm_check(expected, got, exact, precision, problems)
+    bound, bound_why = error_bound(expected.dtype, precision, ref_rel)
+    tol = tol.model_copy(update={"rel_error_bound": bound, "bound_why": bound_why})
+    return OutputCheck(output=index, correct=mismatches == 0 and norm_ok, expected=exp_info, got=got_info,
+                       problems=problems, max_abs_error=max_abs, max_rel_error=max_rel, mismatches=mismatches,
+                       numel=e.numel(), first_mismatches=first, nan_count=nan_count, inf_count=inf_count,
+                       rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
+
+
+def _norm_check(expected: Any, got: Any, exact: Any, precision: str,
+                problems: list[str]) -> tuple[float | None, float | None, bool]:
+    """The relative L2 error against the float64 result (or the reference) and whether it is in bounds.
+
+    Element-wise tolerances are loose where outputs are small or positive (zeros pass a softmax over
+    a long row; TF32 passes on [0, 1) inputs); a norm relative to the output's own size is not.
+    """
+    if not expected.is_floating_point():
+        return None, None, True
+    truth = exact if exact is not None and exact.shape == expected.shape else expected
+    ref_rel = relative_error(expected, truth) if truth is not expected else None
+    rel = relative_error(got, truth)
+    bound, _ = error_bound(expected.dtype, precision, ref_rel)
+    if rel is None or bound is None or rel <= bound:
+        return rel, ref_rel, True
+    problems.append(f"relative L2 error {rel:.3g} exceeds the bound {bound:.3g} for {str(expected.dtype).removeprefix('torch.')} "
+                    f"at precision={precision}" + ("" if precision != "strict" else
+                                                   " (reduced-precision arithmetic? declare it with precision='tf32'/'fp16'/'bf16')"))
+    return rel, ref_rel, False
 
 
 def _with_devices(check: OutputCheck, expected_device: str | None, got_device: str | None) -> OutputCheck:
@@ -124,10 +206,15 @@ def _with_devices(check: OutputCheck, expected_device: str | None, got_device: s
 
 
 def compare_outputs(expected: list[Any], got: list[Any], *, atol: float | None = None, rtol: float | None = None,
-                    expected_devices: list[str | None] | None = None,
-                    got_devices: list[str | None] | None = None) -> list[OutputCheck]:
-    """Check every expected output against the candidate's output at the same position."""
-    checks = [_compare_one(i, exp, got[i] if i < len(got) else None, atol, rtol) for i, exp in enumerate(expected)]
+                    expected_devices: list[str | None] | None = None, got_devices: list[str | None] | None = None,
+                    precision: str = "strict", exact: list[Any] | None = None) -> list[OutputCheck]:
+    """Check every expected output against the candidate's output at the same position.
+
+    `exact`: the reference's outputs computed in float64, when it could run in float64.
+    """
+    exact = exact or []
+    checks = [_compare_one(i, exp, got[i] if i < len(got) else None, atol, rtol, precision,
+                           exact[i] if i < len(exact) else None) for i, exp in enumerate(expected)]
     exp_dev, got_dev = expected_devices or [], got_devices or []
     checks = [_with_devices(c, exp_dev[i] if i < len(exp_dev) else None, got_dev[i] if i < len(got_dev) else None)
               for i, c in enumerate(checks)]

@@ -10,13 +10,17 @@ from __future__ import annotations
 import secrets
 import time
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .context import Progress, ToolContext, no_progress
+from .compare import PRECISIONS
+from .context import Progress, RequestError, ToolContext, no_progress
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerProcess
+from .static_scan import scan_candidate
+from .verdict import integrity_checks, static_check, verify_checks
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
 
@@ -76,20 +80,21 @@ def _as_reference_failure(failure: Failure) -> Failure:
 
 
 async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
-                         seeds: list[int], init_seed: int) -> tuple[WorkerProcess | None, Failure | None]:
-    """Start the judge and make the inputs; return it, or the reference's failure."""
+                         seeds: list[int], init_seed: int, *, exact: bool = True,
+                         ) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
+    """Start the judge and make the inputs; return it and what it prepared, or the reference's failure."""
     try:
         judge = await _start(stack, ctx, backend, scratch, "judge")
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"]))
+            return None, _as_reference_failure(Failure(**reply["failure"])), {}
         reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds,
-                                 exchange=str(scratch / "inputs.pt"))
+                                 exchange=str(scratch / "inputs.pt"), exact=exact)
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"]))
+            return None, _as_reference_failure(Failure(**reply["failure"])), {}
     except WorkerDied as died:
-        return None, _as_reference_failure(died.failure)
-    return judge, None
+        return None, _as_reference_failure(died.failure), {}
+    return judge, None, reply
 
 
 def _fresh_seeds(n: int) -> tuple[int, list[int]]:
@@ -128,12 +133,12 @@ async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *,
 async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
     init_seed, seeds = _fresh_seeds(1)
-    _, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+    _, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed, exact=False)
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
     try:
         run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                outputs=str(scratch / "outputs.pt"))
+                                outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
     except WorkerDied as died:
         return compiled.model_copy(update={"ok": False, "failure": died.failure})
     failure = run.get("failure") or next(iter(f for f in run.get("trial_failures", []) if f), None)
@@ -144,59 +149,71 @@ async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, sc
 
 async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                                    trials: int = 5, atol: float | None = None, rtol: float | None = None,
-                                   use_store: bool = True, progress: Progress = no_progress) -> VerifyResult:
-    options = {"trials": trials, "atol": atol, "rtol": rtol}
+                                   precision: str = "strict", use_store: bool = True,
+                                   progress: Progress = no_progress) -> VerifyResult:
+    """Judge the candidate against the reference; see `kforge.tools.verdict` for every check."""
+    if precision not in PRECISIONS:
+        raise RequestError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    options = {"trials": trials, "atol": atol, "rtol": rtol, "precision": precision}
     spec = await _spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
     if use_store and (hit := ctx.store.get_result(spec.key)):
         return VerifyResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
+    scan = static_check(scan_candidate(candidate_code))
+    done = partial(_finish_verify, ctx, spec, t0, precision=precision)
     init_seed, seeds = _fresh_seeds(trials)
-    steps = 4.0
+    steps = 5.0
+    judging = {"atol": atol, "rtol": rtol, "precision": precision}
     with ctx.scratch("verify") as scratch:
         async with AsyncExitStack() as stack:
             await progress(0, steps, "running the reference in the judge worker")
-            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            judge, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
             if failure is not None:
-                return VerifyResult(spec=spec, ok=False, correct=False, failure=failure, seconds=time.perf_counter() - t0)
+                return done(failure=failure, checks=[scan])
             await progress(1, steps, "building the candidate")
             # Synchronous launches: a device fault is raised at the candidate line that launched it.
             worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code,
                                                      extra_env={"CUDA_LAUNCH_BLOCKING": "1"})
             if worker is None:
-                return _finish_verify(ctx, spec, t0, compile=compiled, failure=compiled.failure)
-            await progress(2, steps, f"running {trials} trials of the candidate")
+                return done(compile=compiled, failure=compiled.failure, checks=[scan])
+            await progress(2, steps, f"running {trials} trials of the candidate, each twice")
             try:
                 run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
                                         outputs=str(scratch / "outputs.pt"))
             except WorkerDied as died:
-                return _finish_verify(ctx, spec, t0, compile=compiled, failure=died.failure)
+                return done(compile=compiled, failure=died.failure, checks=[scan])
             if run.get("failure"):
-                return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["failure"]))
+                return done(compile=compiled, failure=Failure(**run["failure"]), checks=[scan])
             compiled = with_jit_kernels(compiled, run)
+            run_checks = [scan] + integrity_checks(run.get("integrity"), precision)
             if all(run["trial_failures"]):  # every trial raised: report the first as the failure
-                return _finish_verify(ctx, spec, t0, compile=compiled, failure=Failure(**run["trial_failures"][0]))
+                return done(compile=compiled, failure=Failure(**run["trial_failures"][0]), checks=run_checks)
             await progress(3, steps, "comparing with the reference")
             try:
-                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),
-                                            atol=atol, rtol=rtol)
+                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"), **judging)
+                await progress(4, steps, "calibrating the check against trivial outputs")
+                calibration = await judge.call("calibrate", stage="compare", **judging)
             except WorkerDied as died:
-                return _finish_verify(ctx, spec, t0, compile=compiled, failure=_as_reference_failure(died.failure))
+                return done(compile=compiled, failure=_as_reference_failure(died.failure), checks=run_checks)
     reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(compared["trials"])]
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
     weights = WeightSync(**run["weights"])
+    checks = run_checks + verify_checks(reports, compared["trials"], prepared, calibration["nulls"],
+                                        run.get("custom_work"), precision)
     warnings = _verify_warnings(reports, weights)
     avail = await ctx.require_backend(backend)
     if avail.mode:
         warnings.append(f"ran in {avail.mode} mode: {avail.reason}")
     await progress(steps, steps, "done")
-    return _finish_verify(ctx, spec, t0, compile=compiled, trials=reports, tolerances=list(tolerances.values()),
-                          weights=weights, warnings=warnings)
+    return done(compile=compiled, trials=reports, tolerances=list(tolerances.values()), weights=weights,
+                warnings=warnings, checks=checks)
 
 
 def _trial_report(i: int, seed: int, trial: dict[str, Any]) -> TrialReport:
     checks = [OutputCheck(**c) for c in trial["checks"]]
     ok = trial["error"] is None and bool(checks) and all(c.correct for c in checks)
-    return TrialReport(trial=i, seed=seed, correct=ok, outputs=checks, error=trial["error"])
+    return TrialReport(trial=i, seed=seed, correct=ok, outputs=checks, error=trial["error"],
+                       distribution=trial.get("distribution", "native"))
 
 
 def _verify_warnings(reports: list[TrialReport], weights: WeightSync) -> list[str]:
@@ -210,7 +227,9 @@ def _verify_warnings(reports: list[TrialReport], weights: WeightSync) -> list[st
 def _finish_verify(ctx: ToolContext, spec: JobSpec, t0: float, **fields: Any) -> VerifyResult:
     trials = fields.get("trials") or []
     failure = fields.get("failure")
-    correct = failure is None and bool(trials) and all(t.correct for t in trials)
+    checks = fields.get("checks") or []
+    correct = (failure is None and bool(trials) and all(t.correct for t in trials)
+               and not any(c.hard and c.status == "fail" for c in checks))
     result = VerifyResult(spec=spec, ok=failure is None, correct=correct, seconds=round(time.perf_counter() - t0, 3),
                           **fields)
     if _storable(failure):

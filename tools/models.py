@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us
 
 __all__ = [
-    "KernelResources", "BuildInfo", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
+    "KernelResources", "BuildInfo", "Check", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
     "ProfileResult", "TensorInfo", "Tolerance", "TrialReport", "VerifyResult", "WeightSync",
     # re-exported for callers that only import tools
     "Baseline", "Counter", "OpRow", "ProfileReport", "TimingStats",
@@ -181,6 +181,11 @@ class Tolerance(BaseModel):
     atol: float
     rtol: float
     why: str
+    precision: str = Field(default="strict", description="The precision policy the tolerance follows.")
+    rel_error_bound: float | None = Field(
+        default=None, description="Largest allowed relative L2 error ||got - exact|| / ||exact||, exact being the "
+        "reference in float64 where it runs in float64.")
+    bound_why: str | None = None
 
 
 class OutputCheck(BaseModel):
@@ -200,7 +205,24 @@ class OutputCheck(BaseModel):
     first_mismatches: list[Mismatch] = Field(default_factory=list)
     nan_count: int = 0
     inf_count: int = 0
+    rel_error: float | None = Field(default=None, description="Relative L2 error of the output (see tolerance.rel_error_bound).")
+    reference_rel_error: float | None = Field(default=None, description="The reference's own relative L2 error "
+                                              "against its float64 evaluation: the noise floor of this problem.")
     tolerance: Tolerance | None = None
+
+
+class Check(BaseModel):
+    """One check behind a verdict, with its evidence."""
+
+    model_config = _FROZEN
+
+    name: str
+    status: Literal["pass", "fail", "warn", "skip"]
+    hard: bool = Field(description="A failed hard check makes the verdict wrong; a soft one is a flag to read.")
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"[{self.status}] {self.name}: {self.evidence}"
 
 
 class TrialReport(BaseModel):
@@ -209,6 +231,8 @@ class TrialReport(BaseModel):
     trial: int
     seed: int
     correct: bool
+    distribution: str = Field(default="native", description="How the inputs were drawn: the reference's get_inputs() "
+                              "('native') or a zero-mean / rescaled version of them.")
     outputs: list[OutputCheck]
     error: str | None = Field(default=None, description="Why the candidate produced no output for this trial.")
 
@@ -233,6 +257,9 @@ class VerifyResult(BaseModel):
     tolerances: list[Tolerance] = Field(default_factory=list)
     weights: WeightSync | None = None
     compile: CompileResult | None = None
+    checks: list[Check] = Field(default_factory=list, description="Every check behind the verdict; `correct` is true "
+                                "only when no hard check failed.")
+    precision: str = "strict"
     failure: Failure | None = None
     warnings: list[str] = Field(default_factory=list)
     seconds: float = 0.0
@@ -240,11 +267,14 @@ class VerifyResult(BaseModel):
 
     def __str__(self) -> str:
         if self.failure is not None:
-            return f"Not verified: {self.failure}"
+            lines = [f"Not verified: {self.failure}"]
+            lines += [f"  {c}" for c in self.checks if c.status == "fail"]
+            return "\n".join(lines)
         passed = sum(t.correct for t in self.trials)
         head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed "
                 f"({self.seconds:.1f} s).")
         lines = [head]
+        lines += [f"  {c}" for c in self.checks if c.status in ("fail", "warn")]
         for t in self.trials:
             if t.correct:
                 continue
@@ -273,6 +303,9 @@ class ProfileResult(BaseModel):
     report: ProfileReport | None = None
     output_correct: bool | None = Field(default=None, description="Whether the timed candidate's output matched the reference.")
     output_check: OutputCheck | None = None
+    checks: list[Check] = Field(default_factory=list, description="Checks of the timing's integrity, with evidence.")
+    speedup_trusted: bool | None = Field(default=None, description="True when the output was right and no hard "
+                                         "timing check failed; otherwise read `checks` before quoting a speedup.")
     kernel_resources: list[KernelResources] = Field(
         default_factory=list, description="The candidate's kernels as the compiler built them (ptxas -v, Triton metadata).")
     artifacts: list[str] = Field(default_factory=list, description="Resource URIs of raw artifacts (Chrome trace, logs).")
@@ -310,6 +343,9 @@ class ProfileResult(BaseModel):
             lines.append(f"  hardware counters: {r.counters_note}")
         if self.output_correct is False:
             lines.append("  WARNING: the timed output did not match the reference; speedups are meaningless")
+        lines += [f"  {c}" for c in self.checks if c.status in ("fail", "warn")]
+        if self.speedup_trusted is False:
+            lines.append("  SPEEDUP NOT TRUSTED: see the failed checks above")
         lines += [f"  warning: {w}" for w in self.warnings]
         lines.append(f"Next: summarize_profile with profile_id='{self.profile_id}'.")
         return "\n".join(lines)

@@ -19,17 +19,21 @@ from typing import Any
 
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
+from kforge.profilers.torch_profiler import custom_share
 from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
+from .verdict import integrity_checks, timing_checks
 
 __all__ = ["BASELINES", "profile_kernel"]
 
 BASELINES = ("eager", "torch.compile")
-_INPUT_SETS = 3  # timed calls rotate over this many fresh input sets
+_INPUT_SETS = 3  # input sets whose outputs are checked before timing
+_MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
+_TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least _INPUT_SETS)
 _PROFILED_CALLS = 5
 _NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric pass
 _NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
@@ -38,13 +42,13 @@ _COMPILE_TIMEOUT_S = 600.0
 
 
 async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
-                         baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, use_store: bool = False,
-                         progress: Progress = no_progress) -> ProfileResult:
+                         baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, precision: str = "strict",
+                         use_store: bool = False, progress: Progress = no_progress) -> ProfileResult:
     avail = await ctx.require_backend(backend)
     if not avail.timing:
         raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
                            "verify_against_reference works; profile on a host where the backend has a device.")
-    options = {"baselines": list(baselines), "budget_s": budget_s}
+    options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision}
     spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
     if use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
@@ -66,21 +70,29 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
             await step("running the reference in the judge worker")
-            judge, failure = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            judge, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed,
+                                                     exact=False)
             if failure is not None:
                 return failed(failure)
             problem = await judge.call("problem_size", stage="reference")
+            # Fresh inputs for (nearly) every timed call: answers cannot be replayed from earlier calls.
+            n_sets = max(_INPUT_SETS, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem["problem_bytes"])))
+            made = await judge.call("timing_sets", stage="reference", seeds=_fresh_seeds(n_sets)[1],
+                                    exchange=str(scratch / "timing.pt"))
+            if made.get("failure"):
+                return failed(Failure(**made["failure"]))
             await step("building the candidate")
             worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
             if worker is None:
                 return failed(compiled.failure)
             try:
                 run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                        outputs=str(scratch / "outputs.pt"))
+                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
                 if run.get("failure"):
                     return failed(Failure(**run["failure"]))
                 compiled = with_jit_kernels(compiled, run)
-                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"))
+                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),
+                                            precision=precision)
             except WorkerDied as died:
                 return failed(died.failure)
             check, output_correct = _first_wrong(compared["trials"])
@@ -93,9 +105,13 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                             "time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
                             policy=policy, timeout_s=_COMPILE_TIMEOUT_S if name == "torch.compile" else None)
                     await step("timing the candidate")
-                    cand = await worker.call("time", stage="timing", label="candidate", policy=policy)
+                    cand = await worker.call("time", stage="timing", label="candidate", policy=policy,
+                                             sets=str(scratch / "timing.pt"), revalidate=True,
+                                             outputs=str(scratch / "timed-outputs.pt"))
                     if cand.get("failure"):
                         return failed(Failure(**cand["failure"]))
+                    revalidated = await judge.call("revalidate", stage="compare", outputs=cand["revalidation_file"],
+                                                   precision=precision)
                     await step("profiling the candidate")
                     artifacts = ctx.store.artifact_dir(profile_id)
                     prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
@@ -119,11 +135,15 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     shutil.copy(log, artifacts / f"{role}.log")
 
     candidate_stats = TimingStats(**cand["timing"])
+    if candidate_stats.unseen_work and candidate_stats.host_median_us:
+        # Work the device timer missed (another stream or thread): the host clock, closed after a
+        # device-wide sync, is the honest time of a call, so speedups use it.
+        candidate_stats = candidate_stats.model_copy(update={"median_us": candidate_stats.host_median_us})
     report = ProfileReport(
         backend=backend, device_name=prof["facts"]["device_name"], collector="torch.profiler",
         candidate=candidate_stats, baselines=tuple(_baseline(n, measured[n], candidate_stats) for n in baselines),
         ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
-        custom_share=_custom_share(prof["rows"], prof["total_us"], prof["basis"]),
+        custom_share=custom_share([OpRow(**r) for r in prof["rows"]], prof["total_us"], prof["basis"]),
         counters=tuple(Counter(**c) for c in prof["counters"]) + tuple(counters_for(ncu_kernels)),
         counters_note=_counters_note(avail.hardware_profiler, prof["counters_note"], ncu_kernels, ncu_note),
         ncu=tuple(ncu_kernels),
@@ -135,8 +155,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     if not output_correct:
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")
+    checks = timing_checks(candidate_stats, revalidated, report, precision) + integrity_checks(cand["integrity"], precision)
+    trusted = bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
-                           output_check=check,
+                           output_check=check, checks=checks, speedup_trusted=trusted,
                            kernel_resources=[k for b in compiled.builds for k in b.kernels] + compiled.jit_kernels,
                            artifacts=[f"kforge://profiles/{profile_id}/artifacts/{n}"
                                                           for n in ctx.store.artifact_names(profile_id)],
@@ -165,18 +187,6 @@ def _baseline(name: str, reply: dict[str, Any], candidate: TimingStats) -> Basel
         return Baseline(name=name, error=f"{f.kind}: {f.message}"[:500])
     stats = TimingStats(**reply["timing"])
     return Baseline(name=name, timing=stats, speedup=round(stats.median_us / candidate.median_us, 4))
-
-
-def _custom_share(rows: list[dict[str, Any]], total_us: float, basis: str) -> float | None:
-    """Share of the profiled window spent in the candidate's own code (device time on a GPU)."""
-    if not rows or total_us <= 0:
-        return None
-    if basis == "device":
-        own = sum(r["device_time_us"] or 0.0 for r in rows if r["is_custom"])
-    else:
-        # A labelled range's total covers the kernel and any aten ops it launched itself.
-        own = sum(r["total_time_us"] for r in rows if r["is_custom"])
-    return min(1.0, own / total_us)
 
 
 async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,

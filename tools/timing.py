@@ -47,8 +47,14 @@ def _rel_sem(samples: Sequence[float]) -> float:
 
 
 def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
-               policy: TimingPolicy) -> TimingStats:
-    """Time `fn(*make_args(i))` on `backend` following the algorithm in the module docstring."""
+               policy: TimingPolicy, *, fresh_sets: int | None = None,
+               on_output: Callable[[int, Any], None] | None = None) -> TimingStats:
+    """Time `fn(*make_args(i))` on `backend` following the algorithm in the module docstring.
+
+    `make_args(i)` gives call i its inputs; with `fresh_sets` distinct sets, calls from that index on
+    see contents seen before, so a candidate that got faster then was replaying answers.
+    `on_output(i, out)` sees each timed call's output after its timed window closed.
+    """
     t_start = time.perf_counter()
     calls = 0
     while calls < policy.warmup_calls or time.perf_counter() - t_start < policy.warmup_s:
@@ -60,18 +66,24 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
 
     samples: list[float] = []
     host_samples: list[float] = []
+    sample_calls: list[int] = []
     t_sampling = time.perf_counter()
     hit_budget = False
     while len(samples) < policy.max_samples:
-        args = make_args(len(samples))
+        args = make_args(calls)
         backend.flush_cache()
         backend.synchronize()
         timer = backend.timer()
         timer.start()
-        fn(*args)
+        out = fn(*args)
         timer.stop()
         samples.append(timer.elapsed_s())
         host_samples.append(timer.host_elapsed_s())
+        sample_calls.append(calls)
+        if on_output is not None:
+            on_output(calls, out)
+        del out, args
+        calls += 1
         if len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem:
             break
         if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
@@ -82,7 +94,23 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         extra.append(f"time budget of {policy.budget_s:g} s reached before the standard error fell below "
                      f"{100 * policy.target_rel_sem:g}% of the mean")
     device_med, host_med = statistics.median(samples), statistics.median(host_samples)
-    if host_med > _UNSEEN_WORK_RATIO * device_med + _SYNC_OVERHEAD_S:
+    unseen = host_med > _UNSEEN_WORK_RATIO * device_med + _SYNC_OVERHEAD_S
+    if unseen:
         extra.append(f"the host saw {host_med * 1e6:.1f} us per call but the device timer {device_med * 1e6:.1f} us: "
                      "work ran outside the timed stream (another stream or thread); the device time understates the cost")
-    return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra)
+    replay = _replay_warning([s for s, c in zip(samples, sample_calls) if c < fresh_sets],
+                             [s for s, c in zip(samples, sample_calls) if c >= fresh_sets]) if fresh_sets else None
+    extra += [replay] if replay else []
+    return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra,
+                                      unseen_work=unseen, replay_suspected=bool(replay), input_sets=fresh_sets)
+
+
+def _replay_warning(fresh: list[float], repeated: list[float]) -> str | None:
+    """Calls on inputs seen before must not be much faster than calls on new ones."""
+    if len(fresh) < 3 or len(repeated) < 3:
+        return None
+    f, r = statistics.median(fresh), statistics.median(repeated)
+    if r * _UNSEEN_WORK_RATIO < f:
+        return (f"calls on inputs seen before took {r * 1e6:.1f} us, calls on new inputs {f * 1e6:.1f} us: "
+                "answers replayed from earlier calls?")
+    return None

@@ -17,16 +17,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from .candidate_ops import CandidateOps
+from .judge import JudgeOps
 
 __all__ = ["main"]
-
-
-class _NonTensor:
-    """Stands in for an output that is not a plain torch.Tensor (saved as its type name)."""
-
-    def __init__(self, type_name: str) -> None:
-        self.type_name = type_name
 
 
 def _set_limits(memory_bytes: int | None) -> None:
@@ -35,7 +31,7 @@ def _set_limits(memory_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
-class Worker:
+class Worker(JudgeOps, CandidateOps):
     def __init__(self, init: dict[str, Any]) -> None:
         from kforge.backends import load_backend
 
@@ -47,6 +43,9 @@ class Worker:
         _set_limits(memory)  # before any user code runs
         if self.backend is not None:
             self.backend.setup()
+            from .integrity import HarnessSnapshot
+
+            self.snapshot = HarnessSnapshot()  # before user code: what the candidate must leave alone
         self.module: Any = None
         self.user_file: Path | None = None
         self.extensions: list[Any] = []
@@ -55,6 +54,9 @@ class Worker:
         self.sets: list[list[Any]] = []
         self.expected: list[list[Any]] = []
         self.expected_devices: list[str | None] = []
+        self.exact: list[list[Any]] = []
+        self.distributions: list[str] = []
+        self.timing_sets: list[list[Any]] = []
         self.compiled: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -137,110 +139,6 @@ class Worker:
         return Failure(stage="load", kind="interface_error",
                        message=f"the {who} does not define {', '.join(missing)} (KernelBench format)")
 
-    def op_prepare(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Judge: build Model, make one input set per seed, compute and keep expected outputs."""
-        import torch
-
-        from .compare import flatten_outputs, tensor_info
-
-        stage = "reference"
-        try:
-            torch.manual_seed(msg["init_seed"])
-            init_inputs = list(self.module.get_init_inputs())
-            torch.manual_seed(msg["init_seed"])
-            self.model = self.backend.to_device(self.module.Model(*init_inputs))
-            self.sets, self.expected = [], []
-            for seed in msg["seeds"]:
-                torch.manual_seed(seed)
-                self.sets.append(list(self.module.get_inputs()))
-            with torch.no_grad():
-                for i in range(len(self.sets)):
-                    out = flatten_outputs(self.model(*self._args(i)))
-                    self.backend.synchronize()
-                    self.expected.append([o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in out])
-                    self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
-        except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, stage)
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        torch.save({"init_inputs": init_inputs, "init_seed": msg["init_seed"], "state_dict": state, "sets": self.sets},
-                   msg["exchange"])
-        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]]}
-
-    def op_problem_size(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
-        import torch
-        from torch.utils.flop_counter import FlopCounterMode
-
-        tensors = [t for t in list(self.sets[0]) + list(self.expected[0]) if isinstance(t, torch.Tensor)]
-        flops = None
-        try:
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                self.model(*self._args(0))
-            flops = int(counter.get_total_flops())
-        except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
-            pass
-        out = self.expected[0][0] if self.expected[0] else None
-        return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
-                "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
-
-    def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Candidate: build ModelNew with the reference's weights, run every input set, save outputs."""
-        import torch
-
-        from .compare import flatten_outputs
-
-        exchange = torch.load(msg["exchange"], weights_only=True)
-        self.sets = exchange["sets"]
-        try:
-            torch.manual_seed(exchange["init_seed"])
-            model = self.module.ModelNew(*exchange["init_inputs"])
-        except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "init")
-        sync = _copy_weights(model, exchange["state_dict"])
-        self.model = self.backend.to_device(model)
-        results = []
-        with torch.no_grad():
-            for i in range(len(self.sets)):
-                try:
-                    out = flatten_outputs(self.model(*self._args(i)))
-                    self.backend.synchronize()
-                except BaseException as exc:  # noqa: BLE001
-                    f = self._failure(exc, "forward")["failure"]
-                    results.append({"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f})
-                    continue
-                # The judge sees CPU copies, so record where each output lived for the device check.
-                results.append({"outputs": [o.detach().cpu().clone() if type(o) is torch.Tensor
-                                            else {"__non_tensor__": type(o).__name__} for o in out],
-                                "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]})
-        torch.save(results, msg["outputs"])
-        return {"weights": sync, "trial_failures": [r.get("failure") for r in results],
-                "jit_kernels": self._jit_kernels()}
-
-    def _jit_kernels(self) -> list[dict[str, Any]]:
-        """Kernels the backend compiled while the candidate ran (Triton); resource data is best effort."""
-        try:
-            return self.backend.jit_kernels(self.module)
-        except Exception as exc:  # noqa: BLE001 - an unknown Triton layout must not fail a verified run
-            print(f"kforge: could not read compiled kernel metadata: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return []
-
-    def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        from .compare import compare_outputs
-
-        results = torch.load(msg["outputs"], weights_only=True)
-        trials = []
-        for i, res in enumerate(results):
-            if "error" in res:
-                trials.append({"error": res["error"], "checks": []})
-                continue
-            got = [_NonTensor(o["__non_tensor__"]) if isinstance(o, dict) else o for o in res["outputs"]]
-            checks = compare_outputs(self.expected[i], got, atol=msg.get("atol"), rtol=msg.get("rtol"),
-                                     expected_devices=self.expected_devices, got_devices=res.get("devices"))
-            trials.append({"error": None, "checks": [c.model_dump(mode="json") for c in checks]})
-        return {"trials": trials}
-
     def op_read_ncu(self, msg: dict[str, Any]) -> dict[str, Any]:
         from kforge.profilers.ncu import read_report
 
@@ -249,68 +147,6 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a report we cannot read is a note, not a failed profile
             return {"kernels": [], "note": f"could not read the Nsight Compute report: {type(exc).__name__}: {exc}"}
         return {"kernels": [k.model_dump(mode="json") for k in kernels], "note": None}
-
-    def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        from .timing import TimingPolicy, time_model
-
-        label = msg["label"]
-        policy = TimingPolicy(**msg.get("policy", {}))
-        fn: Callable[..., Any] = self.model
-        try:
-            if msg.get("compile"):
-                if self.compiled is None:
-                    self.compiled = torch.compile(self.model)
-                fn = self.compiled
-            with torch.no_grad():
-                stats = time_model(label, fn, self._args, self.backend, policy)
-        except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "timing")
-        return {"timing": stats.model_dump(mode="json")}
-
-    def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        from kforge.profilers.perf_counters import PerfStat
-        from kforge.profilers.torch_profiler import collect_op_table, label_extension_functions
-
-        trace = Path(msg["artifacts"]) / "trace.json"
-        try:
-            with torch.no_grad(), label_extension_functions(self.extensions):
-                rows, total_us, basis = collect_op_table(self.model, self._args, self.backend, calls=msg["calls"],
-                                                         trace_path=trace, custom_kernels=self.kernel_names)
-            perf, i = None, 0
-            if msg.get("perf"):  # only where perf is the device's counter profiler (CPUs)
-                with torch.no_grad(), PerfStat() as perf:
-                    t_end = time.perf_counter() + msg.get("perf_seconds", 0.5)
-                    while time.perf_counter() < t_end:
-                        self.model(*self._args(i))
-                        i += 1
-                    self.backend.synchronize()
-        except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "profile")
-        return {"rows": [r.model_dump(mode="json") for r in rows], "total_us": total_us, "basis": basis,
-                "trace": trace.name if trace.exists() else None,
-                "counters": [c.model_dump(mode="json") for c in perf.counters] if perf else [],
-                "counters_note": perf.note if perf else None,
-                "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
-
-
-def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:
-    """Give ModelNew the reference's initial parameters and buffers, matched by name and shape."""
-    import torch
-
-    own = model.state_dict()
-    copied, unmatched = 0, []
-    with torch.no_grad():
-        for name, value in reference_state.items():
-            if name in own and own[name].shape == value.shape:
-                own[name].copy_(value)
-                copied += 1
-            else:
-                unmatched.append(name)
-    return {"copied": copied, "reference_total": len(reference_state), "unmatched": unmatched[:20]}
 
 
 def main() -> None:

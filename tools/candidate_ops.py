@@ -1,0 +1,219 @@
+"""The candidate worker's operations (a mixin of `kforge.tools.worker.Worker`).
+
+`run` executes ModelNew on the judge's inputs and gathers the evidence the verdict needs, beside
+each call and outside any timed window: outputs that alias inputs, inputs the call modified, the
+same inputs run again after the allocator was poisoned with NaN (unwritten or stale output shows),
+threads or processes left running, harness functions or numerics flags changed, and whether the
+candidate's own kernels ran. `time` times it on fresh inputs and keeps a secret random sample of
+timed outputs for the judge to re-validate.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["CandidateOps"]
+
+_REVALIDATED_CALLS = 8  # timed outputs kept (a secret reservoir sample) for the judge, plus the last
+
+
+class CandidateOps:
+    # State (set by Worker.__init__): module, model, backend, sets, extensions, kernel_names, snapshot.
+
+    def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Build ModelNew with the reference's weights, run every input set twice, save outputs and evidence."""
+        import torch
+
+        from .compare import flatten_outputs
+        from .inputs import poison_allocator
+        from .judge import encode_output
+        from .output_contract import aliased_outputs, modified_inputs
+
+        exchange = torch.load(msg["exchange"], weights_only=True)
+        self.sets = exchange["sets"]
+        try:
+            torch.manual_seed(exchange["init_seed"])
+            model = self.module.ModelNew(*exchange["init_inputs"])
+        except BaseException as exc:  # noqa: BLE001
+            return self._failure(exc, "init")
+        sync = _copy_weights(model, exchange["state_dict"])
+        self.model = self.backend.to_device(model)
+        repeat = msg.get("repeat", True)
+        results = []
+        with torch.no_grad():
+            for i in range(len(self.sets)):
+                record: dict[str, Any] = {}
+                try:
+                    args = self._args(i)
+                    out = flatten_outputs(self.model(*args))
+                    self.backend.synchronize()
+                    # The judge sees CPU copies, so record where each output lived for the device check.
+                    record = {"outputs": [encode_output(o) for o in out],
+                              "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
+                              "aliases": aliased_outputs(out, args),
+                              "inputs_modified": modified_inputs(args, self.sets[i])}
+                    if repeat:
+                        sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
+                        del out, args
+                        poison_allocator(sizes, self.backend.device)
+                        again = flatten_outputs(self.model(*self._args(i)))
+                        self.backend.synchronize()
+                        record["repeat"] = [encode_output(o) for o in again]
+                except BaseException as exc:  # noqa: BLE001
+                    f = self._failure(exc, "forward")["failure"]
+                    record = {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
+                results.append(record)
+        torch.save(results, msg["outputs"])
+        return {"weights": sync, "trial_failures": [r.get("failure") for r in results],
+                "jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
+                "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
+
+    def _integrity(self) -> dict[str, list[str]]:
+        return {"tampering": self.snapshot.tampering(), "flags": self.snapshot.flag_changes(),
+                "background": self.snapshot.background_work()}
+
+    def _jit_kernels(self) -> list[dict[str, Any]]:
+        """Kernels the backend compiled while the candidate ran (Triton); resource data is best effort."""
+        try:
+            return self.backend.jit_kernels(self.module)
+        except Exception as exc:  # noqa: BLE001 - an unknown Triton layout must not fail a verified run
+            print(f"kforge: could not read compiled kernel metadata: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return []
+
+    def _custom_work(self) -> dict[str, Any]:
+        """Did the candidate's own kernels run in one call, and what share of its time did they take?"""
+        import torch
+
+        from kforge.profilers.torch_profiler import collect_op_table, custom_share, label_extension_functions
+
+        own = [getattr(e, "__name__", "ext") for e in self.extensions] + self.kernel_names
+        if not own:
+            return {"own": [], "ran": [], "share": None, "observable": True}
+        try:
+            with torch.no_grad(), label_extension_functions(self.extensions):
+                rows, total, basis = collect_op_table(self.model, self._args, self.backend, calls=1, trace_path=None,
+                                                      custom_kernels=self.kernel_names)
+        except BaseException as exc:  # noqa: BLE001 - the verdict says it could not tell
+            return {"own": own, "ran": [], "share": None, "observable": False,
+                    "note": f"the profiler failed: {type(exc).__name__}: {exc}"[:200]}
+        ran = sorted({r.name for r in rows if r.is_custom and r.calls > 0})
+        # Kernels run by Triton's interpreter or by a pure-Python function are invisible to the profiler.
+        observable = bool(self.extensions) or basis == "device"
+        return {"own": own, "ran": ran, "share": custom_share(rows, total, basis), "observable": observable,
+                "basis": basis}
+
+    def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        from .judge import encode_output
+        from .timing import TimingPolicy, time_model
+
+        if msg.get("sets") and not getattr(self, "timing_sets", None):
+            self.timing_sets = torch.load(msg["sets"], weights_only=True)
+        policy = TimingPolicy(**msg.get("policy", {}))
+        fn: Callable[..., Any] = self.model
+        keep = _Reservoir(_REVALIDATED_CALLS) if msg.get("revalidate") else None
+        try:
+            if msg.get("compile"):
+                if self.compiled is None:
+                    self.compiled = torch.compile(self.model)
+                fn = self.compiled
+            with torch.no_grad():
+                stats = time_model(msg["label"], fn, self._timing_args, self.backend, policy,
+                                   fresh_sets=len(self.timing_sets) if getattr(self, "timing_sets", None) else None,
+                                   on_output=keep.offer if keep else None)
+        except BaseException as exc:  # noqa: BLE001
+            return self._failure(exc, "timing")
+        reply: dict[str, Any] = {"timing": stats.model_dump(mode="json"), "integrity": self._integrity()}
+        if keep is not None:
+            from .compare import flatten_outputs
+
+            n = len(self.timing_sets)
+            torch.save([{"call": c, "set": c % n, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
+                        for c, out in keep.items()], msg["outputs"])
+            reply["revalidation_file"] = msg["outputs"]
+        return reply
+
+    def _timing_args(self, i: int) -> list[Any]:
+        import torch
+
+        sets = getattr(self, "timing_sets", None) or self.sets
+        raw = sets[i % len(sets)]
+        return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
+
+    def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        from kforge.profilers.perf_counters import PerfStat
+        from kforge.profilers.torch_profiler import collect_op_table, label_extension_functions
+
+        trace = Path(msg["artifacts"]) / "trace.json"
+        try:
+            with torch.no_grad(), label_extension_functions(self.extensions):
+                rows, total_us, basis = collect_op_table(self.model, self._timing_args, self.backend,
+                                                         calls=msg["calls"], trace_path=trace,
+                                                         custom_kernels=self.kernel_names)
+            perf, i = None, 0
+            if msg.get("perf"):  # only where perf is the device's counter profiler (CPUs)
+                with torch.no_grad(), PerfStat() as perf:
+                    t_end = time.perf_counter() + msg.get("perf_seconds", 0.5)
+                    while time.perf_counter() < t_end:
+                        self.model(*self._timing_args(i))
+                        i += 1
+                    self.backend.synchronize()
+        except BaseException as exc:  # noqa: BLE001
+            return self._failure(exc, "profile")
+        return {"rows": [r.model_dump(mode="json") for r in rows], "total_us": total_us, "basis": basis,
+                "trace": trace.name if trace.exists() else None,
+                "counters": [c.model_dump(mode="json") for c in perf.counters] if perf else [],
+                "counters_note": perf.note if perf else None,
+                "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
+
+
+class _Reservoir:
+    """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.seen = k, 0
+        self.kept: dict[int, Any] = {}
+        self.last: tuple[int, Any] | None = None
+
+    def offer(self, call: int, out: Any) -> None:
+        import torch
+
+        from .compare import flatten_outputs
+
+        self.seen += 1
+        self.last = (call, out)  # no later call runs before the sample is saved, so no copy is needed
+        slot = len(self.kept) if len(self.kept) < self.k else secrets.randbelow(self.seen)
+        if slot < self.k:
+            if len(self.kept) >= self.k:
+                del self.kept[sorted(self.kept)[slot]]
+            # Copied now: a candidate may reuse its output buffer on the next call.
+            self.kept[call] = [o.detach().clone() if type(o) is torch.Tensor else o for o in flatten_outputs(out)]
+
+    def items(self) -> list[tuple[int, Any]]:
+        items = dict(self.kept)
+        if self.last is not None:
+            items[self.last[0]] = self.last[1]
+        return sorted(items.items())
+
+
+def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:
+    """Give ModelNew the reference's initial parameters and buffers, matched by name and shape."""
+    import torch
+
+    own = model.state_dict()
+    copied, unmatched = 0, []
+    with torch.no_grad():
+        for name, value in reference_state.items():
+            if name in own and own[name].shape == value.shape:
+                own[name].copy_(value)
+                copied += 1
+            else:
+                unmatched.append(name)
+    return {"copied": copied, "reference_total": len(reference_state), "unmatched": unmatched[:20]}

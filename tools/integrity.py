@@ -1,0 +1,93 @@
+"""What the candidate's process must leave alone, snapshotted before user code runs (worker only).
+
+The timing loop and result channel live in the candidate's worker, so a candidate could patch a
+timer, `synchronize` or a tensor method, flip global numerics flags, or leave a thread or child
+process working after a call returns (its work would escape the timer). A `HarnessSnapshot` is
+taken at worker start; `changes()` lists what differs now, in words.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HarnessSnapshot", "child_processes"]
+
+# (module path, attribute path): functions the harness calls; rebinding any of them is tampering.
+_WATCHED = [
+    ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "time"),
+    ("torch", "equal"), ("torch", "allclose"), ("torch", "isclose"), ("torch", "save"), ("torch", "load"),
+    ("torch.testing", "assert_close"), ("torch", "Tensor.clone"), ("torch", "Tensor.cpu"), ("torch", "Tensor.to"),
+    ("torch", "Tensor.__eq__"), ("torch", "Tensor.copy_"), ("torch", "Tensor.detach"),
+    ("torch.cuda", "synchronize"), ("torch.cuda", "Event"), ("torch.cuda", "Event.record"),
+    ("torch.cuda", "Event.elapsed_time"), ("torch.cuda", "Event.synchronize"), ("json", "dumps"),
+]
+# Global numerics flags: (label, getter). A change is reported; under strict precision it fails.
+_FLAGS = [
+    ("torch.backends.cuda.matmul.allow_tf32", lambda t: t.backends.cuda.matmul.allow_tf32),
+    ("torch.backends.cudnn.allow_tf32", lambda t: t.backends.cudnn.allow_tf32),
+    ("torch.get_float32_matmul_precision()", lambda t: t.get_float32_matmul_precision()),
+    ("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+     lambda t: t.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+    ("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+     lambda t: t.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+    ("torch.get_default_dtype()", lambda t: t.get_default_dtype()),
+]
+
+
+def _resolve(module: str, path: str) -> Any:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def child_processes() -> list[int]:
+    """Live child processes of this process (Linux /proc; [] elsewhere)."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            kids += [int(p) for p in task.read_text().split()]
+        except OSError:
+            continue
+    return kids
+
+
+class HarnessSnapshot:
+    def __init__(self) -> None:
+        import torch
+
+        self._functions = {(m, p): _resolve(m, p) for m, p in _WATCHED}
+        self._flags = {label: get(torch) for label, get in _FLAGS}
+        self._threads = {t.ident for t in threading.enumerate()}
+
+    def tampering(self) -> list[str]:
+        """Harness functions that are no longer the originals."""
+        changed = []
+        for (module, path), original in self._functions.items():
+            try:
+                now = _resolve(module, path)
+            except (AttributeError, ImportError):
+                now = None
+            if now is not original:
+                changed.append(f"{module}.{path} was replaced")
+        return changed
+
+    def flag_changes(self) -> list[str]:
+        import torch
+
+        return [f"{label}: {before!r} -> {get(torch)!r}" for (label, get), before in zip(_FLAGS, self._flags.values())
+                if get(torch) != before]
+
+    def new_threads(self) -> list[str]:
+        return [f"thread {t.name!r} ({'daemon' if t.daemon else 'non-daemon'})" for t in threading.enumerate()
+                if t.ident not in self._threads and t.is_alive()]
+
+    def background_work(self) -> list[str]:
+        """Threads and child processes alive now that were not there at start."""
+        return self.new_threads() + [f"child process {pid}" for pid in child_processes()]
+

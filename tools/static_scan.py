@@ -1,0 +1,144 @@
+"""Read a candidate's text for known evaluation cheats before it runs (no code is executed here).
+
+Rules follow the public catalogue (KernelBench's static checker, KernelGuard; see
+`shared/research/kernel-eval-cheats.md`). A *hard* finding is something a kernel never needs and a
+cheat does (reaching into the harness's memory, patching timers, background threads, L2
+persistence); it fails the verdict. A *warning* is common in honest code too (streams, try/except,
+precision casts, environment writes) and is reported with its line so the runtime checks can be
+read against it. Python is parsed with `ast`; C++/CUDA sources embedded as string constants are
+matched with patterns, line numbers mapped back to the candidate's text.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+__all__ = ["Finding", "scan_candidate"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    hard: bool
+    line: int | None
+    message: str
+
+
+# Module attributes a candidate reads only to reach into the harness.
+_INTROSPECTION = {
+    ("gc", "get_objects"), ("gc", "get_referrers"), ("gc", "get_referents"), ("sys", "_getframe"),
+    ("sys", "modules"), ("inspect", "currentframe"), ("inspect", "stack"), ("inspect", "getouterframes"),
+    ("sys", "settrace"), ("sys", "setprofile"), ("sys", "argv"),
+}
+_SPAWN_MODULES = {"threading", "multiprocessing", "subprocess", "concurrent", "_thread", "ctypes", "signal"}
+_SPAWN_CALLS = {("os", "fork"), ("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "execv")}
+# Objects whose attributes a candidate must not rebind (timers, sync, comparison, tensor methods).
+_PROTECTED_ROOTS = {"time", "torch", "builtins", "triton", "numpy", "np", "os", "sys"}
+_PRECISION_CALLS = {"half", "bfloat16", "set_float32_matmul_precision"}
+_PRECISION_FLAGS = {"allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"}
+
+_NATIVE_RULES = [  # (rule, hard, pattern, message) for C++/CUDA text
+    ("native_threads", True, r"\bstd::thread\b|\bpthread_create\b|\bstd::async\b|\bfork\s*\(",
+     "native code starts threads or processes"),
+    ("l2_persistence", True, r"cudaLimitPersistingL2CacheSize|accessPolicyWindow|cudaAccessPropertyPersisting|hitProp",
+     "native code sets up persisting L2 lines, which survive the harness's cache flush"),
+    ("harness_patch", True, r"\bdlsym\b|\bmprotect\b|\bptrace\b|cudaEventElapsedTime|/proc/self",
+     "native code reaches for the runtime's symbols, memory protections or timers"),
+    ("streams", False, r"cudaStreamCreate\w*|cudaStreamNonBlocking|getStreamFromPool",
+     "native code creates its own CUDA stream; work there must finish inside the call"),
+    ("precision", False, r"__float2half|__float2bfloat16|__half\b|__nv_bfloat16|wmma::|mma\.sync",
+     "native code computes in reduced precision (fine under precision='mixed', a failure under strict if it shows in the error)"),
+]
+
+
+def scan_candidate(source: str) -> list[Finding]:
+    """Findings in `source`, hard ones first, at most one per rule and line."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # the loader reports syntax errors with their location
+    found: dict[tuple[str, int | None], Finding] = {}
+
+    def add(rule: str, hard: bool, node: ast.AST | None, message: str, line: int | None = None) -> None:
+        at = line if line is not None else getattr(node, "lineno", None)
+        found.setdefault((rule, at), Finding(rule, hard, at, message))
+
+    for node in ast.walk(tree):
+        _python_rules(node, add)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "\n" in node.value:
+            _native_rules(node, add)
+    return sorted(found.values(), key=lambda f: (not f.hard, f.line or 0))
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for name in names:
+            if name.split(".")[0] in _SPAWN_MODULES:
+                add("threads_or_processes", True, node, f"imports {name}: kernels need no threads, processes, "
+                    "signals or raw memory access, and background work escapes the timer")
+            if name.split(".")[0] == "inspect":
+                add("introspection", True, node, "imports inspect: reading the harness's frames is not allowed")
+    elif isinstance(node, ast.Attribute):
+        dotted = _dotted(node)
+        root_attr = tuple(dotted.split(".")[:1]) + (node.attr,)
+        if root_attr in _INTROSPECTION or any(dotted.endswith(f"{m}.{a}") for m, a in _INTROSPECTION):
+            add("introspection", True, node, f"uses {dotted}: reaches into the harness's memory, frames or arguments")
+        if tuple(dotted.split(".")[-2:]) in _SPAWN_CALLS:
+            add("threads_or_processes", True, node, f"uses {dotted}: starts another process")
+        if node.attr == "_make_subclass":
+            add("lazy_tensor", True, node, "creates a tensor subclass: outputs must be plain torch.Tensors")
+        if node.attr in _PRECISION_CALLS:
+            add("precision", False, node, f"casts with .{node.attr}(): reduced precision inside the kernel")
+        if node.attr in {"Stream", "stream", "ExternalStream"} and "cuda" in dotted:
+            add("streams", False, node, f"uses {dotted}: work on another stream must finish inside the call")
+    elif isinstance(node, ast.Assign) or isinstance(node, ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for t in targets:
+            dotted = _dotted(t) if isinstance(t, ast.Attribute) else ""
+            root = dotted.split(".")[0]
+            if isinstance(t, ast.Attribute) and t.attr in _PRECISION_FLAGS:
+                add("precision_flag", False, node, f"sets {dotted}: changes global numerics (fails under strict "
+                    "precision if it changes the result)")
+            elif root in _PROTECTED_ROOTS and dotted.count(".") >= 1:
+                add("harness_patch", True, node, f"rebinds {dotted}: the harness's timers, synchronization and "
+                    "library functions must stay as they are")
+            if isinstance(t, ast.Subscript) and _dotted(t.value) in {"os.environ"}:
+                add("environment", False, node, "writes os.environ: fine for build flags, not for changing the harness")
+    elif isinstance(node, ast.ClassDef):
+        for base in node.bases:
+            if _dotted(base) in {"torch.Tensor", "Tensor"}:
+                add("lazy_tensor", True, node, f"class {node.name} subclasses torch.Tensor: outputs must be plain tensors")
+            if _dotted(base) == "Model":
+                add("inherits_reference", False, node, f"class {node.name} inherits the reference Model")
+    elif isinstance(node, ast.Try) and node.handlers:
+        add("fallback", False, node, "try/except: a custom kernel that fails must not silently fall back to the framework")
+    elif isinstance(node, ast.Call) and _dotted(node.func) in {"setattr", "builtins.setattr"} and node.args:
+        target = _dotted(node.args[0])
+        if target.split(".")[0] in _PROTECTED_ROOTS:
+            add("harness_patch", True, node, f"setattr on {target}: the harness's functions must stay as they are")
+    elif isinstance(node, ast.Call) and _dotted(node.func) in {"open", "io.open"} and node.args:
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("/proc"):
+            add("introspection", True, node, f"opens {arg.value}: reading process memory or descriptors is not allowed")
+
+
+def _native_rules(node: ast.Constant, add) -> None:  # noqa: ANN001 - local callback
+    text: str = node.value
+    for rule, hard, pattern, message in _NATIVE_RULES:
+        for m in re.finditer(pattern, text):
+            line = node.lineno + text.count("\n", 0, m.start())
+            add(rule, hard, None, f"{message} ({m.group(0)})", line=line)
+            break

@@ -1,0 +1,206 @@
+"""Turn the evidence the workers gathered into the checks behind a verdict (server side, pure).
+
+Each check says pass, fail, warn or skip and why, with numbers. Hard checks decide `correct`;
+soft ones flag what a kernel engineer should read (framework-only candidates, streams, a problem
+on which a trivial output would pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Check, TrialReport
+from .static_scan import Finding
+
+__all__ = ["background_check", "integrity_checks", "static_check", "timing_checks", "verify_checks"]
+
+
+def static_check(findings: list[Finding]) -> Check:
+    hard = [f for f in findings if f.hard]
+    soft = [f for f in findings if not f.hard]
+    say = lambda fs: "; ".join(f"line {f.line}: {f.message}" for f in fs[:4])  # noqa: E731
+    if hard:
+        return Check(name="static_scan", status="fail", hard=True, evidence=say(hard))
+    if soft:
+        return Check(name="static_scan", status="warn", hard=False, evidence=say(soft))
+    return Check(name="static_scan", status="pass", hard=True, evidence="no known cheat patterns in the source")
+
+
+def integrity_checks(integrity: dict[str, list[str]] | None, precision: str) -> list[Check]:
+    if integrity is None:
+        return []
+    tampering, flags = integrity.get("tampering", []), integrity.get("flags", [])
+    checks = [
+        Check(name="harness_intact", status="fail" if tampering else "pass", hard=True,
+              evidence="; ".join(tampering) if tampering else "timers, synchronize, comparison and tensor methods "
+              "are the originals"),
+        background_check(integrity.get("background", [])),
+    ]
+    strict = precision == "strict"
+    checks.append(Check(
+        name="global_state", status=("fail" if strict else "warn") if flags else "pass", hard=strict,
+        evidence=("changed: " + "; ".join(flags) + (" (strict precision: the candidate may not switch to reduced "
+                                                     "precision; declare precision='tf32' if intended)" if strict else ""))
+        if flags else "numerics flags (TF32, reduced-precision reductions, default dtype) unchanged"))
+    return checks
+
+
+def background_check(background: list[str]) -> Check:
+    return Check(name="no_background_work", status="fail" if background else "pass", hard=True,
+                 evidence=("still running after the call returned: " + "; ".join(background[:4]) +
+                           " (work there escapes the timer and can race the comparison)") if background
+                 else "no threads or child processes left running")
+
+
+def verify_checks(trials: list[TrialReport], raw_trials: list[dict[str, Any]], prepared: dict[str, Any],
+                  nulls: list[dict[str, Any]], custom: dict[str, Any] | None, precision: str) -> list[Check]:
+    return [_outputs_check(trials, precision), _distribution_check(trials, prepared), _contract_check(trials, raw_trials),
+            _inputs_check(raw_trials), _repeat_check(raw_trials), _calibration_check(nulls),
+            _custom_work_check(custom)]
+
+
+def _outputs_check(trials: list[TrialReport], precision: str) -> Check:
+    bad = [t for t in trials if not t.correct]
+    rels = [(o.rel_error, o.tolerance.rel_error_bound) for t in trials for o in t.outputs
+            if o.rel_error is not None and o.tolerance and o.tolerance.rel_error_bound]
+    worst = max(rels, default=None, key=lambda r: r[0] / r[1])
+    norm = f"; worst relative L2 error {worst[0]:.3g} (bound {worst[1]:.3g})" if worst else ""
+    if not bad:
+        return Check(name="outputs_match", status="pass", hard=True,
+                     evidence=f"{len(trials)}/{len(trials)} trials within tolerance at precision={precision}{norm}")
+    t = bad[0]
+    why = t.error or "; ".join(p for o in t.outputs for p in o.problems)[:300]
+    return Check(name="outputs_match", status="fail", hard=True,
+                 evidence=f"{len(bad)}/{len(trials)} trials wrong; first: trial {t.trial} ({t.distribution} inputs): {why}")
+
+
+def _distribution_check(trials: list[TrialReport], prepared: dict[str, Any]) -> Check:
+    used = sorted({t.distribution for t in trials})
+    notes = prepared.get("notes") or []
+    exact = "outputs also judged against the reference run in float64" if prepared.get("exact") else \
+        f"no float64 reference: {prepared.get('exact_note')}"
+    return Check(name="input_distributions", status="pass", hard=False,
+                 evidence=f"fresh secret seeds per trial; distributions: {', '.join(used)}; {exact}"
+                 + (f"; {'; '.join(notes)}" if notes else ""))
+
+
+def _contract_check(trials: list[TrialReport], raw: list[dict[str, Any]]) -> Check:
+    problems = [f"trial {t.trial}: {p}" for t in trials for o in t.outputs for p in o.problems
+                if any(k in p for k in ("torch.Tensor", "shape", "dtype", "device", "missing output", "extra output"))]
+    problems += [f"trial {i}: {a}" for i, r in enumerate(raw) for a in r.get("aliases", [])]
+    if problems:
+        return Check(name="output_contract", status="fail", hard=True, evidence="; ".join(problems[:4]))
+    return Check(name="output_contract", status="pass", hard=True,
+                 evidence="plain torch.Tensor outputs with the reference's shape, dtype and device, sharing no memory with inputs")
+
+
+def _inputs_check(raw: list[dict[str, Any]]) -> Check:
+    modified = [f"trial {i}: input(s) {r['inputs_modified']}" for i, r in enumerate(raw) if r.get("inputs_modified")]
+    if modified:
+        return Check(name="inputs_unmodified", status="fail", hard=True,
+                     evidence="the candidate wrote into its inputs: " + "; ".join(modified[:4]))
+    return Check(name="inputs_unmodified", status="pass", hard=True, evidence="every input came back bit-identical")
+
+
+def _repeat_check(raw: list[dict[str, Any]]) -> Check:
+    runs = [r for r in raw if "repeat_identical" in r]
+    if not runs:
+        return Check(name="deterministic", status="skip", hard=True, evidence="no repeated runs")
+    wrong = [i for i, r in enumerate(raw) if "repeat_correct" in r and not r["repeat_correct"]]
+    if wrong:
+        first = raw[wrong[0]].get("repeat_problems") or []
+        return Check(name="deterministic", status="fail", hard=True,
+                     evidence=f"the same inputs, run again after memory was filled with NaN, gave a wrong result in "
+                     f"trial(s) {wrong}: part of the output is not written, or depends on stale memory"
+                     + (f" ({first[0]})" if first else ""))
+    differ = [i for i, r in enumerate(raw) if "repeat_identical" in r and not r["repeat_identical"]]
+    if differ:
+        return Check(name="deterministic", status="warn", hard=True,
+                     evidence=f"repeated runs differ bitwise in trial(s) {differ} but stay within tolerance "
+                     "(atomics or unordered reductions?)")
+    return Check(name="deterministic", status="pass", hard=True,
+                 evidence=f"{len(runs)} repeated run(s) after NaN-poisoning memory were bit-identical")
+
+
+def _calibration_check(nulls: list[dict[str, Any]]) -> Check:
+    applicable = [n for n in nulls if n.get("applicable")]
+    passing = [n["null"] for n in applicable if n["passes"]]
+    saved = [n["null"] for n in applicable if n["elementwise_passes"] and not n["passes"]]
+    if passing:
+        return Check(name="null_calibration", status="warn", hard=False,
+                     evidence=f"on this problem {', '.join(passing)} would also pass: the check cannot tell a correct "
+                     "kernel from it (use a reference whose output depends on its inputs)")
+    tested = ", ".join(n["null"] for n in applicable) or "none applicable"
+    extra = f"; {', '.join(saved)} would pass the element-wise tolerance alone, the relative-error bound rejects it" \
+        if saved else ""
+    return Check(name="null_calibration", status="pass", hard=False, evidence=f"trivial outputs all fail: {tested}{extra}")
+
+
+def _custom_work_check(custom: dict[str, Any] | None) -> Check:
+    if custom is None:
+        return Check(name="custom_work", status="skip", hard=False, evidence="not measured")
+    if not custom["own"]:
+        return Check(name="custom_work", status="warn", hard=False,
+                     evidence="the candidate builds no kernels of its own (no load_inline extension, no @triton.jit): "
+                     "ModelNew only calls framework ops")
+    if not custom.get("observable"):
+        return Check(name="custom_work", status="skip", hard=False,
+                     evidence=custom.get("note") or f"its kernels ({', '.join(custom['own'][:3])}) are invisible to "
+                     "the profiler on this host (interpreter)")
+    if not custom["ran"]:
+        return Check(name="custom_work", status="warn", hard=False,
+                     evidence=f"none of its own kernels ({', '.join(custom['own'][:3])}) ran in a profiled call: a "
+                     "fallback to framework ops, or dead code")
+    share = f"{100 * custom['share']:.0f}%" if custom.get("share") is not None else "an unknown share"
+    return Check(name="custom_work", status="pass", hard=False,
+                 evidence=f"its own code ran ({', '.join(custom['ran'][:3])}) and took {share} of a call's "
+                 f"{'device' if custom.get('basis') == 'device' else 'CPU'} time")
+
+
+# Measured ceilings are what torch reaches (cuBLAS, a device copy), not the hardware's limits, so a
+# hand-written kernel may beat them somewhat; far beyond them the timing missed work.
+_BANDWIDTH_SLACK = 1.25
+_COMPUTE_SLACK = 1.5
+
+
+def timing_checks(stats: Any, revalidated: dict[str, Any], report: Any, precision: str) -> list[Check]:
+    """Checks that the candidate's timing measured real work on real inputs."""
+    wrong = revalidated.get("wrong", [])
+    checks = [Check(
+        name="timed_outputs", status="fail" if wrong else "pass", hard=True,
+        evidence=(f"{len(wrong)} of {revalidated['checked']} re-validated timed calls gave wrong outputs (call "
+                  f"{wrong[0]['call']}: {'; '.join(wrong[0]['problems'])[:200]}): it behaves differently while timed")
+        if wrong else f"{revalidated['checked']} timed calls (a secret random sample and the last) re-validated against "
+        "the reference on their own inputs")]
+    sets = f"{stats.input_sets} distinct input sets, a fresh copy per call" if stats.input_sets else "fresh copies"
+    checks.append(Check(
+        name="fresh_inputs", status="fail" if stats.replay_suspected else "pass", hard=True,
+        evidence=(next((w for w in stats.warnings if "seen before" in w), "replay suspected") if stats.replay_suspected
+                  else f"timed calls walked through {sets}; calls on repeated inputs were not faster")))
+    checks.append(Check(
+        name="visible_work", status="warn" if stats.unseen_work else "pass", hard=False,
+        evidence=(f"the device timer missed work (another stream or thread); the candidate's time is the host "
+                  f"clock's {stats.host_median_us:.1f} us per call, closed after a device-wide sync")
+        if stats.unseen_work else "host clock with a device-wide sync agrees with the device timer"))
+    checks.append(_plausibility_check(report, precision))
+    return checks
+
+
+def _plausibility_check(report: Any, precision: str) -> Check:
+    bw, comp = report.bandwidth_fraction, report.compute_fraction
+    if bw is None and comp is None:
+        return Check(name="plausible_speed", status="skip", hard=True,
+                     evidence="the device's ceilings or the problem's size are unknown")
+    over = []
+    if bw is not None and bw > _BANDWIDTH_SLACK:
+        over.append(f"moves the problem's inputs and outputs at {100 * bw:.0f}% of the measured DRAM bandwidth")
+    if comp is not None and comp > _COMPUTE_SLACK and precision == "strict":
+        over.append(f"computes at {100 * comp:.0f}% of the measured matmul rate for its dtype")
+    said = ", ".join(x for x in (f"bandwidth {100 * bw:.0f}%" if bw is not None else "",
+                                 f"compute {100 * comp:.0f}%" if comp is not None else "") if x)
+    if over:
+        return Check(name="plausible_speed", status="fail", hard=True,
+                     evidence="faster than this device allows with cold caches: " + "; ".join(over)
+                     + ": work was skipped, cached across calls, or not timed")
+    return Check(name="plausible_speed", status="pass", hard=True,
+                 evidence=f"within the device's measured ceilings ({said} of peak)")
