@@ -88,19 +88,23 @@ class CandidateOps:
         """Did the candidate's own kernels run in one call, and what share of its time did they take?"""
         import torch
 
-        from kforge.profilers.torch_profiler import collect_op_table, custom_share, label_extension_functions
+        from kforge.profilers.torch_profiler import (CUSTOM_PREFIX, collect_op_table, custom_share,
+                                                     label_extension_functions)
 
         own = [getattr(e, "__name__", "ext") for e in self.extensions] + self.kernel_names
         if not own:
             return {"own": [], "ran": [], "share": None, "observable": True}
         try:
-            with torch.no_grad(), label_extension_functions(self.extensions):
+            with torch.no_grad(), label_extension_functions(self.extensions) as returned:
                 rows, total, basis = collect_op_table(self.model, self._args, self.backend, calls=1, trace_path=None,
                                                       custom_kernels=self.kernel_names)
         except BaseException as exc:  # noqa: BLE001 - the verdict says it could not tell
             return {"own": own, "ran": [], "share": None, "observable": False,
                     "note": f"the profiler failed: {type(exc).__name__}: {exc}"[:200]}
-        ran = sorted({r.name for r in rows if r.is_custom and r.calls > 0})
+        # A labelled extension call counts only if it returned (a fallback catches the ones that raised).
+        ran = sorted({r.name for r in rows if r.is_custom and r.calls > 0
+                      and (not r.name.startswith(CUSTOM_PREFIX) or returned.get(r.name))})
+        rows = [r if r.name in ran or not r.is_custom else r.model_copy(update={"is_custom": False}) for r in rows]
         # Kernels run by Triton's interpreter or by a pure-Python function are invisible to the profiler.
         observable = bool(self.extensions) or basis == "device"
         return {"own": own, "ran": ran, "share": custom_share(rows, total, basis), "observable": observable,
@@ -132,9 +136,8 @@ class CandidateOps:
         if keep is not None:
             from .compare import flatten_outputs
 
-            n = len(self.timing_sets)
-            torch.save([{"call": c, "set": c % n, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
-                        for c, out in keep.items()], msg["outputs"])
+            torch.save([{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
+                        for c, (s, out) in keep.items()], msg["outputs"])
             reply["revalidation_file"] = msg["outputs"]
         return reply
 
@@ -182,19 +185,21 @@ class _Reservoir:
         self.kept: dict[int, Any] = {}
         self.last: tuple[int, Any] | None = None
 
-    def offer(self, call: int, out: Any) -> None:
+    def offer(self, set_index: int, out: Any) -> None:
         import torch
 
         from .compare import flatten_outputs
 
+        call = self.seen
         self.seen += 1
-        self.last = (call, out)  # no later call runs before the sample is saved, so no copy is needed
+        self.last = (call, (set_index, out))  # no later call runs before the sample is saved: no copy needed
         slot = len(self.kept) if len(self.kept) < self.k else secrets.randbelow(self.seen)
         if slot < self.k:
             if len(self.kept) >= self.k:
                 del self.kept[sorted(self.kept)[slot]]
             # Copied now: a candidate may reuse its output buffer on the next call.
-            self.kept[call] = [o.detach().clone() if type(o) is torch.Tensor else o for o in flatten_outputs(out)]
+            self.kept[call] = (set_index, [o.detach().clone() if type(o) is torch.Tensor else o
+                                           for o in flatten_outputs(out)])
 
     def items(self) -> list[tuple[int, Any]]:
         items = dict(self.kept)

@@ -10,6 +10,7 @@ kills the whole process group.
 from __future__ import annotations
 
 import json
+import secrets
 import os
 import signal
 import subprocess
@@ -66,6 +67,8 @@ def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -
         "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
+        # Inductor compiles in-process: a worker pool would look like (and be) background processes.
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
     })
     env.update(extra or {})
     return env
@@ -133,8 +136,17 @@ class WorkerProcess:
             WorkerDied: the worker timed out, crashed or exited; its group has been killed.
             HarnessError: KForge's own worker code raised.
         """
-        await self._send({"op": op, **payload})
+        # A fresh secret per call: a line the candidate wrote to the protocol's descriptors cannot carry it.
+        nonce = secrets.token_hex(16)
+        await self._send({"op": op, "nonce": nonce, **payload})
         reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s)
+        if reply.get("nonce") != nonce:
+            await self.kill()
+            raise WorkerDied(Failure(
+                stage=stage, kind="tampering",
+                message="the worker's reply did not carry this call's secret: the candidate wrote to the harness's "
+                        "result channel; the worker was killed and nothing it sent is trusted",
+                output_tail=_tail(self.log)))
         if "fatal" in reply:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
         return reply
@@ -160,7 +172,11 @@ class WorkerProcess:
                 output_tail=_tail(self.log))) from None
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
             raise WorkerDied(await self._death(stage)) from None
-        return json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) else {"garbled": True}
 
     async def _death(self, stage: str) -> Failure:
         assert self._proc is not None

@@ -18,6 +18,7 @@ kernel in a real model usually sees; warm-cache numbers would flatter small kern
 from __future__ import annotations
 
 import math
+import secrets
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -51,14 +52,17 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
                on_output: Callable[[int, Any], None] | None = None) -> TimingStats:
     """Time `fn(*make_args(i))` on `backend` following the algorithm in the module docstring.
 
-    `make_args(i)` gives call i its inputs; with `fresh_sets` distinct sets, calls from that index on
-    see contents seen before, so a candidate that got faster then was replaying answers.
-    `on_output(i, out)` sees each timed call's output after its timed window closed.
+    `make_args(i)` gives a call the inputs of set i. With `fresh_sets` distinct sets, warm-up uses
+    set 0 and timed calls interleave, in a secret random order, sets never seen before with repeats
+    of seen ones; a candidate much faster on the repeats is replaying answers. Interleaving keeps
+    drift (clocks, allocator warm-up) from looking like replay.
+    `on_output(set_index, out)` sees each timed call's output after its timed window closed.
     """
+    schedule = _Schedule(fresh_sets) if fresh_sets else None
     t_start = time.perf_counter()
     calls = 0
     while calls < policy.warmup_calls or time.perf_counter() - t_start < policy.warmup_s:
-        fn(*make_args(calls))
+        fn(*make_args(0 if schedule else calls))
         calls += 1
         if calls >= 10 * policy.warmup_calls and time.perf_counter() - t_start > policy.budget_s:
             break  # very slow model: do not spend the whole budget warming up
@@ -66,11 +70,12 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
 
     samples: list[float] = []
     host_samples: list[float] = []
-    sample_calls: list[int] = []
+    sample_fresh: list[bool] = []
     t_sampling = time.perf_counter()
     hit_budget = False
     while len(samples) < policy.max_samples:
-        args = make_args(calls)
+        set_index, fresh = schedule.next() if schedule else (calls, False)
+        args = make_args(set_index)
         backend.flush_cache()
         backend.synchronize()
         timer = backend.timer()
@@ -79,9 +84,9 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         timer.stop()
         samples.append(timer.elapsed_s())
         host_samples.append(timer.host_elapsed_s())
-        sample_calls.append(calls)
+        sample_fresh.append(fresh)
         if on_output is not None:
-            on_output(calls, out)
+            on_output(set_index, out)
         del out, args
         calls += 1
         if len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem:
@@ -98,11 +103,26 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if unseen:
         extra.append(f"the host saw {host_med * 1e6:.1f} us per call but the device timer {device_med * 1e6:.1f} us: "
                      "work ran outside the timed stream (another stream or thread); the device time understates the cost")
-    replay = _replay_warning([s for s, c in zip(samples, sample_calls) if c < fresh_sets],
-                             [s for s, c in zip(samples, sample_calls) if c >= fresh_sets]) if fresh_sets else None
+    replay = _replay_warning([s for s, f in zip(samples, sample_fresh) if f],
+                             [s for s, f in zip(samples, sample_fresh) if not f]) if schedule else None
     extra += [replay] if replay else []
     return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra,
                                       unseen_work=unseen, replay_suspected=bool(replay), input_sets=fresh_sets)
+
+
+class _Schedule:
+    """Which input set each timed call gets: fresh ones interleaved with repeats, secretly at random."""
+
+    def __init__(self, sets: int) -> None:
+        self.unused = list(range(1, sets))
+        self.used = [0]  # warm-up ran on set 0
+
+    def next(self) -> tuple[int, bool]:
+        if self.unused and secrets.randbelow(2):
+            index = self.unused.pop()
+            self.used.append(index)
+            return index, True
+        return self.used[secrets.randbelow(len(self.used))], False
 
 
 def _replay_warning(fresh: list[float], repeated: list[float]) -> str | None:

@@ -177,12 +177,12 @@ def main() -> None:
         msg = json.loads(line)
         handler = getattr(worker, f"op_{msg['op']}", None)
         if handler is None:
-            reply({"fatal": f"unknown op {msg['op']!r}"})
+            reply({"fatal": f"unknown op {msg['op']!r}", "nonce": msg.get("nonce")})
             continue
         try:
-            reply({"ok": True, **handler(msg)})
+            reply({"ok": True, **handler(msg), "nonce": msg.get("nonce")})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
-            reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
         sys.stdout.flush()
         sys.stderr.flush()
 

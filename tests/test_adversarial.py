@@ -1,0 +1,108 @@
+"""The adversarial suite on the CPU backend: every cheat in the catalogue is rejected or flagged for the
+right reason, and honest candidates pass without false alarms (see tests/adversarial/README.md).
+
+These call the tool functions directly (the MCP path is covered by the e2e tests); each case is a
+real verify or profile with real workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kforge.server.catalog import problem_reference
+from kforge.tools.context import ToolContext
+from kforge.tools.evaluate import verify_against_reference
+from kforge.tools.profile import profile_kernel
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).parent / "adversarial"
+
+
+def reference(problem: str) -> str:
+    local = HERE / "problems" / f"{problem}.py"
+    return local.read_text() if local.exists() else problem_reference(problem)
+
+
+def candidate(name: str) -> str:
+    path = HERE / "candidates" / f"{name}.py"
+    return path.read_text() if path.exists() else (Path(__file__).parent / "candidates" / f"{name}.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory) -> ToolContext:
+    return ToolContext(home=tmp_path_factory.mktemp("adversarial"))
+
+
+def checks(result) -> dict[str, str]:
+    return {c.name: c.status for c in result.checks}
+
+
+# (candidate, problem, precision, correct, {check: status}) -- statuses that must hold.
+CASES = [
+    ("honest_cpp_relu", "relu", "strict", True, {"custom_work": "pass", "deterministic": "pass", "static_scan": "pass",
+                                                 "null_calibration": "pass", "outputs_match": "pass"}),
+    ("relu_python", "relu", "strict", True, {"custom_work": "warn", "outputs_match": "pass"}),
+    ("honest_softmax", "softmax", "strict", True, {"outputs_match": "pass", "inputs_unmodified": "pass"}),
+    ("honest_blocked_matmul", "matmul", "strict", True, {"outputs_match": "pass", "null_calibration": "pass"}),
+    ("honest_zeros_degenerate", "zero_output", "strict", True, {"null_calibration": "warn"}),
+    ("a1_stale_empty", "relu", "strict", False, {"outputs_match": "fail"}),
+    ("a2_unwritten_tail", "relu", "strict", False, {"outputs_match": "fail"}),
+    ("a3_zeros_softmax_long", "softmax_long", "strict", False, {"outputs_match": "fail"}),
+    ("a4_identity_relu_rand", "relu_rand", "strict", False, {"outputs_match": "fail", "output_contract": "pass"}),
+    ("a5_bf16_matmul", "matmul", "strict", False, {"outputs_match": "fail", "static_scan": "warn"}),
+    ("a5_bf16_matmul", "matmul", "bf16", True, {"outputs_match": "pass"}),
+    ("a5_tf32_flag", "matmul", "strict", False, {"global_state": "fail"}),
+    ("a5_tf32_flag", "matmul", "tf32", True, {"global_state": "warn"}),
+    ("a6_ghost_branch", "relu", "strict", True, {"custom_work": "warn"}),
+    ("a12_fallback", "relu", "strict", True, {"custom_work": "warn", "static_scan": "warn"}),
+    ("a7_zero_inputs", "relu", "strict", False, {"inputs_unmodified": "fail", "outputs_match": "pass"}),
+    ("a8_alias_inplace", "relu", "strict", False, {"output_contract": "fail", "inputs_unmodified": "fail"}),
+    ("a9_gc_walk", "relu", "strict", False, {"static_scan": "fail"}),
+    # Replay keyed on input addresses is honest while every input is new (verify); profile catches it below.
+    ("a10_replay_ptr", "relu", "strict", True, {"outputs_match": "pass"}),
+    ("a13_lazy_subclass", "relu", "strict", False, {"output_contract": "fail", "static_scan": "fail"}),
+    ("b2_thread", "relu", "strict", False, {"no_background_work": "fail", "static_scan": "fail"}),
+    ("b3_timer_patch", "relu", "strict", False, {"harness_intact": "fail", "static_scan": "pass", "outputs_match": "pass"}),
+    ("b7_guess_seed", "relu", "strict", False, {"outputs_match": "fail"}),
+]
+
+
+@pytest.mark.parametrize(("name", "problem", "precision", "correct", "expect"), CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in CASES])
+async def test_verdict(ctx, name, problem, precision, correct, expect):
+    result = await verify_against_reference(ctx, "cpu", reference(problem), candidate(name), precision=precision,
+                                            use_store=False)
+    assert result.failure is None, result.failure
+    got = checks(result)
+    assert result.correct is correct, str(result)
+    assert {k: got.get(k) for k in expect} == expect, str(result)
+
+
+async def test_fake_result_channel_is_detected(ctx):
+    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate("b4_fake_channel"), use_store=False)
+    assert not result.correct and result.failure is not None and result.failure.kind == "tampering", str(result)
+
+
+async def test_precision_policy_is_stated(ctx):
+    result = await verify_against_reference(ctx, "cpu", reference("matmul"), candidate("a5_bf16_matmul"),
+                                            precision="bf16", trials=2, use_store=False)
+    [tol] = result.tolerances
+    assert tol.precision == "bf16" and tol.rel_error_bound == pytest.approx(8 * 2 ** -8)
+    assert "bf16" in tol.why and result.trials[0].outputs[0].rel_error < tol.rel_error_bound
+
+
+async def test_timing_rejects_replay_and_phase_switching(ctx):
+    """Timed outputs are re-validated on fresh inputs: replay and timed-phase cheats lose their speedup."""
+    for name in ("a11_phase_switch", "a10_replay_ptr"):
+        prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate(name), baselines=("eager",), budget_s=0.5)
+        got = checks(prof)
+        assert got["timed_outputs"] == "fail" and prof.speedup_trusted is False, str(prof)
+    honest = await profile_kernel(ctx, "cpu", reference("relu"), candidate("relu_python"), baselines=("eager",),
+                                  budget_s=0.5)
+    got = checks(honest)
+    assert honest.speedup_trusted, str(honest)
+    assert got["timed_outputs"] == "pass" and got["fresh_inputs"] == "pass" and got["plausible_speed"] in ("pass", "skip")
+    assert honest.report.candidate.input_sets >= 3
