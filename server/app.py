@@ -149,6 +149,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
             description="Reference baselines timed in the same run.")] = list(BASELINES),
         budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
         precision: _PRECISION = "strict",
+        hardware_counters: Annotated[bool, Field(description="Also run the candidate under Nsight Compute on a GPU "
+                                                 "(about 10-20 s more); False for timing only.")] = True,
         use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
     ) -> Annotated[CallToolResult, ProfileResult]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
@@ -158,7 +160,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         with _request_errors():
             return _result(await profile_kernel(
                 tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
-                precision=precision, use_store=use_store, progress=_progress(ctx)))
+                precision=precision, hardware_counters=hardware_counters, use_store=use_store, progress=_progress(ctx)))
 
     @mcp.tool(name="summarize_profile", title="Summarize a profile", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def summarize_profile_tool(

@@ -26,7 +26,8 @@ from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
-from .verdict import integrity_checks, timing_checks
+from .static_scan import scan_candidate
+from .verdict import integrity_checks, static_check, timing_checks
 
 __all__ = ["BASELINES", "profile_kernel"]
 
@@ -43,12 +44,14 @@ _COMPILE_TIMEOUT_S = 600.0
 
 async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                          baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, precision: str = "strict",
-                         use_store: bool = False, progress: Progress = no_progress) -> ProfileResult:
+                         hardware_counters: bool = True, use_store: bool = False,
+                         progress: Progress = no_progress) -> ProfileResult:
     avail = await ctx.require_backend(backend)
     if not avail.timing:
         raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
                            "verify_against_reference works; profile on a host where the backend has a device.")
-    options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision}
+    options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision,
+               "hardware_counters": hardware_counters}
     spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
     if use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
@@ -121,7 +124,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     await step("reading the device's ceilings (measured once per device)")
                     device = DeviceFacts(**(await worker.call("ceilings", stage="ceilings"))["facts"])
                     ncu_kernels, ncu_note = [], None
-                    if avail.hardware_profiler == "ncu":
+                    if avail.hardware_profiler == "ncu" and hardware_counters:
                         await step("collecting Nsight Compute metrics of the candidate's kernels")
                         ncu_kernels, ncu_note = await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
                                                                 worker.kernel_names, artifacts)
@@ -155,7 +158,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     if not output_correct:
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")
-    checks = timing_checks(candidate_stats, revalidated, report, precision) + integrity_checks(cand["integrity"], precision)
+    checks = ([static_check(scan_candidate(candidate_code))] + timing_checks(candidate_stats, revalidated, report, precision)
+              + integrity_checks(cand["integrity"], precision))
     trusted = bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
                            output_check=check, checks=checks, speedup_trusted=trusted,
@@ -222,5 +226,5 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
 def _counters_note(profiler: str | None, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:
     """Why hardware counters are missing, for the device's own profiler (perf on CPUs, ncu on GPUs)."""
     if profiler == "ncu":
-        return None if ncu_kernels else (ncu_note or "Nsight Compute collected no kernels")
+        return None if ncu_kernels else (ncu_note or "Nsight Compute was not run (hardware_counters=False) or collected no kernels")
     return perf_note

@@ -10,9 +10,9 @@ cuda_source = r"""
 __global__ void slow_relu_kernel(const float* __restrict__ x, float* __restrict__ y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float v = x[i];
-        for (int k = 0; k < 2000; ++k) v = v * 1.0000001f - v * 0.0000001f;  // burn time
-        y[i] = v > 0.f ? v : 0.f;
+        float v = x[i], acc = 0.f;
+        for (int k = 0; k < 2000; ++k) acc = acc * 0.5f + v * 1e-30f;  // burn time; acc stays ~0
+        y[i] = (v > 0.f ? v : 0.f) + (acc == 12345.f ? 1.f : 0.f);
     }
 }
 

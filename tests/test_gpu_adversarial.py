@@ -1,0 +1,64 @@
+"""The adversarial suite's GPU-only techniques on CUDA and Triton (skipped without a GPU; run by
+scripts/run_gpu_tests.sh): side streams, persisting L2, silent launch failures, Triton's default TF32
+dot; and honest GPU candidates that must pass with their own kernels seen running."""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_adversarial import candidate, checks, ctx, reference  # noqa: F401 - ctx is a fixture
+
+from kforge.tools.evaluate import verify_against_reference
+from kforge.tools.profile import profile_kernel
+
+pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
+
+VERIFY = [
+    ("cuda", "example_cuda", "relu", "strict", True, {"custom_work": "pass", "deterministic": "pass", "outputs_match": "pass"}),
+    ("cuda", "cuda_l2_persist", "relu", "strict", False, {"static_scan": "fail"}),
+    ("cuda", "cuda_unlaunched", "relu", "strict", False, {}),
+    ("triton", "example_triton", "relu", "strict", True, {"custom_work": "pass", "deterministic": "pass"}),
+    ("triton", "triton_matmul_default_dot", "matmul", "strict", False, {"outputs_match": "fail"}),
+    ("triton", "triton_matmul_default_dot", "matmul", "tf32", True, {"outputs_match": "pass"}),
+]
+
+
+def _example(name: str) -> str:
+    from pathlib import Path
+
+    if name.startswith("example_"):
+        backend = name.removeprefix("example_")
+        return (Path(__file__).parents[1] / "resources" / "examples" / backend / "candidate.py").read_text()
+    return candidate(name)
+
+
+@pytest.mark.parametrize(("backend", "name", "problem", "precision", "correct", "expect"), VERIFY,
+                         ids=[f"{v[1]}-{v[3]}" for v in VERIFY])
+async def test_gpu_verdict(ctx, backend, name, problem, precision, correct, expect):  # noqa: F811
+    result = await verify_against_reference(ctx, backend, reference(problem), _example(name), precision=precision,
+                                            use_store=False)
+    assert result.correct is correct, str(result)
+    got = checks(result)
+    assert {k: got.get(k) for k in expect} == expect, str(result)
+
+
+@pytest.mark.parametrize(("backend", "name"), [("cuda", "cuda_side_stream"), ("triton", "triton_side_stream")])
+async def test_side_stream_is_timed_on_the_host_clock(ctx, backend, name):  # noqa: F811
+    prof = await profile_kernel(ctx, backend, reference("relu"), candidate(name), baselines=("eager",), budget_s=0.5)
+    stats = prof.report.candidate
+    assert checks(prof)["visible_work"] == "warn" and stats.unseen_work, str(prof)
+    assert stats.median_us == stats.host_median_us  # speedups use the honest (host) time
+
+
+async def test_persisting_l2_is_rejected_when_timed(ctx):  # noqa: F811
+    prof = await profile_kernel(ctx, "cuda", reference("relu"), candidate("cuda_l2_persist"), baselines=("eager",),
+                                budget_s=0.5)
+    assert checks(prof)["static_scan"] == "fail" and prof.speedup_trusted is False, str(prof)
+
+
+async def test_honest_gpu_profile_is_trusted(ctx):  # noqa: F811
+    prof = await profile_kernel(ctx, "cuda", reference("relu"), _example("example_cuda"), baselines=("eager",),
+                                budget_s=0.5)
+    got = checks(prof)
+    assert prof.speedup_trusted, str(prof)
+    assert got["timed_outputs"] == "pass" and got["plausible_speed"] == "pass" and got["visible_work"] == "pass"
