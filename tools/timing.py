@@ -27,9 +27,11 @@ from kforge.profilers.report import TimingStats
 
 __all__ = ["TimingPolicy", "time_model"]
 
-# Host time above this multiple of device time (plus launch and sync overhead) means unseen work.
+# A host-minus-device gap above this fraction of the device time (and above twice the timer's own
+# overhead) means unseen work; calls on repeated inputs this many times faster mean replay.
+_UNSEEN_WORK_FRACTION = 0.5
+_GAP_FLOOR_S = 5e-6
 _UNSEEN_WORK_RATIO = 1.5
-_SYNC_OVERHEAD_S = 50e-6
 
 
 class TimingPolicy:
@@ -67,6 +69,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         if calls >= 10 * policy.warmup_calls and time.perf_counter() - t_start > policy.budget_s:
             break  # very slow model: do not spend the whole budget warming up
     backend.synchronize()
+    overhead = _timer_overhead_s(backend)
 
     samples: list[float] = []
     host_samples: list[float] = []
@@ -99,7 +102,9 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         extra.append(f"time budget of {policy.budget_s:g} s reached before the standard error fell below "
                      f"{100 * policy.target_rel_sem:g}% of the mean")
     device_med, host_med = statistics.median(samples), statistics.median(host_samples)
-    unseen = host_med > _UNSEEN_WORK_RATIO * device_med + _SYNC_OVERHEAD_S
+    # The host window adds only the sync's own cost (measured on empty windows) to the device's; a
+    # larger gap is work the device timer's stream never saw.
+    unseen = host_med - device_med > max(_UNSEEN_WORK_FRACTION * device_med, 2 * overhead + _GAP_FLOOR_S)
     if unseen:
         extra.append(f"the host saw {host_med * 1e6:.1f} us per call but the device timer {device_med * 1e6:.1f} us: "
                      "work ran outside the timed stream (another stream or thread); the device time understates the cost")
@@ -108,6 +113,17 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     extra += [replay] if replay else []
     return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra,
                                       unseen_work=unseen, replay_suspected=bool(replay), input_sets=fresh_sets)
+
+
+def _timer_overhead_s(backend: Any, windows: int = 5) -> float:
+    """Median host-minus-device time of empty timer windows: what the sync itself costs."""
+    gaps = []
+    for _ in range(windows):
+        timer = backend.timer()
+        timer.start()
+        timer.stop()
+        gaps.append(timer.host_elapsed_s() - timer.elapsed_s())
+    return max(0.0, statistics.median(gaps))
 
 
 class _Schedule:
