@@ -81,6 +81,14 @@ async def test_verdict(ctx, name, problem, precision, correct, expect):
     assert {k: got.get(k) for k in expect} == expect, str(result)
 
 
+async def test_calibration_says_what_the_norm_adds(ctx):
+    result = await verify_against_reference(ctx, "cpu", reference("softmax_long"), candidate("a3_zeros_softmax_long"),
+                                            trials=2, use_store=False)
+    calibration = next(c for c in result.checks if c.name == "null_calibration")
+    assert calibration.status == "pass" and "zeros would pass the element-wise tolerance alone" in calibration.evidence
+    assert all(t.outputs[0].mismatches == 0 and not t.correct for t in result.trials), str(result)
+
+
 async def test_fake_result_channel_is_detected(ctx):
     result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate("b4_fake_channel"), use_store=False)
     assert not result.correct and result.failure is not None and result.failure.kind == "tampering", str(result)

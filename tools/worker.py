@@ -14,7 +14,6 @@ import json
 import os
 import resource
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any

@@ -1,0 +1,81 @@
+"""Unit tests of the verdict's parts: the numerics bound, the static scan, the plausibility gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kforge.tools.compare import compare_outputs, error_bound
+from kforge.tools.static_scan import scan_candidate
+from kforge.tools.verdict import timing_checks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_strict_bound_passes_reordered_sums_and_rejects_tf32_like_error():
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 256, dtype=torch.float64), torch.randn(256, 256, dtype=torch.float64)
+    exact = a @ b
+    ref32 = (a.float() @ b.float())
+    reordered = sum(a[:, k:k + 32].float() @ b[k:k + 32].float() for k in range(0, 256, 32))
+    tf32_like = (a.float().bfloat16().float() @ b.float().bfloat16().float())  # reduced-precision inputs
+    [ok] = compare_outputs([ref32], [reordered], exact=[exact])
+    [bad] = compare_outputs([ref32], [tf32_like], exact=[exact])
+    assert ok.correct and ok.rel_error < ok.tolerance.rel_error_bound
+    assert not bad.correct and any("relative L2 error" in p for p in bad.problems)
+    [declared] = compare_outputs([ref32], [tf32_like], exact=[exact], precision="bf16")
+    assert declared.correct and declared.tolerance.precision == "bf16"
+
+
+def test_norm_rejects_zeros_that_the_elementwise_tolerance_accepts():
+    expected = torch.softmax(0.1 * torch.randn(4, 65536), dim=1)  # every element below atol=1e-4
+    [check] = compare_outputs([expected], [torch.zeros_like(expected)])
+    assert check.mismatches == 0 and not check.correct and check.rel_error == pytest.approx(1.0)
+
+
+def test_bound_floor_and_reference_error():
+    assert error_bound(torch.float32, "strict", 1e-9)[0] == 1e-5
+    assert error_bound(torch.float32, "strict", 1e-5)[0] == pytest.approx(8e-5)
+    assert error_bound(torch.int64, "strict", None)[0] is None
+    assert error_bound(torch.float32, "tf32", None)[0] == pytest.approx(8 * 2 ** -11)
+
+
+@pytest.mark.parametrize(("snippet", "rule", "hard"), [
+    ("import gc\nx = gc.get_objects()", "introspection", True),
+    ("import time\ntime.perf_counter = lambda: 0.0", "harness_patch", True),
+    ("import threading", "threads_or_processes", True),
+    ("import torch\nclass Lazy(torch.Tensor):\n    pass", "lazy_tensor", True),
+    ('src = """\ncudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, n);\n"""', "l2_persistence", True),
+    ("import torch\ns = torch.cuda.Stream()", "streams", False),
+    ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True", "precision_flag", False),
+    ("try:\n    pass\nexcept Exception:\n    pass", "fallback", False),
+    ("import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'", "environment", False),
+])
+def test_static_scan_rules(snippet, rule, hard):
+    found = {(f.rule, f.hard) for f in scan_candidate(snippet)}
+    assert (rule, hard) in found, found
+
+
+def test_static_scan_has_no_hard_findings_on_honest_candidates():
+    honest = list((ROOT / "resources" / "examples").glob("*/candidate.py")) + list((ROOT / "bench" / "candidates").glob("*.py"))
+    assert len(honest) >= 6
+    for path in honest:
+        assert not [f for f in scan_candidate(path.read_text()) if f.hard], path
+
+
+def _report(bw, comp):
+    return SimpleNamespace(bandwidth_fraction=bw, compute_fraction=comp)
+
+
+def test_plausibility_gate():
+    stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
+    reval = {"checked": 9, "wrong": []}
+    ok = {c.name: c.status for c in timing_checks(stats, reval, _report(0.8, 0.1), "strict")}
+    assert ok == {"timed_outputs": "pass", "fresh_inputs": "pass", "visible_work": "pass", "plausible_speed": "pass"}
+    fast = {c.name: c.status for c in timing_checks(stats, reval, _report(3.0, None), "strict")}
+    assert fast["plausible_speed"] == "fail"
+    mixed = {c.name: c.status for c in timing_checks(stats, reval, _report(0.5, 4.0), "bf16")}
+    assert mixed["plausible_speed"] == "pass"  # beyond the fp32 rate is expected of a bf16 kernel
