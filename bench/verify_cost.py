@@ -31,7 +31,7 @@ CASES = {  # backend -> (label, problem or adversarial problem file, candidate p
     ],
 }
 STAGES = ["judge: reference, inputs, float64", "build/load candidate", "trials x2 + custom-work call", "compare",
-          "null calibration"]
+          "null calibration + worker teardown"]
 
 
 async def measure(backend: str, repeats: int, home: Path) -> dict:

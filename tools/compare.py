@@ -84,7 +84,7 @@ def relative_error(got: Any, exact: Any) -> float | None:
     """||got - exact|| / ||exact|| over finite elements (None when the exact output is all zero)."""
     import torch
 
-    g, e = got.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
+    g, e = got.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)  # no copy if already so
     finite = torch.isfinite(e) & torch.isfinite(g)
     norm = float(torch.linalg.vector_norm(e[finite]))
     if norm == 0.0:
@@ -163,7 +163,7 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         problems.append(f"{nan_count} NaN where the reference is not NaN")
     if inf_count:
         problems.append(f"{inf_count} Inf where the reference is finite")
-    rel, ref_rel, norm_ok = _norm_check(expected, got, exact, precision, problems)
+    rel, ref_rel, norm_ok = _norm_check(expected, e, g, exact, precision, problems)
     bound, bound_why = error_bound(expected.dtype, precision, ref_rel)
     tol = tol.model_copy(update={"rel_error_bound": bound, "bound_why": bound_why})
     return OutputCheck(output=index, correct=mismatches == 0 and norm_ok, expected=exp_info, got=got_info,
@@ -172,7 +172,7 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
                        rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
 
 
-def _norm_check(expected: Any, got: Any, exact: Any, precision: str,
+def _norm_check(expected: Any, e: Any, g: Any, exact: Any, precision: str,
                 problems: list[str]) -> tuple[float | None, float | None, bool]:
     """The relative L2 error against the float64 result (or the reference) and whether it is in bounds.
 
@@ -181,9 +181,10 @@ def _norm_check(expected: Any, got: Any, exact: Any, precision: str,
     """
     if not expected.is_floating_point():
         return None, None, True
-    truth = exact if exact is not None and exact.shape == expected.shape else expected
-    ref_rel = relative_error(expected, truth) if truth is not expected else None
-    rel = relative_error(got, truth)
+    # e and g: the expected and candidate outputs already in float64 on the CPU.
+    truth = exact if exact is not None and exact.shape == expected.shape else None
+    ref_rel = relative_error(e, truth) if truth is not None else None
+    rel = relative_error(g, truth if truth is not None else e)
     bound, _ = error_bound(expected.dtype, precision, ref_rel)
     if rel is None or bound is None or rel <= bound:
         return rel, ref_rel, True

@@ -164,6 +164,8 @@ class JudgeOps:
                     outcome["elementwise_passes"] &= all(c.mismatches == 0 and not c.nan_count and not c.inf_count
                                                          and not any("shape" in p or "dtype" in p for p in c.problems)
                                                          for c in checks)
+                    if not (outcome["passes"] or outcome["elementwise_passes"]):
+                        break  # rejected on both counts: the other trials cannot change that
             except Exception as exc:  # noqa: BLE001 - a null the reference cannot produce is not applicable
                 outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
             if not outcome["applicable"]:

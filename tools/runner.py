@@ -206,8 +206,11 @@ class WorkerProcess:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 pass
             # A profiler (ncu) writes its report after the worker exits: give it time before the kill.
-            with anyio.move_on_after(120 if self._prefix else 2):
-                await self._proc.wait()
+            # A plain worker holds nothing worth a clean exit (replies are sent, logs flushed per op),
+            # and tearing down torch takes about a second: kill its group at once.
+            if self._prefix:
+                with anyio.move_on_after(120):
+                    await self._proc.wait()
         await self.kill()
         await self._proc.aclose()
         self._proc = None
