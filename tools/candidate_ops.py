@@ -116,7 +116,7 @@ class CandidateOps:
         from .judge import encode_output
         from .timing import TimingPolicy, time_model
 
-        if msg.get("sets") and not getattr(self, "timing_sets", None):
+        if msg.get("sets") and not self.timing_sets:
             self.timing_sets = torch.load(msg["sets"], weights_only=True)
         policy = TimingPolicy(**msg.get("policy", {}))
         fn: Callable[..., Any] = self.model
@@ -128,7 +128,7 @@ class CandidateOps:
                 fn = self.compiled
             with torch.no_grad():
                 stats = time_model(msg["label"], fn, self._timing_args, self.backend, policy,
-                                   fresh_sets=len(self.timing_sets) if getattr(self, "timing_sets", None) else None,
+                                   fresh_sets=len(self.timing_sets) or None,
                                    on_output=keep.offer if keep else None)
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
@@ -142,11 +142,7 @@ class CandidateOps:
         return reply
 
     def _timing_args(self, i: int) -> list[Any]:
-        import torch
-
-        sets = getattr(self, "timing_sets", None) or self.sets
-        raw = sets[i % len(sets)]
-        return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
+        return self._args(i, self.timing_sets)
 
     def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch

@@ -107,7 +107,7 @@ class JudgeOps:
         from .compare import compare_outputs
 
         exp = expected if expected is not None else self.expected[i]
-        ex = exact if exact is not None else (self.exact[i] if i < len(getattr(self, "exact", [])) else None)
+        ex = exact if exact is not None else (self.exact[i] if i < len(self.exact) else None)
         return compare_outputs(exp, got, atol=msg.get("atol"), rtol=msg.get("rtol"),
                                expected_devices=self.expected_devices, got_devices=devices,
                                precision=msg.get("precision", "strict"), exact=ex)

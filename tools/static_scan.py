@@ -93,8 +93,7 @@ def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
                 add("introspection", True, node, "imports inspect: reading the harness's frames is not allowed")
     elif isinstance(node, ast.Attribute):
         dotted = _dotted(node)
-        root_attr = tuple(dotted.split(".")[:1]) + (node.attr,)
-        if root_attr in _INTROSPECTION or any(dotted.endswith(f"{m}.{a}") for m, a in _INTROSPECTION):
+        if any(dotted.endswith(f"{m}.{a}") for m, a in _INTROSPECTION):
             add("introspection", True, node, f"uses {dotted}: reaches into the harness's memory, frames or arguments")
         if tuple(dotted.split(".")[-2:]) in _SPAWN_CALLS:
             add("threads_or_processes", True, node, f"uses {dotted}: starts another process")

@@ -31,7 +31,7 @@ __all__ = ["TimingPolicy", "time_model"]
 # overhead) means unseen work; calls on repeated inputs this many times faster mean replay.
 _UNSEEN_WORK_FRACTION = 0.5
 _GAP_FLOOR_S = 5e-6
-_UNSEEN_WORK_RATIO = 1.5
+_REPLAY_RATIO = 1.5
 
 
 class TimingPolicy:
@@ -146,7 +146,7 @@ def _replay_warning(fresh: list[float], repeated: list[float]) -> str | None:
     if len(fresh) < 3 or len(repeated) < 3:
         return None
     f, r = statistics.median(fresh), statistics.median(repeated)
-    if r * _UNSEEN_WORK_RATIO < f:
+    if r * _REPLAY_RATIO < f:
         return (f"calls on inputs seen before took {r * 1e6:.1f} us, calls on new inputs {f * 1e6:.1f} us: "
                 "answers replayed from earlier calls?")
     return None

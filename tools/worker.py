@@ -59,10 +59,12 @@ class Worker(JudgeOps, CandidateOps):
         self.compiled: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _args(self, i: int) -> list[Any]:
+    def _args(self, i: int, sets: list[list[Any]] | None = None) -> list[Any]:
+        """Fresh device copies of input set i (of `sets`, default the trial sets)."""
         import torch
 
-        raw = self.sets[i % len(self.sets)]
+        sets = sets or self.sets
+        raw = sets[i % len(sets)]
         return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
 
     def _failure(self, exc: BaseException, stage: str) -> dict[str, Any]:
