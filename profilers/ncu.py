@@ -20,8 +20,10 @@ from .report import Counter, NcuKernel, kernel_base_name
 
 __all__ = ["counters_for", "ncu_command", "ncu_log_problem", "read_report"]
 
-_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis", "WarpStateStats",
-             "ComputeWorkloadAnalysis")
+# MemoryWorkloadAnalysis_Tables and SourceCounters carry the access-pattern facts (sectors per request,
+# ncu's uncoalesced-access rules) that tell a strided kernel from a bandwidth-bound one.
+_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables",
+             "WarpStateStats", "ComputeWorkloadAnalysis", "SourceCounters")
 # ncu display name -> (metric, scale). Display names are what ncu's own UI shows, and the analyst reads.
 _METRICS = {
     "Duration [us]": ("gpu__time_duration.sum", 1e-3),
@@ -37,6 +39,19 @@ _METRICS = {
     "L1/TEX Hit Rate": ("l1tex__t_sector_hit_rate.pct", 1.0),
     "L2 Hit Rate": ("lts__t_sector_hit_rate.pct", 1.0),
     "Tensor Pipe Active": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 1.0),
+    "L1/TEX Cache Throughput": ("l1tex__throughput.avg.pct_of_peak_sustained_active", 1.0),
+    "L2 Cache Throughput": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    "Executed Ipc Active": ("sm__inst_executed.avg.per_cycle_active", 1.0),
+    "Grid Size": ("launch__grid_size", 1.0),
+    "Block Size": ("launch__block_size", 1.0),
+}
+# Derived display name -> (numerator, denominator): 4 sectors per request is a fully coalesced fp32 warp
+# access, 32 is one sector per thread.
+_RATIOS = {
+    "Global Load Sectors Per Request": ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+                                        "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"),
+    "Global Store Sectors Per Request": ("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+                                         "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
 }
 _LIMITERS = {"registers": "launch__occupancy_limit_registers", "shared memory": "launch__occupancy_limit_shared_mem",
              "warps": "launch__occupancy_limit_warps", "blocks": "launch__occupancy_limit_blocks"}
@@ -98,6 +113,10 @@ def read_report(path: Path, custom_names: Iterable[str]) -> list[NcuKernel]:
                 m = action.metric_by_name(metric)
                 if m is not None:
                     metrics[label] = round(m.as_double() * scale, 4)
+            for label, (num, den) in _RATIOS.items():
+                n, d = action.metric_by_name(num), action.metric_by_name(den)
+                if n is not None and d is not None and d.as_double() > 0:
+                    metrics[label] = round(n.as_double() / d.as_double(), 3)
             limits = {what: action.metric_by_name(m) for what, m in _LIMITERS.items()}
             limits = {what: m.as_double() for what, m in limits.items() if m is not None}
             stalls = []

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .report import OpRow, kernel_base_name
 
-__all__ = ["CUSTOM_PREFIX", "collect_op_table", "custom_share", "label_extension_functions"]
+__all__ = ["CUSTOM_PREFIX", "TABLE_ARTIFACT", "collect_op_table", "custom_share", "label_extension_functions"]
 
 CUSTOM_PREFIX = "kforge::"
 _MAX_ROWS = 25
+TABLE_ARTIFACT = "torch_table.txt"
 
 
 @contextmanager
@@ -78,6 +79,10 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
 
     device_total = sum(device_us(e) for e in events)
     basis = "device" if device_total > 0 else "cpu"
+    if trace_path is not None:
+        # The table as torch prints it (what a user would paste), kept beside the trace.
+        sort = "self_device_time_total" if basis == "device" else "self_cpu_time_total"
+        trace_path.with_name(TABLE_ARTIFACT).write_text(prof.key_averages().table(sort_by=sort, row_limit=_MAX_ROWS))
     key = device_us if basis == "device" else (lambda e: float(e.self_cpu_time_total))
     total = sum(key(e) for e in events) or 1.0
     rows = []

@@ -19,7 +19,7 @@ from typing import Any
 
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
-from kforge.profilers.torch_profiler import custom_share
+from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
@@ -132,6 +132,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     return failed(died.failure)
             if prof.get("trace"):
                 shutil.copy(scratch / "candidate" / prof["trace"], artifacts / "trace.json")
+            if (table := scratch / "candidate" / TABLE_ARTIFACT).exists():
+                shutil.copy(table, artifacts / TABLE_ARTIFACT)
             for role in ("candidate", "judge"):
                 log = scratch / role / f"{role}.log"
                 if log.exists() and log.stat().st_size:
