@@ -63,8 +63,15 @@ async def capture(cases: list[str], out: Path) -> None:
     from kforge.tools.context import ToolContext
     from kforge.tools.profile import profile_kernel
 
+    from kforge.tools.evaluate import compile_kernel
+
     with tempfile.TemporaryDirectory() as home:
         ctx = ToolContext(home=Path(home))
+        t = time.perf_counter()
+        async with anyio.create_task_group() as tg:  # cold builds in parallel on the host's cores
+            for case in cases:
+                tg.start_soon(compile_kernel, ctx, "cuda", (CASES / case / "candidate.py").read_text())
+        print(f"built {len(cases)} candidates in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         for case in cases:
             src = CASES / case
             dest = out / case
