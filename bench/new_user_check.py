@@ -135,8 +135,34 @@ def _csv_part(text: str) -> str:
     return "\n".join(lines[start:])
 
 
+def _meta() -> dict:
+    import torch
+
+    ncu = shutil.which("ncu")
+    return {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            if ncu else None}
+
+
+def write_results(meta: dict, rows: list[dict], out: Path) -> str:
+    """Write JSON and a Markdown table (after every case, so a run cut short keeps what it measured)."""
+    (out / "new-user-check.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    lines = [f"# New-user check, {meta['date']}, {meta['device']}", "",
+             f"torch {meta['torch']}, CUDA {meta['cuda']}, Python {meta['python']}, ncu {meta['ncu']}", "",
+             "| case | compile s | verify s | profile s | correct | KForge median us (IQR %) | ncu per call us | ratio | eager speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r.get('compile_s')} | {r.get('verify_s')} | {r.get('profile_s')} | {r.get('correct')} "
+                     f"| {r.get('kforge_median_us')} ({r.get('kforge_iqr_pct')}) | {r.get('ncu_per_call_us')} "
+                     f"| {r.get('kforge_over_ncu')} | {r.get('speedup_eager')} |")
+    text = "\n".join(lines) + "\n"
+    (out / "new-user-check.md").write_text(text)
+    return text
+
+
 async def main_async(cases: list[Path], out: Path) -> None:
-    rows = []
+    meta, rows = _meta(), []
     with tempfile.TemporaryDirectory() as home:
         for case in cases:
             backend = case.name.split("_", 1)[0]
@@ -152,23 +178,8 @@ async def main_async(cases: list[Path], out: Path) -> None:
             row["kforge_over_ncu"] = round(med / ncu_us, 3) if med and ncu_us else None
             rows.append(row)
             print(json.dumps(row), flush=True)
-    import torch
-
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "ncu": subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
-            if shutil.which("ncu") else None}
-    (out / "new-user-check.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    lines = [f"# New-user check, {meta['date']}, {meta['device']}", "",
-             f"torch {meta['torch']}, CUDA {meta['cuda']}, Python {meta['python']}, ncu {meta['ncu']}", "",
-             "| case | compile s | verify s | profile s | correct | KForge median us (IQR %) | ncu per call us | ratio | eager speedup |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r.get('compile_s')} | {r.get('verify_s')} | {r.get('profile_s')} | {r.get('correct')} "
-                     f"| {r.get('kforge_median_us')} ({r.get('kforge_iqr_pct')}) | {r.get('ncu_per_call_us')} "
-                     f"| {r.get('kforge_over_ncu')} | {r.get('speedup_eager')} |")
-    (out / "new-user-check.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+            table = write_results(meta, rows, out)
+    print(table)
 
 
 def main() -> None:

@@ -143,8 +143,9 @@ class NcuKernel(BaseModel):
 
     name: str
     is_custom: bool
-    metrics: dict[str, float] = Field(description="By ncu's display names: 'Duration [us]', 'Compute (SM) Throughput', "
-                                                  "'Memory Throughput', 'DRAM Throughput', 'Achieved Occupancy', ...")
+    metrics: dict[str, float] = Field(description="By ncu's display names (durations at ncu's locked base clocks, so "
+                                      "longer than the timed median at running clocks): 'Duration [us]', 'Compute (SM) Throughput', "
+                                      "'Memory Throughput', 'DRAM Throughput', 'Achieved Occupancy', ...")
     occupancy_limiter: str | None = Field(default=None, description="What limits blocks per SM: registers, shared memory, warps, blocks.")
     top_stalls: list[tuple[str, float]] = Field(default_factory=list, description="Warp stall reasons, cycles per issued instruction.")
     rules: list[dict[str, str]] = Field(default_factory=list, description="ncu's own rule findings: rule, title, message.")

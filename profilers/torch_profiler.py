@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .report import OpRow, kernel_base_name
 
-__all__ = ["CUSTOM_PREFIX", "TABLE_ARTIFACT", "collect_op_table", "custom_share", "label_extension_functions"]
+__all__ = ["CUSTOM_PREFIX", "TABLE_ARTIFACT", "collect_op_table", "custom_share", "label_extension_functions",
+           "rows_from_events"]
 
 CUSTOM_PREFIX = "kforge::"
 _MAX_ROWS = 25
@@ -63,7 +64,6 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
     """
     from torch.profiler import profile
 
-    own = {kernel_base_name(k) for k in custom_kernels}
     arg_sets = [make_args(i) for i in range(calls)]
     backend.synchronize()
     with profile(activities=backend.profiler_activities(), record_shapes=False) as prof:
@@ -73,18 +73,30 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
     events = list(prof.key_averages())
-
-    def device_us(e: Any) -> float:
-        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
-
-    device_total = sum(device_us(e) for e in events)
-    basis = "device" if device_total > 0 else "cpu"
+    rows, total, basis = rows_from_events(events, custom_kernels)
     if trace_path is not None:
         # The table as torch prints it (what a user would paste), kept beside the trace.
         sort = "self_device_time_total" if basis == "device" else "self_cpu_time_total"
         trace_path.with_name(TABLE_ARTIFACT).write_text(prof.key_averages().table(sort_by=sort, row_limit=_MAX_ROWS))
+    return rows, total, basis
+
+
+def rows_from_events(events: Sequence[Any], custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:
+    """`key_averages()` events -> (op rows, the window's total time in us, basis 'device' or 'cpu')."""
+    own = {kernel_base_name(k) for k in custom_kernels}
+
+    def device_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    def annotation(e: Any) -> bool:
+        # A record_function range also appears on the device (gpu_user_annotation) spanning the
+        # kernels it launched; its device time repeats theirs, so it never adds to the total.
+        return bool(getattr(e, "is_user_annotation", False))
+
+    device_total = sum(device_us(e) for e in events if not annotation(e))
+    basis = "device" if device_total > 0 else "cpu"
     key = device_us if basis == "device" else (lambda e: float(e.self_cpu_time_total))
-    total = sum(key(e) for e in events) or 1.0
+    total = (device_total if basis == "device" else sum(key(e) for e in events)) or 1.0
     rows = []
     for e in sorted(events, key=key, reverse=True):
         if basis == "device" and device_us(e) == 0 and not e.key.startswith(CUSTOM_PREFIX):
@@ -103,7 +115,11 @@ def custom_share(rows: Sequence[OpRow], total_us: float, basis: str) -> float | 
     if not rows or total_us <= 0:
         return None
     if basis == "device":
-        own = sum(r.device_time_us or 0.0 for r in rows if r.is_custom)
+        # The candidate's labelled ranges on the device cover every kernel its extension launched
+        # (library kernels too); without them (older torch), its named kernels.
+        ranges = [r.device_time_us for r in rows if r.name.startswith(CUSTOM_PREFIX) and r.device_time_us]
+        own = sum(ranges) if ranges else sum(r.device_time_us or 0.0 for r in rows
+                                             if r.is_custom and not r.name.startswith(CUSTOM_PREFIX))
     else:
         # A labelled range's total covers the kernel and any aten ops it launched itself.
         own = sum(r.total_time_us for r in rows if r.is_custom)

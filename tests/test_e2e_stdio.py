@@ -87,6 +87,10 @@ async def test_honest_candidate_end_to_end(kforge_home, cpu_example):
         trace_uri = next(a for a in prof["artifacts"] if a.endswith("/trace.json"))
         trace = json.loads((await client.read_resource(trace_uri)).contents[0].text)
         assert any("fused_relu_scale_bias" in str(e.get("name")) for e in trace["traceEvents"])
+        table_uri = next(a for a in prof["artifacts"] if a.endswith("/torch_table.txt"))
+        table = (await client.read_resource(table_uri)).contents[0].text
+        pasted = data(await client.call_tool("summarize_profile", {"profile_text": table}))
+        assert pasted["source"] == "torch.profiler" and "fused_relu_scale_bias" in table
 
         summary = data(await client.call_tool("summarize_profile", {"profile_id": prof["profile_id"], "candidate_code": cand}))
         assert summary["analysis"]["bottleneck"] and summary["analysis"]["recommendations"]

@@ -339,7 +339,7 @@ class ProfileResult(BaseModel):
             k = max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0))
             m = k.metrics
             stall = f"; top stall {k.top_stalls[0][0]}" if k.top_stalls else ""
-            lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "
+            lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us at base clocks, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "
                          f"memory {m.get('Memory Throughput', 0):.0f}%, occupancy {m.get('Achieved Occupancy', 0):.0f}%"
                          f" (limited by {k.occupancy_limiter}){stall}")
         elif r.counters_note:
