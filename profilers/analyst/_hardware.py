@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kforge.profilers.report import ProfileReport
+import re
+
+from kforge.profilers.report import NcuKernel, ProfileReport
 
 from .base import Evidence
 
-__all__ = ["Claim", "HardwareFindings", "classify"]
+__all__ = ["Claim", "HardwareFindings", "classify", "hot_ncu_kernel"]
 
 # Below one instruction per cycle an out-of-order core spends most cycles stalled.
 LOW_IPC = 1.0
@@ -25,8 +27,21 @@ NCU_HIGH_PCT = 60.0
 # ncu speed-of-light: both units under 40% means neither is busy; the kernel waits (latency).
 NCU_LOW_PCT = 40.0
 
+# A kernel shorter than this per launch runs for less time than launching it costs on the host
+# (cudaLaunchKernel takes ~2-5 us), so the GPU mostly waits for launches.
+TINY_KERNEL_US = 5.0
+# ncu reports "only N of the 32 bytes transmitted per sector are utilized": a quarter or less is a
+# strided pattern, not a partial tail.
+UNCOALESCED_BYTES_PER_SECTOR = 8.0
+# Sectors per warp request: 4 is a coalesced fp32 access, 16 a coalesced 16-byte (float4) one; more
+# than any vector width gives means threads hit different sectors.
+UNCOALESCED_SECTORS_PER_REQUEST = 24.0
+
+# Above this fraction of the measured copy bandwidth a DRAM-bound kernel has little left to gain.
+BANDWIDTH_CEILING_FRACTION = 0.8
+
 # Claim priorities (lower wins); structural claims in rules.py use 0-2.
-PRIORITY_NCU, PRIORITY_PERF = 3, 4
+PRIORITY_NCU_LAUNCH, PRIORITY_NCU, PRIORITY_PERF = 3, 4, 5
 
 # Metric names across ncu versions (2019-2021 used the bracketed forms).
 _NCU_MEMORY = ("DRAM Throughput", "Memory Throughput", "Memory [%]")
@@ -45,6 +60,7 @@ class Claim:
     why: str
     evidence: list[Evidence]
     confidence: str = "high"
+    remedy: str | None = None  # key of the remedy text when it is more specific than the bottleneck
 
 
 @dataclass
@@ -68,8 +84,88 @@ def _first(values: dict[str, float], names: tuple[str, ...]) -> tuple[str, float
     return next(((n, values[n]) for n in names if n in values), None)
 
 
+def hot_ncu_kernel(report: ProfileReport) -> NcuKernel | None:
+    """The candidate's longest ncu-profiled launch (any launch when none is marked as the candidate's)."""
+    own = [k for k in report.ncu if k.is_custom] or list(report.ncu)
+    return max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0), default=None)
+
+
+_BYTES_USED = re.compile(r"only ([\d.]+) of the 32 bytes transmitted per sector are utilized")
+_EXCESSIVE = re.compile(r"uncoalesced global accesses resulting in a total of (\d+) excessive sectors \((\d+)% of")
+
+
+def _uncoalesced(kernel: NcuKernel | None) -> list[Evidence]:
+    """Evidence that the kernel's global accesses are strided (empty when they are not)."""
+    if kernel is None:
+        return []
+    ev = []
+    for r in kernel.rules:
+        message = r.get("message", "")
+        if m := _EXCESSIVE.search(message):
+            ev.append(Evidence(metric="excessive sectors (uncoalesced)", value=f"{m.group(2)}% of all sectors",
+                               judged_against="0% when consecutive threads read consecutive addresses",
+                               source="ncu rule " + (r.get("rule") or "UncoalescedGlobalAccess")))
+        elif (m := _BYTES_USED.search(message)) and float(m.group(1)) <= UNCOALESCED_BYTES_PER_SECTOR:
+            ev.append(Evidence(metric="bytes used per 32-byte sector", value=float(m.group(1)),
+                               judged_against=f"<= {UNCOALESCED_BYTES_PER_SECTOR:g} is a strided access",
+                               source="ncu rule " + (r.get("rule") or "MemoryCacheAccessPattern")))
+    for name in ("Global Load Sectors Per Request", "Global Store Sectors Per Request"):
+        value = kernel.metrics.get(name)
+        if value is not None and value >= UNCOALESCED_SECTORS_PER_REQUEST:
+            ev.append(Evidence(metric=name, value=value, judged_against=f"4 (fp32) to 16 (float4) when coalesced, "
+                               f">= {UNCOALESCED_SECTORS_PER_REQUEST:g} strided", source="ncu"))
+    return ev
+
+
+def _memory_kind(values: dict[str, float], kernel: NcuKernel | None) -> tuple[str, str, list[Evidence]]:
+    """(remedy key, words for the why, evidence) for a memory-bound kernel: strided, cache-bound or DRAM-bound."""
+    if ev := _uncoalesced(kernel):
+        return "memory-bound:uncoalesced", "; its global accesses are uncoalesced (" + ", ".join(
+            f"{e.metric} {e.value}" for e in ev) + ")", ev
+    dram = values.get("DRAM Throughput")
+    caches = [(n, values[n]) for n in ("L1/TEX Cache Throughput", "L2 Cache Throughput") if n in values]
+    busiest = max(caches, key=lambda c: c[1], default=None)
+    if dram is not None and dram < NCU_LOW_PCT and busiest and busiest[1] > NCU_HIGH_PCT:
+        ev = [Evidence(metric=busiest[0], value=busiest[1], judged_against=f"> {NCU_HIGH_PCT:g}% busy", source="ncu"),
+              Evidence(metric="DRAM Throughput", value=dram, judged_against=f"< {NCU_LOW_PCT:g}%: data comes from cache",
+                       source="ncu")]
+        return "memory-bound:cache", (f"; the traffic is in {busiest[0].split(' Cache')[0]} ({busiest[1]:.0f}%), not DRAM "
+                                      f"({dram:.0f}%): the kernel re-reads the same data from cache"), ev
+    return "memory-bound", "", []
+
+
+def _at_bandwidth_ceiling(report: ProfileReport, values: dict[str, float]) -> tuple[str, str, list[Evidence]] | None:
+    """The DRAM-bound kernel already moves data near the device's bandwidth: by the timed bytes against the
+    measured copy rate (profile_kernel), or by ncu's DRAM throughput against the theoretical peak (pasted ncu)."""
+    fraction, dram = report.bandwidth_fraction, values.get("DRAM Throughput")
+    if fraction is not None and fraction >= BANDWIDTH_CEILING_FRACTION:
+        ev = Evidence(metric="bandwidth_fraction", value=round(fraction, 4),
+                      judged_against=f">= {BANDWIDTH_CEILING_FRACTION:g} of the measured device copy rate", source="timing")
+        said = f"{100 * fraction:.0f}% of the device's measured bandwidth"
+    elif dram is not None and dram >= 100 * BANDWIDTH_CEILING_FRACTION:
+        ev = Evidence(metric="DRAM Throughput", value=dram,
+                      judged_against=f">= {100 * BANDWIDTH_CEILING_FRACTION:g}% of peak", source="ncu")
+        said = f"{dram:.0f}% of the DRAM's peak"
+    else:
+        return None
+    return ("memory-bound:at-ceiling", f"; it already moves its data at {said}, so only moving fewer bytes makes it "
+            "faster", [ev])
+
+
 def _ncu(report: ProfileReport, out: HardwareFindings) -> None:
-    values = {c.name: c.value for c in report.counters}
+    values: dict[str, float] = {}
+    for c in report.counters:  # a percentage wins over a same-named metric in another unit
+        if c.name not in values or c.unit == "%":
+            values[c.name] = c.value
+    hot = hot_ncu_kernel(report)
+    duration = hot.metrics.get("Duration [us]") if hot else values.get("Duration [us]")
+    if duration is not None and 0 < duration < TINY_KERNEL_US:
+        ev = Evidence(metric="kernel duration [us]", value=duration,
+                      judged_against=f"< {TINY_KERNEL_US:g} us, about what one launch costs on the host", source="ncu")
+        out.evidence.append(ev)
+        why = (f"the hot kernel runs {duration:.2f} us per launch, less than launching it costs (a few us of host "
+               "time), so the GPU mostly waits for launches")
+        out.claims.append(Claim("launch-bound", PRIORITY_NCU_LAUNCH, why, [ev], "medium", "launch-bound:tiny-kernels"))
     memories = [(n, values[n]) for n in _NCU_MEMORY if n in values]
     memory = max(memories, key=lambda m: m[1]) if memories else None  # DRAM or L1/L2: the busier one limits
     compute = _first(values, _NCU_COMPUTE)
@@ -87,8 +183,12 @@ def _ncu(report: ProfileReport, out: HardwareFindings) -> None:
     mem_pct = memory[1] if memory else None
     comp_pct = compute[1] if compute else None
     if mem_pct is not None and mem_pct > NCU_HIGH_PCT and (comp_pct is None or comp_pct < mem_pct):
+        remedy, detail, kind_ev = _memory_kind(values, hot)
+        if remedy == "memory-bound" and (ceiling := _at_bandwidth_ceiling(report, values)):
+            remedy, detail, kind_ev = ceiling
         why = f"{memory[0]} is {mem_pct:.0f}% of peak" + (f" while compute is {comp_pct:.0f}%" if comp_pct is not None else "")
-        out.claims.append(Claim("memory-bound", PRIORITY_NCU, why, ev))
+        out.evidence.extend(e for e in kind_ev if e not in out.evidence)
+        out.claims.append(Claim("memory-bound", PRIORITY_NCU, why + detail, ev + kind_ev, remedy=remedy))
     elif comp_pct is not None and comp_pct > NCU_HIGH_PCT:
         why = f"{compute[0]} is {comp_pct:.0f}% of peak" + (f" while memory is {mem_pct:.0f}%" if mem_pct is not None else "")
         out.claims.append(Claim("compute-bound", PRIORITY_NCU, why, ev))

@@ -31,6 +31,21 @@ REMEDIES: dict[str, dict[str, str]] = {
     "gpu": {
         "memory-bound": "Coalesce global accesses (consecutive threads touch consecutive addresses), use vectorized "
                         "128-bit loads (float4), and fuse neighbouring elementwise ops so data crosses DRAM once.",
+        "memory-bound:uncoalesced": "Make global accesses coalesced: map consecutive threads (threadIdx.x, or the "
+                                    "contiguous axis of a Triton block) to consecutive addresses of the array that is "
+                                    "read with a stride, and where the data must be read in another order (a transpose, "
+                                    "a column walk), stage a tile through shared memory: load it coalesced, "
+                                    "__syncthreads(), read it transposed (pad the tile by one column against bank conflicts).",
+        "memory-bound:cache": "Reuse data from registers and shared memory instead of re-reading it through L1/L2: tile "
+                              "the loops so each block loads its inputs once into shared memory and each thread "
+                              "computes several outputs from registers.",
+        "memory-bound:at-ceiling": "The kernel streams memory at close to the device's bandwidth: it gets faster only by "
+                                   "moving fewer bytes. Fuse it with the ops before and after it so intermediates never "
+                                   "reach DRAM, read each input once, and use a narrower dtype where the precision "
+                                   "policy allows.",
+        "launch-bound:tiny-kernels": "Do more work per launch: fuse consecutive kernels into one, loop inside the kernel "
+                                     "instead of launching it repeatedly, or capture the sequence in a CUDA graph "
+                                     "(torch.cuda.CUDAGraph) so the host launches it once.",
         "compute-bound": "Use tensor cores (WMMA / mma.sync, tl.dot in Triton) or a lower precision the tolerance "
                          "allows, remove redundant arithmetic, and use fast intrinsics (__expf, rsqrtf).",
         "latency-bound": "Raise occupancy (enough blocks for several waves over the SMs, fewer registers or less "
@@ -56,6 +71,10 @@ MATMUL_REMEDIES: dict[str, str] = {
 
 REMEDY_TITLES: dict[str, str] = {
     "memory-bound": "Cut memory traffic in the hot kernel",
+    "memory-bound:uncoalesced": "Coalesce the hot kernel's global accesses",
+    "memory-bound:cache": "Reuse data in registers and shared memory",
+    "launch-bound:tiny-kernels": "Do more work per launch",
+    "memory-bound:at-ceiling": "Move fewer bytes: the kernel is at the bandwidth ceiling",
     "compute-bound": "Speed up the arithmetic in the hot kernel",
     "latency-bound": "Expose more parallelism in the hot kernel",
     "unknown": "Tune the hot kernel",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kforge.profilers.report import OpRow, ProfileReport
+from kforge.profilers.torch_profiler import CUSTOM_PREFIX
 
 from . import _hardware
 from ._compare import describe_changes, locate_definition
@@ -153,43 +154,71 @@ def _rule_framework_inside(report: ProfileReport, out: _Findings) -> None:
         [ev], share - own))
 
 
-def _ops_per_call(report: ProfileReport) -> tuple[float, bool]:
+# Rows of the profiler's own bookkeeping and of synchronization: not the candidate's ops.
+_BOOKKEEPING = ("Activity Buffer Request", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+                "ProfilerStep")
+# Host-side kernel launch calls, as torch.profiler names them.
+_LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "hipLaunchKernel")
+
+
+def _counted_ops(report: ProfileReport, gpu: bool) -> list[OpRow]:
+    """Rows that are ops of the forward: no bookkeeping, and on a GPU no labelled ranges (they repeat their kernels)."""
+    return [r for r in report.ops if not r.name.startswith(_BOOKKEEPING)
+            and not (gpu and r.name.startswith(CUSTOM_PREFIX)) and r.name not in _LAUNCH_APIS]
+
+
+def _ops_per_call(ops: list[OpRow], profiled_calls: int) -> tuple[float, bool]:
     """(op invocations per forward call, whether it is measured rather than estimated)."""
-    total = sum(r.calls for r in report.ops)
-    if report.profiled_calls > 0:
-        return total / report.profiled_calls, True
+    total = sum(r.calls for r in ops)
+    if profiled_calls > 0:
+        return total / profiled_calls, True
     # Unknown call count (pasted text): assume the least-called op runs once per call, a lower bound.
-    fewest = min((r.calls for r in report.ops if r.calls > 0), default=0)
+    fewest = min((r.calls for r in ops if r.calls > 0), default=0)
     return (total / fewest if fewest else 0.0), False
 
 
 def _rule_launch(report: ProfileReport, out: _Findings) -> None:
-    """Launch-bound when many short ops per call hold most of the time."""
+    """Launch-bound when many short ops per call hold most of the time, or launching kernels takes the
+    host longer than the kernels run."""
     gpu = family_of(report.backend, any(r.device_time_us for r in report.ops)) == "gpu"
+    ops = _counted_ops(report, gpu)
     # On GPU a kernel row's cost is its device time; host-only rows (launch calls) keep their CPU time.
-    small = _by_share([r for r in report.ops if r.calls > 0 and
+    small = _by_share([r for r in ops if r.calls > 0 and
                        ((r.device_time_us if gpu and r.device_time_us else r.self_time_us) / r.calls) < SMALL_OP_MEAN_US])
-    per_call, measured = _ops_per_call(report)
+    per_call, measured = _ops_per_call(ops, report.profiled_calls)
     small_share = sum(r.share for r in small)
-    if not small:
+    launch_us = sum(r.self_time_us for r in report.ops if r.name in _LAUNCH_APIS)
+    kernel_us = sum(r.device_time_us or 0.0 for r in ops)
+    if not small and not launch_us:
         return
     ev = [Evidence(metric="ops_per_call" if measured else "ops_per_call (lower bound)", value=round(per_call, 2),
                    judged_against=f">= {MANY_OPS_PER_CALL:g}", source=report.collector),
           Evidence(metric="small_op_share", value=round(small_share, 4),
                    judged_against=f">= {LAUNCH_SHARE_MIN} in ops under {SMALL_OP_MEAN_US:g} us per call",
                    source=report.collector)]
+    if launch_us and kernel_us:
+        ev.append(Evidence(metric="host launch time / kernel time", value=round(launch_us / kernel_us, 3),
+                           judged_against=">= 1: the host cannot launch kernels as fast as they finish",
+                           source=report.collector))
     out.evidence.extend(ev)
-    if per_call < MANY_OPS_PER_CALL or small_share < LAUNCH_SHARE_MIN:
+    many_small = per_call >= MANY_OPS_PER_CALL and small_share >= LAUNCH_SHARE_MIN
+    launch_heavy = kernel_us > 0 and launch_us >= kernel_us
+    if not (many_small or launch_heavy):
         return
     family = "gpu" if gpu else "cpu"
-    why = (f"{per_call:.0f} op calls per forward{'' if measured else ' (at least)'}, and ops averaging under "
-           f"{SMALL_OP_MEAN_US:g} us hold {_pct(small_share)} of op time: overhead, not work")
+    if many_small:
+        why = (f"{per_call:.0f} op calls per forward{'' if measured else ' (at least)'}, and ops averaging under "
+               f"{SMALL_OP_MEAN_US:g} us hold {_pct(min(1.0, small_share))} of op time: overhead, not work")
+    else:
+        why = (f"launching the kernels took {launch_us:.0f} us of host time, more than the {kernel_us:.0f} us they ran "
+               "on the device: the GPU waits for launches")
     out.claims.append(_hardware.Claim("launch-bound", _PRIORITY_LAUNCH, why, ev))
+    targets = small or _by_share(ops)
     out.drafts.append(_Draft(
-        "Fuse the small ops into one kernel", f"{REMEDIES[family]['launch-bound']} Start with {_op_list(small)}; "
+        "Fuse the small ops into one kernel", f"{REMEDIES[family]['launch-bound']} Start with {_op_list(targets)}; "
         "avoid per-call allocations (aten::empty/zeros) and .contiguous() copies inside the loop.",
-        small[0].name, why, f"most of {_pct(small_share)} of op time, which is per-op overhead",
-        "high" if measured else "medium", ev, small_share))
+        targets[0].name if targets else None, why, f"most of {_pct(min(1.0, small_share or 1.0))} of op time, which is per-op overhead",
+        "high" if measured or launch_heavy else "medium", ev, min(1.0, small_share or 1.0)))
 
 
 def _rule_alloc_copy(report: ProfileReport, out: _Findings) -> None:
@@ -257,9 +286,13 @@ def _rule_speed(report: ProfileReport, bottleneck: Bottleneck, out: _Findings) -
             list(ev.values()), 1 - compiled, speed_based=True))
 
 
-def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, confidence: str, out: _Findings) -> None:
-    """Backend remedies for the hottest kernel once the kernel itself is the bottleneck."""
-    if bottleneck not in REMEDY_TITLES or not report.ops:
+def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str, confidence: str, out: _Findings) -> None:
+    """Backend remedies for the hottest kernel once the kernel itself is the bottleneck.
+
+    `remedy` is the bottleneck or a more specific kind of it ('memory-bound:uncoalesced'); a family
+    without a text for the specific kind gets the bottleneck's.
+    """
+    if remedy not in REMEDY_TITLES or not report.ops:
         return
     custom = _by_share([r for r in report.ops if r.is_custom])
     if not custom and report.custom_share is not None:
@@ -267,14 +300,15 @@ def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, confidence: 
     hot = custom[0] if custom else _by_share(report.ops)[0]
     affected = report.custom_share if custom and report.custom_share is not None else hot.share
     family = family_of(report.backend, any(r.device_time_us for r in report.ops))
-    action = REMEDIES[family][bottleneck]
+    action = REMEDIES[family].get(remedy) or REMEDIES[family][bottleneck]
     if is_matmul_like(hot.name):
         action += " " + MATMUL_REMEDIES[family]
     ev = Evidence(metric=f"op:{hot.name} share", value=round(affected, 4), judged_against=None,
                   source=report.collector)
     why = f"{hot.name} holds {_pct(affected)} of op time" + (
         "; without hardware counters this advice is generic" if bottleneck == "unknown" else f" and is {bottleneck}")
-    out.drafts.append(_Draft(REMEDY_TITLES[bottleneck], action, hot.name, why,
+    title = REMEDY_TITLES[remedy] if remedy in REMEDIES[family] else REMEDY_TITLES[bottleneck]
+    out.drafts.append(_Draft(title, action, hot.name, why,
                              f"a faster {hot.name} speeds up {_pct(affected)} of op time", confidence, [ev], affected))
 
 
@@ -361,7 +395,8 @@ class RulesAnalyst:
         else:
             why = winner.why
         _rule_speed(report, bottleneck, out)
-        _rule_hot_kernel(report, bottleneck, winner.confidence if winner else "low", out)
+        remedy = (winner.remedy if winner else None) or bottleneck
+        _rule_hot_kernel(report, bottleneck, remedy, winner.confidence if winner else "low", out)
         _rule_noise(report, out)
         if text is not None:
             out.notes.append(f"analysed {report.collector} output parsed from text, so fewer facts: no timing, "
