@@ -13,9 +13,9 @@ import logging
 from contextlib import contextmanager
 from typing import Annotated, Iterator, Literal
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, CreateMessageResult, ImageContent, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from kforge import __version__
@@ -24,10 +24,10 @@ from kforge.tools.context import RequestError, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES, profile_kernel
-from kforge.tools.summarize import ProfileSummary, summarize_profile
+from kforge.tools.summarize import Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
 from . import catalog
-from .settings import Settings, tool_context
+from .settings import Settings, analyst_config, tool_context
 
 __all__ = ["build_server"]
 
@@ -89,6 +89,16 @@ def _reference(reference_code: str | None, problem: str | None) -> str:
             raise ToolError(f"unknown problem {problem!r}; the pack has: {', '.join(catalog.problem_names())}")
         return code
     return reference_code or ""
+
+
+_SAMPLING_MAX_TOKENS = 2000
+_Sampled = CreateMessageResult | None  # replaced by its Resolve annotation in build_server
+
+
+def _sampled_text(result: CreateMessageResult) -> str:
+    """The text of a sampling answer (one content block or a list of them)."""
+    blocks = result.content if isinstance(result.content, list) else [result.content]
+    return "".join(getattr(b, "text", "") for b in blocks)
 
 
 def _progress(ctx: Context):
@@ -162,19 +172,67 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
                 tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
                 precision=precision, hardware_counters=hardware_counters, use_store=use_store, progress=_progress(ctx)))
 
-    @mcp.tool(name="summarize_profile", title="Summarize a profile", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    analyst = analyst_config(settings)
+
+    def _prepare(args: dict) -> Prepared:
+        return prepare_summary(tools, analyst, profile_id=args["profile_id"], profile_text=args["profile_text"],
+                               screenshots=args["screenshots"], code=args["candidate_code"],
+                               previous_profile_id=args["previous_profile_id"])
+
+    def _sampling_request(ctx: Context, profile_id: str | None = None, profile_text: str | None = None,
+                          screenshots: list[str] | None = None, candidate_code: str | None = None,
+                          previous_profile_id: str | None = None) -> Sample | None:
+        """Ask the client's own model (MCP sampling) when that is the configured analyst and the client can.
+
+        Runs before the tool body, and on the 2026 protocol twice: the request must come out the same."""
+        caps = ctx.client_capabilities
+        if analyst.provider != "sampling" or caps is None or caps.sampling is None:
+            return None
+        try:
+            prepared = _prepare(dict(profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
+                                     candidate_code=candidate_code, previous_profile_id=previous_profile_id))
+        except RequestError:
+            return None  # the tool body raises it with its message
+        content: list[TextContent | ImageContent] = [TextContent(type="text", text=prepared.request.user)]
+        content += [ImageContent(type="image", data=im.data, mime_type=im.mime_type) for im in prepared.request.images]
+        return Sample([SamplingMessage(role="user", content=content)], max_tokens=_SAMPLING_MAX_TOKENS,
+                      system_prompt=prepared.request.system, temperature=0.0)
+
     async def summarize_profile_tool(
+        sampled: _Sampled,
         profile_id: Annotated[str | None, Field(description="A profile_id returned by profile_kernel.")] = None,
-        profile_text: Annotated[str | None, Field(description="Pasted profiler output (torch.profiler table, Nsight Compute details).")] = None,
+        profile_text: Annotated[str | None, Field(description="Pasted profiler output (torch.profiler table, Nsight "
+                                                              "Compute details as text or CSV).")] = None,
+        screenshots: Annotated[list[str] | None, Field(description="Base64 PNG or JPEG screenshots of profiler windows "
+                                                       "(Nsight Compute, Nsight Systems, Instruments, VTune); read by a "
+                                                       "vision-capable analyst, or by OCR where tesseract is installed.",
+                                                       max_length=8)] = None,
         candidate_code: Annotated[str | None, Field(description="The candidate, so recommendations can point at lines.")] = None,
         previous_profile_id: Annotated[str | None, Field(description="An earlier profile to report changes against.")] = None,
     ) -> Annotated[CallToolResult, ProfileSummary]:
-        """Turn a stored profile, or pasted profiler output, into the bottleneck, its evidence, and ranked
-        recommendations (what to change, where, why, expected effect, confidence)."""
+        """Turn a stored profile, pasted profiler output or profiler screenshots into the bottleneck, its
+        evidence, and ranked recommendations (what to change, where, why, expected effect, confidence).
+        The analyst is the server's configured one (built-in rules by default); model analysts fall back to
+        the rules and say so when they fail."""
+        args = dict(profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
+                    candidate_code=candidate_code, previous_profile_id=previous_profile_id)
         with _request_errors():
-            return _result(summarize_profile(tools, profile_id=profile_id, profile_text=profile_text,
-                                             code=candidate_code, previous_profile_id=previous_profile_id,
-                                             provider=settings.analyst))
+            if analyst.provider != "sampling":
+                return _result(await summarize_profile(tools, analyst=analyst, profile_id=profile_id,
+                                                       profile_text=profile_text, screenshots=screenshots,
+                                                       code=candidate_code, previous_profile_id=previous_profile_id))
+            prepared = _prepare(args)
+            if sampled is None:
+                analysis = from_reply(prepared, "sampling", None, "this client offers no sampling")
+            else:
+                analysis = from_reply(prepared, f"sampling:{sampled.model}", _sampled_text(sampled))
+            return _result(finish_summary(prepared, analysis))
+
+    # The resolver is local to this server, and string annotations (PEP 563) are evaluated in the
+    # module's globals: hand the SDK the real annotation object.
+    summarize_profile_tool.__annotations__["sampled"] = Annotated[CreateMessageResult | None, Resolve(_sampling_request)]
+    mcp.tool(name="summarize_profile", title="Summarize a profile",
+             annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
 
     _register_resources(mcp, tools)
     return mcp

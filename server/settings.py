@@ -1,4 +1,9 @@
-"""Server configuration, read once from the environment (``KFORGE_*``) by the command line."""
+"""Server configuration, read once by the command line: environment (``KFORGE_*``) over a TOML file.
+
+The file is ``$KFORGE_CONFIG`` or ``<user config dir>/kforge/config.toml`` (e.g. ~/.config/kforge/config.toml),
+with the same names in lower case and without the prefix (``analyst = "openai"``). Secrets (API keys,
+the server token) are read from the environment only, never from this file.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,21 @@ import os
 from pathlib import Path
 
 import platformdirs
+from typing import Literal
+
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from kforge.tools.context import ToolContext
+from kforge.profilers.analyst.http import ModelConfig
 from kforge.tools.runner import WorkerLimits
+from kforge.tools.summarize import AnalystConfig
 
-__all__ = ["Settings", "tool_context"]
+__all__ = ["Settings", "analyst_config", "config_file", "tool_context"]
+
+
+def config_file() -> Path:
+    return Path(os.environ.get("KFORGE_CONFIG") or Path(platformdirs.user_config_dir("kforge")) / "config.toml")
 
 
 def _default_memory_mb() -> int:
@@ -32,8 +45,36 @@ class Settings(BaseSettings):
     worker_memory_mb: int | None = Field(default_factory=_default_memory_mb,
                                          description="Address-space limit per CPU worker; 0 disables it.")
     keep_scratch: bool = Field(default=False, description="Keep each job's scratch directory for debugging.")
-    analyst: str = Field(default="rules", description="Analyst provider for summarize_profile.")
+    analyst: Literal["rules", "anthropic", "openai", "sampling"] = Field(
+        default="rules", description="Who analyses profiles in summarize_profile: the built-in rules (offline), a model "
+        "over the Anthropic Messages API or an OpenAI-compatible API (vLLM, Ollama, llama.cpp too), or the client's "
+        "own model through MCP sampling. Model analysts fall back to the rules when they fail.")
+    analyst_model: str | None = Field(default=None, description="Model name for 'anthropic' or 'openai'.")
+    analyst_base_url: str | None = Field(default=None, description="API base URL, e.g. http://localhost:11434/v1 for Ollama.")
+    analyst_api_key_env: str | None = Field(default=None, description="Environment variable holding the API key "
+                                            "(default ANTHROPIC_API_KEY or OPENAI_API_KEY).")
+    analyst_timeout_s: float = Field(default=60.0, gt=0, description="Deadline of one model request.")
+    analyst_vision: bool = Field(default=True, description="Whether the model reads images (screenshots).")
     timing_budget_s: float = Field(default=2.0, gt=0, le=60, description="Default time budget per timed model.")
+
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+
+
+def analyst_config(settings: Settings) -> AnalystConfig:
+    """The analyst for these settings; ValueError when a model analyst lacks its model name."""
+    if settings.analyst in ("anthropic", "openai"):
+        if not settings.analyst_model:
+            raise ValueError(f"KFORGE_ANALYST={settings.analyst} needs KFORGE_ANALYST_MODEL (the model's name)")
+        model = ModelConfig(api=settings.analyst, model=settings.analyst_model, base_url=settings.analyst_base_url,
+                            api_key_env=settings.analyst_api_key_env, timeout_s=settings.analyst_timeout_s,
+                            vision=settings.analyst_vision)
+        return AnalystConfig(provider=settings.analyst, model=model)
+    return AnalystConfig(provider=settings.analyst)
 
 
 def tool_context(settings: Settings) -> ToolContext:
