@@ -24,7 +24,8 @@ from kforge.tools.context import RequestError, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES, profile_kernel
-from kforge.tools.summarize import Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
+from kforge.resources import templates
+from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
 from . import catalog
 from .settings import Settings, analyst_config, tool_context
@@ -235,6 +236,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
              annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
 
     _register_resources(mcp, tools)
+    _register_prompts(mcp, tools, analyst)
     return mcp
 
 
@@ -292,3 +294,81 @@ def _register_resources(mcp: MCPServer, tools: ToolContext) -> None:
             raise ResourceNotFoundError(f"profile {profile_id!r} has no artifact {name!r}; "
                                         f"it has: {', '.join(tools.store.artifact_names(profile_id)) or 'none'}")
         return path.read_bytes() if path.suffix == ".ncu-rep" else path.read_text(errors="replace")
+
+    @mcp.resource("kforge://devices", mime_type="application/json", title="Devices and their measured ceilings")
+    async def devices() -> str:
+        """The devices this host offers (per backend) and the ceilings measured on them (device copy bandwidth,
+        matmul rates), which profile_kernel reads fractions against. Run `kforge doctor` to measure them."""
+        measured = {p.stem: json.loads(p.read_text()) for p in sorted((tools.home / "cache" / "ceilings").glob("*.json"))}
+        offered = [{"backend": a.backend, "device": a.device_name, "timing": a.timing, "hardware_profiler": a.hardware_profiler}
+                   for a in await tools.availability() if a.ok]
+        return json.dumps({"backends": offered, "measured_ceilings": measured,
+                           "note": None if measured else "no ceilings measured yet: run `kforge doctor` or profile_kernel"},
+                          indent=1)
+
+    @mcp.resource("kforge://history", mime_type="application/json", title="Problems with a history")
+    def history_index() -> str:
+        """Problems that candidates were verified or profiled against, newest first; read
+        kforge://history/{problem} (a pack name or the reference's sha256) for one problem's history."""
+        names = catalog.problem_names_by_sha256()
+        rows = tools.store.problems_with_history()
+        return json.dumps([{**r, "problem": names.get(r["reference_sha256"])} for r in rows], indent=1)
+
+    @mcp.resource("kforge://history/{problem}", mime_type="application/json", title="A problem's candidates")
+    def problem_history(problem: str) -> str:
+        """Every verify and profile of candidates for one problem (a pack name, or the reference's sha256 as in
+        a result's spec), oldest first, with the best trusted speedup so far: resume and compare passes."""
+        sha = {v: k for k, v in catalog.problem_names_by_sha256().items()}.get(problem, problem)
+        entries = tools.store.history(sha)
+        if not entries:
+            raise ResourceNotFoundError(f"no history for problem {problem!r}: verify or profile a candidate for it first")
+        best = max((e for e in entries if e["trusted"] and e["speedup_eager"] is not None),
+                   key=lambda e: e["speedup_eager"], default=None)
+        return json.dumps({"reference_sha256": sha, "entries": entries, "best": best}, indent=1)
+
+
+def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig) -> None:
+    """The generation agent's two passes, rendered from resources/prompts/*.md.j2."""
+
+    async def common(backend: str, problem: str) -> dict[str, str]:
+        pair = catalog.example(backend)
+        if pair is None:
+            raise ValueError(f"no example for backend {backend!r}; have: {', '.join(catalog.example_backends())}")
+        named = catalog.problem_reference(problem) if "\n" not in problem else None
+        found = {a.backend: a for a in await tools.availability()}.get(backend)
+        return {"backend": backend, "device": (found.device_name or "") if found else "",
+                "problem_name": problem if named else "", "reference": named or problem,
+                "example_reference": pair["reference"], "example_candidate": pair["candidate"]}
+
+    @mcp.prompt(name="functional_pass", title="Functional pass: make a candidate build and match its reference")
+    async def functional_pass(
+        backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
+        problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],
+        candidate_code: Annotated[str, Field(description="The current candidate, if any.")] = "",
+        feedback: Annotated[str, Field(description="Compiler or verifier output to act on.")] = "",
+        transfer_backend: Annotated[str, Field(description="Backend of a verified implementation to port.")] = "",
+        transfer_code: Annotated[str, Field(description="That verified implementation (cross-platform transfer).")] = "",
+    ) -> str:
+        """Instructions, the backend's verified example, the problem and the latest feedback, for making a candidate correct."""
+        return templates.render("functional_pass.md.j2", **await common(backend, problem), candidate=candidate_code,
+                                feedback=feedback, transfer_backend=transfer_backend, transfer_code=transfer_code)
+
+    @mcp.prompt(name="optimization_pass", title="Optimization pass: make a correct candidate faster")
+    async def optimization_pass(
+        backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
+        problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],
+        candidate_code: Annotated[str, Field(description="The verified candidate to speed up.")],
+        profile_id: Annotated[str, Field(description="Its profile (profile_kernel); the analyst's findings are included.")] = "",
+        transfer_backend: Annotated[str, Field(description="Backend of a fast implementation to learn from.")] = "",
+        transfer_code: Annotated[str, Field(description="That implementation (cross-platform transfer).")] = "",
+    ) -> str:
+        """Instructions, the candidate, the profile's bottleneck and ranked recommendations, for making it faster."""
+        analysis = ""
+        if profile_id:
+            try:
+                prepared = prepare_summary(tools, AnalystConfig(), profile_id=profile_id, code=candidate_code)
+                analysis = str(prepared.rules) if prepared.rules else ""
+            except RequestError as exc:
+                analysis = f"(profile {profile_id!r} could not be read: {exc})"
+        return templates.render("optimization_pass.md.j2", **await common(backend, problem), candidate=candidate_code,
+                                analysis=analysis, transfer_backend=transfer_backend, transfer_code=transfer_code)

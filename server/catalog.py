@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-__all__ = ["candidate_format", "example", "example_backends", "problem_names", "problem_reference"]
+from kforge.tools.models import sha256_text
+
+__all__ = ["candidate_format", "example", "example_backends", "problem_names", "problem_names_by_sha256",
+           "problem_reference"]
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
 
@@ -23,6 +26,11 @@ def problem_reference(name: str) -> str | None:
         return None
     path = _root() / "problems" / name / "reference.py"
     return path.read_text() if path.is_file() else None
+
+
+def problem_names_by_sha256() -> dict[str, str]:
+    """{sha256 of a pack problem's reference text: its name} (results' specs carry the sha256)."""
+    return {sha256_text(problem_reference(n) or ""): n for n in problem_names()}
 
 
 def example_backends() -> list[str]:

@@ -95,6 +95,22 @@ async def test_honest_candidate_end_to_end(kforge_home, cpu_example):
         summary = data(await client.call_tool("summarize_profile", {"profile_id": prof["profile_id"], "candidate_code": cand}))
         assert summary["analysis"]["bottleneck"] and summary["analysis"]["recommendations"]
 
+        # The problem's history: the verify and the profile above, with the best trusted speedup so far.
+        sha = verdict["spec"]["reference_sha256"]
+        index = json.loads((await client.read_resource("kforge://history")).contents[0].text)
+        assert any(p["reference_sha256"] == sha and p["entries"] >= 2 for p in index)
+        history = json.loads((await client.read_resource(f"kforge://history/{sha}")).contents[0].text)
+        tools_seen = [e["tool"] for e in history["entries"]]
+        assert "verify_against_reference" in tools_seen and "profile_kernel" in tools_seen
+        profiled = [e for e in history["entries"] if e["profile_id"] == prof["profile_id"]]
+        assert profiled and profiled[0]["speedup_eager"] == pytest.approx(eager["speedup"])
+        if prof["speedup_trusted"]:
+            assert history["best"]["speedup_eager"] >= profiled[0]["speedup_eager"]
+
+        prompt = await client.get_prompt("optimization_pass", {"backend": "cpu", "problem": ref, "candidate_code": cand,
+                                                              "profile_id": prof["profile_id"]})
+        assert "What the profile says" in prompt.messages[0].content.text
+
 
 async def test_wrong_candidate_is_rejected_with_the_mismatch(kforge_home, cpu_example, candidate):
     async with stdio_session(kforge_home) as client:

@@ -234,4 +234,7 @@ def _finish_verify(ctx: ToolContext, spec: JobSpec, t0: float, **fields: Any) ->
                           **fields)
     if _storable(failure):
         ctx.store.put_result(spec.key, "verify_against_reference", result.model_dump(mode="json"))
+    if spec.reference_sha256:
+        ctx.store.record_history(reference_sha256=spec.reference_sha256, backend=spec.backend,
+                                 candidate_sha256=spec.candidate_sha256, tool=spec.tool, correct=correct)
     return result

@@ -170,6 +170,11 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                                                           for n in ctx.store.artifact_names(profile_id)],
                            warnings=warnings, seconds=round(time.perf_counter() - t0, 3))
     ctx.store.put_profile(profile_id, spec.key, backend, result.model_dump(mode="json"))
+    speedups = {b.name: b.speedup for b in report.baselines}
+    ctx.store.record_history(reference_sha256=spec.reference_sha256 or "", backend=backend,
+                             candidate_sha256=spec.candidate_sha256, tool=spec.tool, correct=output_correct,
+                             speedup_eager=speedups.get("eager"), speedup_compile=speedups.get("torch.compile"),
+                             median_us=candidate_stats.median_us, trusted=trusted, profile_id=profile_id)
     await progress(steps, steps, "done")
     return result
 

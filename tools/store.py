@@ -2,7 +2,8 @@
 
 Layout under the data directory (``KFORGE_HOME``)::
 
-    kforge.db                    results (keyed by JobSpec.key) and profiles (keyed by profile_id)
+    kforge.db                    results (keyed by JobSpec.key), profiles (keyed by profile_id) and
+                                 the history of candidates per problem (keyed by the reference's sha256)
     artifacts/<profile_id>/      raw artifacts of a profile (Chrome trace, worker logs)
     cache/                       build caches (C++ extensions, inductor, triton)
     jobs/                        scratch directories of running jobs (removed when a job ends)
@@ -29,7 +30,14 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS profiles (
     id TEXT PRIMARY KEY, key TEXT NOT NULL, backend TEXT NOT NULL, created_at REAL NOT NULL, result TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS profiles_by_time ON profiles (created_at);
+CREATE TABLE IF NOT EXISTS history (
+    reference_sha256 TEXT NOT NULL, backend TEXT NOT NULL, candidate_sha256 TEXT NOT NULL, tool TEXT NOT NULL,
+    created_at REAL NOT NULL, correct INTEGER, speedup_eager REAL, speedup_compile REAL, median_us REAL,
+    trusted INTEGER, profile_id TEXT);
+CREATE INDEX IF NOT EXISTS history_by_problem ON history (reference_sha256, created_at);
 """
+# A problem's history keeps this many of its latest entries in a read.
+_HISTORY_LIMIT = 200
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -55,6 +63,31 @@ class ResultStore:
         with closing(self._connect()) as db, db:
             db.execute("INSERT OR REPLACE INTO results (key, tool, created_at, result) VALUES (?, ?, ?, ?)",
                        (key, tool, time.time(), json.dumps(result)))
+
+    # -- history of candidates per problem -------------------------------------------------------
+    def record_history(self, *, reference_sha256: str, backend: str, candidate_sha256: str, tool: str,
+                       correct: bool | None = None, speedup_eager: float | None = None,
+                       speedup_compile: float | None = None, median_us: float | None = None,
+                       trusted: bool | None = None, profile_id: str | None = None) -> None:
+        with closing(self._connect()) as db, db:
+            db.execute("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (reference_sha256, backend, candidate_sha256, tool, time.time(), correct, speedup_eager,
+                        speedup_compile, median_us, trusted, profile_id))
+
+    def history(self, reference_sha256: str) -> list[dict[str, Any]]:
+        """The problem's verifies and profiles, oldest first (the latest `_HISTORY_LIMIT`)."""
+        with closing(self._connect()) as db:
+            db.row_factory = sqlite3.Row
+            rows = db.execute("SELECT * FROM (SELECT * FROM history WHERE reference_sha256 = ? ORDER BY created_at DESC "
+                              "LIMIT ?) ORDER BY created_at", (reference_sha256, _HISTORY_LIMIT)).fetchall()
+        return [{k: (bool(r[k]) if k in ("correct", "trusted") and r[k] is not None else r[k]) for k in r.keys()}
+                for r in rows]
+
+    def problems_with_history(self) -> list[dict[str, Any]]:
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT reference_sha256, COUNT(*), MAX(created_at) FROM history GROUP BY reference_sha256 "
+                              "ORDER BY MAX(created_at) DESC").fetchall()
+        return [{"reference_sha256": r[0], "entries": r[1], "last_at": r[2]} for r in rows]
 
     # -- profiles --------------------------------------------------------------------------------
     def put_profile(self, profile_id: str, key: str, backend: str, result: dict[str, Any]) -> None:
