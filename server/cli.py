@@ -13,7 +13,7 @@ import anyio
 
 from kforge import __version__
 
-from .settings import Settings
+from .settings import Settings, analyst_config
 
 __all__ = ["main"]
 
@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the device ceilings (copy bandwidth, matmul rates; measured once per device)")
     doctor.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of reading the cache")
     args = parser.parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+        analyst_config(settings)  # a misconfigured analyst stops here, with what to set
+    except ValueError as exc:  # pydantic's ValidationError included
+        print(f"kforge: configuration error: {exc}", file=sys.stderr)
+        return 2
     handler = {"serve": _serve, "doctor": _doctor}[args.command]
     return handler(args, settings)
 

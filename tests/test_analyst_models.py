@@ -213,3 +213,20 @@ async def test_sampling_without_client_support_falls_back_to_rules(tmp_path):
         result = await client.call_tool("summarize_profile", {"profile_text": NCU_TEXT})
     analysis = result.structured_content["analysis"]
     assert analysis["provider"] == "rules" and "this client offers no sampling" in analysis["notes"][0]
+
+
+def test_analyst_from_config_file_with_environment_winning(tmp_path, monkeypatch):
+    from kforge.server.settings import analyst_config
+
+    config_path = tmp_path / "config.toml"
+    config_path.write_text('analyst = "openai"\nanalyst_model = "llava"\nanalyst_base_url = "http://localhost:11434/v1"\n')
+    monkeypatch.setenv("KFORGE_CONFIG", str(config_path))
+    cfg = analyst_config(Settings())
+    assert cfg.provider == "openai" and cfg.model and cfg.model.label == "openai:llava"
+    assert cfg.model.base_url == "http://localhost:11434/v1"
+    monkeypatch.setenv("KFORGE_ANALYST", "rules")
+    assert analyst_config(Settings()).provider == "rules"
+    monkeypatch.setenv("KFORGE_ANALYST", "anthropic")
+    monkeypatch.delenv("KFORGE_CONFIG")
+    with pytest.raises(ValueError, match="needs KFORGE_ANALYST_MODEL"):
+        analyst_config(Settings())
