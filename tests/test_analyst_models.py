@@ -230,3 +230,16 @@ def test_analyst_from_config_file_with_environment_winning(tmp_path, monkeypatch
     monkeypatch.delenv("KFORGE_CONFIG")
     with pytest.raises(ValueError, match="needs KFORGE_ANALYST_MODEL"):
         analyst_config(Settings())
+
+
+VTUNE_TEXT = """Function                     CPU Time  Clocks   Instructions Retired  CPI Rate  Memory Bound
+fused_relu_scale_bias        1.250s    4.1e9    2.0e9                 2.05      71.3%
+"""
+
+
+async def test_other_profilers_text_goes_to_a_model_and_is_refused_by_the_rules(ctx, model_server):
+    result = await summarize_profile(ctx, analyst=config("openai", model_server.url), profile_text=VTUNE_TEXT)
+    assert result.source == "text" and result.analysis.provider == "openai:test-model"
+    assert "CPI Rate" in model_server.requests[-1][2]["messages"][1]["content"][0]["text"]
+    with pytest.raises(RequestError, match="configure a model analyst"):
+        await summarize_profile(ctx, profile_text=VTUNE_TEXT)

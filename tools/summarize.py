@@ -158,10 +158,12 @@ def prepare_summary(ctx: ToolContext, analyst: AnalystConfig, *, profile_id: str
         report, source = _stored_report(ctx, profile_id), "stored profile"
     elif text is not None:
         report = parse_profile_text(text)
-        if report is None and not images:
-            raise RequestError("the pasted text is not a profiler output KForge recognizes: paste a torch.profiler "
-                               "key_averages().table(), or Nsight Compute details (text or --csv --page details)")
-        source = report.collector if report else "text"
+        if report is None and not images and analyst.provider == "rules":
+            raise RequestError("the pasted text is not a profiler output the built-in rules read: paste a "
+                               "torch.profiler key_averages().table(), or Nsight Compute details (text or --csv "
+                               "--page details); for other profilers (VTune, Instruments, Nsight Systems) "
+                               "configure a model analyst (KFORGE_ANALYST)")
+        source = report.collector if report else "text"  # a model analyst reads any profiler's text
     rules = load_provider("rules").analyze(report, text=text if profile_id is None else None, code=code,
                                            previous=previous) if report else None
     request = analyst_request(report, rules, text=text, code=code, previous=previous, images=images)
