@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from .report import Counter, NcuKernel, kernel_base_name
+from .report import Counter, NcuKernel, hottest_kernel, kernel_base_name
 
 __all__ = ["counters_for", "ncu_command", "ncu_log_problem", "read_report"]
 
@@ -136,9 +136,8 @@ def read_report(path: Path, custom_names: Iterable[str]) -> list[NcuKernel]:
 
 def counters_for(kernels: list[NcuKernel]) -> list[Counter]:
     """The hottest custom kernel's metrics as counters under ncu's display names (what the analyst reads)."""
-    own = [k for k in kernels if k.is_custom] or kernels
-    if not own:
+    hot = hottest_kernel(kernels)
+    if hot is None:
         return []
-    hot = max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0))
     return [Counter(name=name, value=value, unit="us" if "[us]" in name else "%" if "Throughput" in name or "Occupancy" in name or "Rate" in name else "")
             for name, value in hot.metrics.items()]

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import DeviceFacts
 
-__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us", "kernel_base_name"]
+__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us", "hottest_kernel",
+           "kernel_base_name"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
 _IQR_WARN_FRACTION = 0.10
@@ -150,6 +151,12 @@ class NcuKernel(BaseModel):
     top_stalls: list[tuple[str, float]] = Field(default_factory=list, description="Warp stall reasons, cycles per issued instruction.")
     rules: list[dict[str, str]] = Field(default_factory=list, description="ncu's own rule findings: rule, title, message.")
 
+
+
+def hottest_kernel(kernels: Sequence[NcuKernel]) -> NcuKernel | None:
+    """The candidate's longest ncu-profiled launch (any launch when none is marked as the candidate's)."""
+    own = [k for k in kernels if k.is_custom] or list(kernels)
+    return max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0), default=None)
 
 class ProfileReport(BaseModel):
     """Everything the analyst reads about one profiled candidate."""

@@ -72,12 +72,12 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
         backend.synchronize()
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    events = list(prof.key_averages())
-    rows, total, basis = rows_from_events(events, custom_kernels)
+    averages = prof.key_averages()
+    rows, total, basis = rows_from_events(list(averages), custom_kernels)
     if trace_path is not None:
         # The table as torch prints it (what a user would paste), kept beside the trace.
         sort = "self_device_time_total" if basis == "device" else "self_cpu_time_total"
-        trace_path.with_name(TABLE_ARTIFACT).write_text(prof.key_averages().table(sort_by=sort, row_limit=_MAX_ROWS))
+        trace_path.with_name(TABLE_ARTIFACT).write_text(averages.table(sort_by=sort, row_limit=_MAX_ROWS))
     return rows, total, basis
 
 

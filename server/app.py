@@ -175,10 +175,10 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
 
     analyst = analyst_config(settings)
 
-    def _prepare(args: dict) -> Prepared:
-        return prepare_summary(tools, analyst, profile_id=args["profile_id"], profile_text=args["profile_text"],
-                               screenshots=args["screenshots"], code=args["candidate_code"],
-                               previous_profile_id=args["previous_profile_id"])
+    def _prepare(profile_id: str | None, profile_text: str | None, screenshots: list[str] | None,
+                 candidate_code: str | None, previous_profile_id: str | None) -> Prepared:
+        return prepare_summary(tools, analyst, profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
+                               code=candidate_code, previous_profile_id=previous_profile_id)
 
     def _sampling_request(ctx: Context, profile_id: str | None = None, profile_text: str | None = None,
                           screenshots: list[str] | None = None, candidate_code: str | None = None,
@@ -190,14 +190,13 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         if analyst.provider != "sampling" or caps is None or caps.sampling is None:
             return None
         try:
-            prepared = _prepare(dict(profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
-                                     candidate_code=candidate_code, previous_profile_id=previous_profile_id))
+            request = _prepare(profile_id, profile_text, screenshots, candidate_code, previous_profile_id).request()
         except RequestError:
             return None  # the tool body raises it with its message
-        content: list[TextContent | ImageContent] = [TextContent(type="text", text=prepared.request.user)]
-        content += [ImageContent(type="image", data=im.data, mime_type=im.mime_type) for im in prepared.request.images]
+        content: list[TextContent | ImageContent] = [TextContent(type="text", text=request.user)]
+        content += [ImageContent(type="image", data=im.data, mime_type=im.mime_type) for im in request.images]
         return Sample([SamplingMessage(role="user", content=content)], max_tokens=_SAMPLING_MAX_TOKENS,
-                      system_prompt=prepared.request.system, temperature=0.0)
+                      system_prompt=request.system, temperature=0.0)
 
     async def summarize_profile_tool(
         sampled: _Sampled,
@@ -215,14 +214,12 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         evidence, and ranked recommendations (what to change, where, why, expected effect, confidence).
         The analyst is the server's configured one (built-in rules by default); model analysts fall back to
         the rules and say so when they fail."""
-        args = dict(profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
-                    candidate_code=candidate_code, previous_profile_id=previous_profile_id)
         with _request_errors():
             if analyst.provider != "sampling":
                 return _result(await summarize_profile(tools, analyst=analyst, profile_id=profile_id,
                                                        profile_text=profile_text, screenshots=screenshots,
                                                        code=candidate_code, previous_profile_id=previous_profile_id))
-            prepared = _prepare(args)
+            prepared = _prepare(profile_id, profile_text, screenshots, candidate_code, previous_profile_id)
             if sampled is None:
                 analysis = from_reply(prepared, "sampling", None, "this client offers no sampling")
             else:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import platformdirs
 from typing import Literal
 
+import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from kforge.tools.context import ToolContext
 from kforge.profilers.analyst.http import ModelConfig
+from kforge.tools.context import ToolContext
 from kforge.tools.runner import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
 
@@ -56,7 +55,6 @@ class Settings(BaseSettings):
     analyst_timeout_s: float = Field(default=60.0, gt=0, description="Deadline of one model request.")
     analyst_vision: bool = Field(default=True, description="Whether the model reads images (screenshots).")
     timing_budget_s: float = Field(default=2.0, gt=0, le=60, description="Default time budget per timed model.")
-
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us
+from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel
 
 __all__ = [
     "KernelResources", "BuildInfo", "Check", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
@@ -334,9 +334,7 @@ class ProfileResult(BaseModel):
                          f"{100 * r.bandwidth_fraction:.1f}% of the measured {r.device.peak_bandwidth_gbs:g} GB/s")
         if r.compute_fraction is not None:
             lines.append(f"  {r.achieved_tflops:.3g} TFLOP/s, {100 * r.compute_fraction:.1f}% of the measured matmul rate")
-        own = [k for k in r.ncu if k.is_custom] or list(r.ncu)
-        if own:
-            k = max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0))
+        if (k := hottest_kernel(r.ncu)) is not None:
             m = k.metrics
             stall = f"; top stall {k.top_stalls[0][0]}" if k.top_stalls else ""
             lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us at base clocks, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "

@@ -71,15 +71,22 @@ class ProfileSummary(BaseModel):
 
 @dataclass(frozen=True)
 class Prepared:
-    """Everything an analyst reads, gathered once: the report, the rules' analysis and a model's request."""
+    """Everything an analyst reads, gathered once: the report, the rules' analysis, and what a model gets."""
 
     profile_id: str | None
     source: str
     report: ProfileReport | None
     text: str | None
     rules: Analysis | None
-    request: AnalystRequest
+    code: str | None = None
+    previous: ProfileReport | None = None
+    images: tuple[Image, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def request(self) -> AnalystRequest:
+        """A model analyst's request, rendered only for one (the rules need none)."""
+        return analyst_request(self.report, self.rules, text=self.text, code=self.code, previous=self.previous,
+                               images=self.images)
 
 
 def _stored_report(ctx: ToolContext, profile_id: str) -> ProfileReport:
@@ -166,9 +173,8 @@ def prepare_summary(ctx: ToolContext, analyst: AnalystConfig, *, profile_id: str
         source = report.collector if report else "text"  # a model analyst reads any profiler's text
     rules = load_provider("rules").analyze(report, text=text if profile_id is None else None, code=code,
                                            previous=previous) if report else None
-    request = analyst_request(report, rules, text=text, code=code, previous=previous, images=images)
-    return Prepared(profile_id=profile_id, source=source, report=report, text=text, rules=rules, request=request,
-                    notes=tuple(notes))
+    return Prepared(profile_id=profile_id, source=source, report=report, text=text, rules=rules, code=code,
+                    previous=previous, images=images, notes=tuple(notes))
 
 
 def finish_summary(prepared: Prepared, analysis: Analysis) -> ProfileSummary:
@@ -197,7 +203,7 @@ async def summarize_profile(ctx: ToolContext, *, analyst: AnalystConfig = Analys
         analysis = prepared.rules or fallback(None, analyst.provider, "no model analyst is configured")
         return finish_summary(prepared, analysis)
     try:
-        reply = await ask_model(analyst.model, prepared.request)
+        reply = await ask_model(analyst.model, prepared.request())
     except ModelError as exc:
         return finish_summary(prepared, from_reply(prepared, analyst.model.label, None, str(exc)))
     return finish_summary(prepared, from_reply(prepared, analyst.model.label, reply))

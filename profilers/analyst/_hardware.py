@@ -6,15 +6,14 @@ claims outrank perf's, which count the whole worker process (framework code incl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-import re
-
-from kforge.profilers.report import NcuKernel, ProfileReport
+from kforge.profilers.report import NcuKernel, ProfileReport, hottest_kernel
 
 from .base import Evidence
 
-__all__ = ["Claim", "HardwareFindings", "classify", "hot_ncu_kernel"]
+__all__ = ["Claim", "HardwareFindings", "classify"]
 
 # Below one instruction per cycle an out-of-order core spends most cycles stalled.
 LOW_IPC = 1.0
@@ -84,12 +83,6 @@ def _first(values: dict[str, float], names: tuple[str, ...]) -> tuple[str, float
     return next(((n, values[n]) for n in names if n in values), None)
 
 
-def hot_ncu_kernel(report: ProfileReport) -> NcuKernel | None:
-    """The candidate's longest ncu-profiled launch (any launch when none is marked as the candidate's)."""
-    own = [k for k in report.ncu if k.is_custom] or list(report.ncu)
-    return max(own, key=lambda k: k.metrics.get("Duration [us]", 0.0), default=None)
-
-
 _BYTES_USED = re.compile(r"only ([\d.]+) of the 32 bytes transmitted per sector are utilized")
 _EXCESSIVE = re.compile(r"uncoalesced global accesses resulting in a total of (\d+) excessive sectors \((\d+)% of")
 
@@ -153,11 +146,8 @@ def _at_bandwidth_ceiling(report: ProfileReport, values: dict[str, float]) -> tu
 
 
 def _ncu(report: ProfileReport, out: HardwareFindings) -> None:
-    values: dict[str, float] = {}
-    for c in report.counters:  # a percentage wins over a same-named metric in another unit
-        if c.name not in values or c.unit == "%":
-            values[c.name] = c.value
-    hot = hot_ncu_kernel(report)
+    values = {c.name: c.value for c in report.counters}
+    hot = hottest_kernel(report.ncu)
     duration = hot.metrics.get("Duration [us]") if hot else values.get("Duration [us]")
     if duration is not None and 0 < duration < TINY_KERNEL_US:
         ev = Evidence(metric="kernel duration [us]", value=duration,

@@ -35,9 +35,6 @@ _RULE_TYPES = frozenset({"OPT", "WRN", "INF", "ERR"})
 _Launches = dict[tuple[str, str], list[tuple[str, str, float]]]
 # ncu's rule findings per launch: (launch id, kernel name) -> [{"rule", "title", "message"}]
 _Rules = dict[tuple[str, str], list[dict[str, str]]]
-# Metrics whose display name ncu reuses with another unit in a later section ('Memory Throughput' is a
-# percentage in Speed Of Light and Gbyte/s in Memory Workload Analysis): the percentage is the one meant.
-_PERCENT_FIRST = frozenset({"%"})
 
 
 def _value(cell: str) -> float | None:
@@ -111,8 +108,8 @@ def _parse_plain(text: str) -> tuple[_Launches, _Rules, str | None]:
             rule["message"] = (rule["message"] + " " + line.strip()).strip()
         elif in_section and key is not None and (metric := _metric_line(line)):
             launches[key].append(metric)
-        else:
-            rule = None if not line.strip() else rule
+        elif not line.strip():
+            rule = None  # a blank line ends a rule's paragraph
     return {k: v for k, v in launches.items() if v}, rules, cc
 
 
@@ -142,10 +139,11 @@ def _short(kernel: str) -> str:
 
 
 def _by_name(metrics: list[tuple[str, str, float]]) -> dict[str, tuple[float, str]]:
-    """{display name: (value, unit)}; a percentage wins over a later metric of the same name in another unit."""
+    """{display name: (value, unit)}; a percentage wins over a later metric of the same name in another unit
+    (ncu reuses 'Memory Throughput' for % in Speed Of Light and Gbyte/s in Memory Workload Analysis)."""
     out: dict[str, tuple[float, str]] = {}
     for name, unit, value in metrics:
-        if name in out and (out[name][1] in _PERCENT_FIRST or unit not in _PERCENT_FIRST):
+        if name in out and (out[name][1] == "%" or unit != "%"):
             continue
         out[name] = (value, unit)
     return out

@@ -214,11 +214,12 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
                "on the device: the GPU waits for launches")
     out.claims.append(_hardware.Claim("launch-bound", _PRIORITY_LAUNCH, why, ev))
     targets = small or _by_share(ops)
+    affected = min(1.0, small_share or 1.0)  # launch-heavy without small ops: the whole window is overhead
     out.drafts.append(_Draft(
         "Fuse the small ops into one kernel", f"{REMEDIES[family]['launch-bound']} Start with {_op_list(targets)}; "
         "avoid per-call allocations (aten::empty/zeros) and .contiguous() copies inside the loop.",
-        targets[0].name if targets else None, why, f"most of {_pct(min(1.0, small_share or 1.0))} of op time, which is per-op overhead",
-        "high" if measured or launch_heavy else "medium", ev, min(1.0, small_share or 1.0)))
+        targets[0].name if targets else None, why, f"most of {_pct(affected)} of op time, which is per-op overhead",
+        "high" if measured or launch_heavy else "medium", ev, affected))
 
 
 def _rule_alloc_copy(report: ProfileReport, out: _Findings) -> None:
@@ -300,15 +301,15 @@ def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str,
     hot = custom[0] if custom else _by_share(report.ops)[0]
     affected = report.custom_share if custom and report.custom_share is not None else hot.share
     family = family_of(report.backend, any(r.device_time_us for r in report.ops))
-    action = REMEDIES[family].get(remedy) or REMEDIES[family][bottleneck]
+    key = remedy if remedy in REMEDIES[family] else bottleneck
+    action = REMEDIES[family][key]
     if is_matmul_like(hot.name):
         action += " " + MATMUL_REMEDIES[family]
     ev = Evidence(metric=f"op:{hot.name} share", value=round(affected, 4), judged_against=None,
                   source=report.collector)
     why = f"{hot.name} holds {_pct(affected)} of op time" + (
         "; without hardware counters this advice is generic" if bottleneck == "unknown" else f" and is {bottleneck}")
-    title = REMEDY_TITLES[remedy] if remedy in REMEDIES[family] else REMEDY_TITLES[bottleneck]
-    out.drafts.append(_Draft(title, action, hot.name, why,
+    out.drafts.append(_Draft(REMEDY_TITLES[key], action, hot.name, why,
                              f"a faster {hot.name} speeds up {_pct(affected)} of op time", confidence, [ev], affected))
 
 
