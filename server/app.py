@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import contextmanager
-from typing import Annotated, Iterator, Literal
+from contextlib import asynccontextmanager, contextmanager
+from typing import Annotated, Any, AsyncIterator, Iterator, Literal, Union
 
 from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.types import CallToolResult, CreateMessageResult, ImageContent, SamplingMessage, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from kforge import __version__
 from kforge.backends import Availability
 from kforge.tools.context import RequestError, ToolContext
-from kforge.tools.evaluate import compile_kernel, verify_against_reference
+from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
-from kforge.tools.profile import BASELINES, profile_kernel
+from kforge.tools.profile import BASELINES
+from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
 from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
@@ -37,7 +38,8 @@ log = logging.getLogger("kforge")
 _INSTRUCTIONS = """KForge compiles, verifies, times and profiles kernels you write, on this host's accelerators.
 Loop: read kforge://examples/{backend} once; write a KernelBench-format candidate (class ModelNew);
 compile_kernel until it builds; verify_against_reference until correct (functional pass);
-profile_kernel and summarize_profile, then improve (optimization pass). list_backends says what runs here."""
+profile_kernel and summarize_profile, then improve (optimization pass). list_backends says what runs here.
+Heavy calls wait up to wait_s; past that they return a job handle: get_job(job_id) waits for the result."""
 
 _BACKEND = Annotated[str, Field(description="Backend to run on, e.g. 'cpu'. list_backends shows what this host offers.")]
 _CANDIDATE = Annotated[str, Field(description="Python source defining class ModelNew(nn.Module) with its kernel "
@@ -51,6 +53,7 @@ _PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(
 _PROBLEM = Annotated[str | None, Field(description="Name of a problem in the server's pack (resource kforge://problems) "
                                                    "instead of reference_code.")]
 _USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
+_JOB_ID = Annotated[str, Field(description="A job_id from a job handle (or resource kforge://jobs).")]
 _RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 
@@ -108,28 +111,78 @@ def _progress(ctx: Context):
     return report
 
 
-def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPServer:
-    """The KForge MCP server for `settings` (all state lives in the returned server's ToolContext)."""
+def _wait(what: str) -> Any:
+    return Annotated[float, Field(ge=0, le=3600, description=(
+        f"Seconds to wait for {what} before returning a job handle (status, job_id, progress); the job goes on and "
+        "get_job(job_id) returns its result. The default suits clients that cancel calls after 60 s; the server "
+        "caps it (KFORGE_JOB_MAX_WAIT_S)."))]
+
+
+def _client_key(ctx: Context) -> str:
+    """Whom a job is fair to: the HTTP session, else the client's name (one client per stdio server)."""
+    headers = ctx.headers or {}
+    if headers.get("mcp-session-id"):
+        return f"session:{headers['mcp-session-id']}"
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "client_info", None)
+    return f"client:{info.name}" if info is not None else "anonymous"
+
+
+def _or_job(*models: type[BaseModel]) -> type[RootModel]:
+    """Output schema of a tool answering with one of `models` or a JobStatus (an object at the root, as MCP asks)."""
+    union = Union[(*models, JobStatus)]  # noqa: UP007 - a runtime tuple of types
+    name = "Or".join(m.__name__ for m in models) + "OrJob"
+    return type(name, (RootModel[union],), {"model_config": ConfigDict(json_schema_extra={"type": "object"})})
+
+
+def _job_answer(answer: BaseModel) -> CallToolResult:
+    """A finished job's result, its status while it runs, or the tool error it failed with."""
+    if isinstance(answer, JobStatus) and answer.status == "failed":
+        raise ToolError(f"job {answer.job_id} failed: {answer.error}")
+    return _result(answer)
+
+
+def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: dict[str, Any] | None = None) -> MCPServer:
+    """The KForge MCP server for `settings` (all state lives in the returned server's ToolContext).
+
+    `auth`: the SDK's `token_verifier` and `auth` arguments (HTTP only; see `kforge.server.auth`)."""
     tools = tools or tool_context(settings)
-    mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
+    jobs = JobManager(tools, parallel=settings.parallel_jobs, queue_limit=settings.queue_limit)
+
+    @asynccontextmanager
+    async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        async with jobs.running():  # jobs live as long as the server, not as long as a request
+            yield {}
+
+    mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,
+                    **(auth or {}))
 
     @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
         """Which backends this host offers, and for each one that it does not, why."""
         return _result(BackendList(backends=await tools.availability()))
 
+    async def run_job(ctx: Context, request: JobRequest, wait_s: float) -> CallToolResult:
+        with _request_errors():
+            job = await jobs.submit(request, _client_key(ctx))
+            if isinstance(job, JobStatus):  # busy
+                return _result(job)
+            return _job_answer(await jobs.wait(job, min(wait_s, settings.job_max_wait_s), _progress(ctx)))
+
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
                                   reference_code: _REFERENCE = None, problem: _PROBLEM = None,
-                                  use_store: _USE_STORE = True) -> Annotated[CallToolResult, CompileResult]:
+                                  use_store: _USE_STORE = True,
+                                  wait_s: _wait("the build") = settings.job_wait_s,
+                                  ) -> Annotated[CallToolResult, _or_job(CompileResult)]:
         """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
         located at lines of your candidate text, each kernel's registers, shared memory and spills, build
         seconds and whether the build came from cache. Triton compiles at first launch: give a reference or
-        problem (optional) to launch the candidate once on its inputs and get the Triton kernels' resources."""
+        problem (optional) to launch the candidate once on its inputs and get the Triton kernels' resources.
+        Long builds return a job handle: fetch the result with get_job."""
         ref = _reference(reference_code, problem) if (reference_code or problem) else None
-        with _request_errors():
-            return _result(await compile_kernel(tools, backend, candidate_code, reference_code=ref,
-                                                use_store=use_store, progress=_progress(ctx)))
+        return await run_job(ctx, CompileRequest(backend=backend, candidate_code=candidate_code, reference_code=ref,
+                                                 use_store=use_store), wait_s)
 
     @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
     async def verify_against_reference_tool(
@@ -140,17 +193,17 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         rtol: Annotated[float | None, Field(ge=0, description="Override the per-dtype relative tolerance.")] = None,
         precision: _PRECISION = "strict",
         use_store: _USE_STORE = True,
-    ) -> Annotated[CallToolResult, VerifyResult]:
+        wait_s: _wait("the verdict") = settings.job_wait_s,
+    ) -> Annotated[CallToolResult, _or_job(VerifyResult)]:
         """Run ModelNew and the reference Model (same initial weights) on fresh secret-seeded inputs from
         several distributions and judge it: every output's error (element-wise and relative to float64) with
         the tolerance and why; output contract (plain tensors, no aliasing, inputs unmodified); a second run
         after NaN-poisoning memory; no tampering, threads or global-state changes; whether your own kernels
-        ran; and whether trivial outputs would pass this problem. `checks` lists each with its evidence."""
-        ref = _reference(reference_code, problem)
-        with _request_errors():
-            return _result(await verify_against_reference(
-                tools, backend, ref, candidate_code, trials=trials, atol=atol, rtol=rtol, precision=precision,
-                use_store=use_store, progress=_progress(ctx)))
+        ran; and whether trivial outputs would pass this problem. `checks` lists each with its evidence.
+        Long runs return a job handle: fetch the result with get_job."""
+        return await run_job(ctx, VerifyRequest(
+            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem),
+            trials=trials, atol=atol, rtol=rtol, precision=precision, use_store=use_store), wait_s)
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
     async def profile_kernel_tool(
@@ -163,15 +216,35 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
         hardware_counters: Annotated[bool, Field(description="Also run the candidate under Nsight Compute on a GPU "
                                                  "(about 10-20 s more); False for timing only.")] = True,
         use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
-    ) -> Annotated[CallToolResult, ProfileResult]:
+        wait_s: _wait("the profile") = settings.job_wait_s,
+    ) -> Annotated[CallToolResult, _or_job(ProfileResult)]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
         samples, speedups), record a profiler breakdown (torch.profiler ops, the share of your own kernels,
-        perf counters where allowed), store it and return its profile_id."""
-        ref = _reference(reference_code, problem)
+        perf counters where allowed), store it and return its profile_id. Long runs return a job handle:
+        fetch the result with get_job."""
+        return await run_job(ctx, ProfileRequest(
+            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem),
+            baselines=tuple(baselines), budget_s=budget_s, precision=precision, hardware_counters=hardware_counters,
+            use_store=use_store), wait_s)
+
+    @mcp.tool(name="get_job", title="Get a job's result or progress",
+              annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async def get_job(job_id: _JOB_ID, ctx: Context, wait_s: _wait("the job") = settings.job_wait_s,
+                      ) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
+        """The result of a compile, verify or profile job (exactly what the tool would have returned), or, while
+        it runs, its status and progress after waiting up to wait_s. Works from any connection: a job goes on
+        when the client that started it disconnects."""
         with _request_errors():
-            return _result(await profile_kernel(
-                tools, backend, ref, candidate_code, baselines=tuple(baselines), budget_s=budget_s,
-                precision=precision, hardware_counters=hardware_counters, use_store=use_store, progress=_progress(ctx)))
+            return _job_answer(await jobs.wait_for(job_id, min(wait_s, settings.job_max_wait_s), _progress(ctx)))
+
+    @mcp.tool(name="cancel_job", title="Cancel a job",
+              annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                                          open_world_hint=False))
+    async def cancel_job(job_id: _JOB_ID) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
+        """Stop a queued or running job; its worker processes are killed with everything they started. A job
+        that already finished is left as it is (its result is returned)."""
+        with _request_errors():
+            return _job_answer(jobs.cancel(job_id))
 
     analyst = analyst_config(settings)
 
@@ -232,12 +305,18 @@ def build_server(settings: Settings, tools: ToolContext | None = None) -> MCPSer
     mcp.tool(name="summarize_profile", title="Summarize a profile",
              annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
 
-    _register_resources(mcp, tools)
+    _register_resources(mcp, tools, jobs)
     _register_prompts(mcp, tools, analyst)
     return mcp
 
 
-def _register_resources(mcp: MCPServer, tools: ToolContext) -> None:
+def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager) -> None:
+    @mcp.resource("kforge://jobs", mime_type="application/json", title="Recent jobs")
+    def recent_jobs() -> str:
+        """The latest compile, verify and profile jobs, newest first, with their status: find a job whose handle
+        was lost (for example when the client gave up on the call), then get_job(job_id)."""
+        return json.dumps(jobs.recent(50), indent=1)
+
     @mcp.resource("kforge://backends", mime_type="application/json", title="Backends on this host")
     async def backends() -> str:
         """Every backend KForge knows, whether this host offers it, and why not."""

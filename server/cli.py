@@ -3,52 +3,56 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import anyio
 
 from kforge import __version__
 
+from .auth import MAKE_TOKEN
 from .settings import Settings, analyst_config
 
 __all__ = ["main"]
 
-_LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
-
-
-def _is_loopback(host: str) -> bool:
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from .app import build_server
+    from .auth import TokenError, auth_arguments, load_token
+    from .http import is_loopback, serve_http
 
     # stdout is the MCP wire on stdio: everything we log goes to stderr.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kforge %(levelname)s %(message)s")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    mcp = build_server(settings)
     if args.transport == "stdio":
-        mcp.run("stdio")
+        build_server(settings).run("stdio")
         return 0
-    if not _is_loopback(args.host):
-        print(f"kforge: refusing to serve HTTP on {args.host}: only loopback addresses are allowed until "
-              "token authentication is configured. Use --host 127.0.0.1 and an SSH tunnel "
-              "(ssh -L 8765:127.0.0.1:8765 gpu-host), or run `ssh gpu-host kforge serve` over stdio.",
-              file=sys.stderr)
-        return 2
-    print(f"kforge {__version__}: MCP over streamable HTTP at http://{args.host}:{args.port}/mcp "
-          f"(data in {settings.home})", file=sys.stderr)
-    mcp.run("streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp")
+    try:
+        token, source = load_token(settings.token_file)
+    except TokenError as exc:
+        return _refuse(str(exc))
+    if token is None and not is_loopback(args.host):
+        return _refuse(f"refusing to serve HTTP on {args.host} without a token: anyone who can reach the port could "
+                       f"run code on this machine. Set KFORGE_TOKEN (or KFORGE_TOKEN_FILE) to a long random secret "
+                       f"({MAKE_TOKEN}), or serve on 127.0.0.1 and reach it through "
+                       "`ssh -L 8765:127.0.0.1:8765 gpu-host`, or run `ssh gpu-host kforge serve` over stdio.")
+    if (settings.certfile is None) != (settings.keyfile is None):
+        return _refuse("TLS needs both a certificate and its key: --certfile and --keyfile (KFORGE_CERTFILE, KFORGE_KEYFILE)")
+    if token is not None and settings.certfile is None and not is_loopback(args.host):
+        print("kforge: warning: plain HTTP beyond loopback sends the token in clear text; give --certfile/--keyfile "
+              "or put a TLS reverse proxy in front (README: Remote GPU hosts)", file=sys.stderr)
+    if token is not None:
+        print(f"kforge: bearer token read from {source}", file=sys.stderr)
+    serve_http(build_server(settings, auth=auth_arguments(token)), settings, host=args.host, port=args.port,
+               has_token=token is not None)
     return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"kforge: {message}", file=sys.stderr)
+    return 2
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:
@@ -67,11 +71,12 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
 
     found, facts = anyio.run(gather)
     if args.json:
-        print(json.dumps({"kforge": __version__, "home": str(settings.home),
+        print(json.dumps({"kforge": __version__, "home": str(settings.home), "worker_network": tools.worker_network,
                           "backends": [a.model_dump(mode="json") for a in found],
                           "devices": {k: v.model_dump(mode="json") for k, v in facts.items()}}, indent=1))
         return 0 if any(a.ok for a in found) else 1
     print(f"kforge {__version__}; data directory {settings.home}")
+    print(f"workers: network {tools.worker_network}")
     for a in found:
         mark = "ok " if a.ok else "-- "
         print(f"{mark} {a.backend:8s} {a.reason}" + (f" [{a.device_name}]" if a.device_name else ""))
@@ -90,16 +95,26 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve MCP (stdio by default, for desktop clients)")
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (loopback only for now)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="HTTP: address to bind (default 127.0.0.1; any other needs KFORGE_TOKEN)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
+    serve.add_argument("--token-file", type=Path, help="HTTP: file holding the bearer token (mode 600), "
+                       "instead of KFORGE_TOKEN")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="HTTP: a Host name clients use to reach this server (the public name behind a proxy); repeatable")
+    serve.add_argument("--certfile", type=Path, help="HTTP: TLS certificate (PEM), to serve HTTPS")
+    serve.add_argument("--keyfile", type=Path, help="HTTP: TLS private key (PEM)")
     doctor = sub.add_parser("doctor", help="say which backends this host offers and why others are missing")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--no-measure", dest="measure", action="store_false",
                         help="skip the device ceilings (copy bandwidth, matmul rates; measured once per device)")
     doctor.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of reading the cache")
     args = parser.parse_args(argv)
+    overrides = {k: v for k in ("token_file", "certfile", "keyfile") if (v := getattr(args, k, None)) is not None}
+    if getattr(args, "allowed_host", None):
+        overrides["allowed_hosts"] = args.allowed_host
     try:
-        settings = Settings()
+        settings = Settings(**overrides)
         analyst_config(settings)  # a misconfigured analyst stops here, with what to set
     except ValueError as exc:  # pydantic's ValidationError included
         print(f"kforge: configuration error: {exc}", file=sys.stderr)

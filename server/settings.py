@@ -55,6 +55,24 @@ class Settings(BaseSettings):
     analyst_timeout_s: float = Field(default=60.0, gt=0, description="Deadline of one model request.")
     analyst_vision: bool = Field(default=True, description="Whether the model reads images (screenshots).")
     timing_budget_s: float = Field(default=2.0, gt=0, le=60, description="Default time budget per timed model.")
+    worker_network: Literal["isolated", "host"] = Field(
+        default="isolated", description="Workers start in a network namespace of their own (no network), where the "
+        "OS allows it; 'host' leaves them on the host's network.")
+    worker_file_mb: int | None = Field(default=16384, description="Largest file a worker may write (RLIMIT_FSIZE); 0 disables it.")
+    # Jobs: desktop clients cancel a call after about 60 s, so a heavy call answers with a job handle before that.
+    job_wait_s: float = Field(default=45.0, ge=0, description="How long a heavy call waits before returning a job handle.")
+    job_max_wait_s: float = Field(default=600.0, gt=0, description="The longest wait_s a client may ask for.")
+    parallel_jobs: int = Field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)), ge=1,
+                               description="Jobs running at once (builds in parallel; timing stays one per device).")
+    queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
+    # HTTP (the token itself is read from KFORGE_TOKEN or a token file, never from the config file).
+    token_file: Path | None = Field(default=None, description="File holding the bearer token (instead of KFORGE_TOKEN).")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host header values to accept (the "
+                                     "public name behind a reverse proxy, e.g. 'gpu.example.com'); loopback is always allowed.")
+    allowed_origins: list[str] = Field(default_factory=list, description="Extra Origin values to accept (browser clients).")
+    max_request_mb: float = Field(default=64.0, gt=0, description="Largest HTTP request body (screenshots are up to 8 x 8 MiB).")
+    certfile: Path | None = Field(default=None, description="TLS certificate (PEM) for HTTP; with keyfile, serves HTTPS.")
+    keyfile: Path | None = Field(default=None, description="TLS private key (PEM).")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -78,5 +96,7 @@ def analyst_config(settings: Settings) -> AnalystConfig:
 def tool_context(settings: Settings) -> ToolContext:
     """The tools' context for these settings: configuration is read once here and passed down."""
     memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
+    files = settings.worker_file_mb * 2**20 if settings.worker_file_mb else None
     return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
-                       limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory))
+                       limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
+                                           isolate_network=settings.worker_network == "isolated"))

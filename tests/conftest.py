@@ -61,6 +61,9 @@ def kforge_command() -> list[str]:
 def server_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "CXX", "CC")}
     env["KFORGE_HOME"] = str(home)
+    # Tests that are not about jobs want the answer, however slow a cold C++ build is on a busy CI machine;
+    # the job tests pass wait_s themselves.
+    env["KFORGE_JOB_WAIT_S"] = env["KFORGE_JOB_MAX_WAIT_S"] = "1800"
     env.update(extra)
     return env
 

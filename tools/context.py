@@ -42,6 +42,7 @@ class ToolContext:
     _locks: dict[str, anyio.Lock] = field(default_factory=dict, init=False)
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
+    worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
@@ -73,6 +74,7 @@ class ToolContext:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
                         reply = await w.call("probe", stage="probe", timeout_s=120, backends=backend_names())
+                        self.worker_network = w.network
                 self._availability = [Availability(**b) for b in reply["backends"]]
             return self._availability
 

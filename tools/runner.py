@@ -52,6 +52,8 @@ class HarnessError(RuntimeError):
 class WorkerLimits:
     timeout_s: float = 600.0
     memory_bytes: int | None = None
+    file_bytes: int | None = None
+    isolate_network: bool = True
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -106,6 +108,7 @@ class WorkerProcess:
         self._proc: anyio.abc.Process | None = None
         self.kernel_names: list[str] = []
         self._out: BufferedByteReceiveStream | None = None
+        self.network = "host"  # what the worker reported: "isolated" or why not
 
     async def __aenter__(self) -> WorkerProcess:
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -117,12 +120,16 @@ class WorkerProcess:
                 start_new_session=True)
         self._out = BufferedByteReceiveStream(self._proc.stdout)
         init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
-                "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes}
+                "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes,
+                "file_bytes": self.limits.file_bytes,
+                # A profiler front-end (ncu) talks to its target over local sockets: keep those on one network.
+                "isolate_network": self.limits.isolate_network and not self._prefix}
         await self._send(init)
         reply = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S * (2 if self._prefix else 1))
         if "fatal" in reply:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
+        self.network = reply.get("network", "host")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

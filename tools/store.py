@@ -2,8 +2,9 @@
 
 Layout under the data directory (``KFORGE_HOME``)::
 
-    kforge.db                    results (keyed by JobSpec.key), profiles (keyed by profile_id) and
-                                 the history of candidates per problem (keyed by the reference's sha256)
+    kforge.db                    results (keyed by JobSpec.key), profiles (keyed by profile_id), the
+                                 history of candidates per problem (keyed by the reference's sha256) and
+                                 jobs (keyed by job_id: request, status, progress, result)
     artifacts/<profile_id>/      raw artifacts of a profile (Chrome trace, worker logs)
     cache/                       build caches (C++ extensions, inductor, triton)
     jobs/                        scratch directories of running jobs (removed when a job ends)
@@ -35,9 +36,17 @@ CREATE TABLE IF NOT EXISTS history (
     created_at REAL NOT NULL, correct INTEGER, speedup_eager REAL, speedup_compile REAL, median_us REAL,
     trusted INTEGER, profile_id TEXT);
 CREATE INDEX IF NOT EXISTS history_by_problem ON history (reference_sha256, created_at);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, key TEXT NOT NULL, tool TEXT NOT NULL, backend TEXT NOT NULL, client TEXT NOT NULL,
+    device TEXT NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, created_at REAL NOT NULL,
+    started_at REAL, finished_at REAL, done REAL, total REAL, message TEXT, result TEXT, error TEXT);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
 """
 # A problem's history keeps this many of its latest entries in a read.
 _HISTORY_LIMIT = 200
+# Columns a job's update may set (the rest are fixed at submission).
+_JOB_UPDATABLE = {"owner", "status", "started_at", "finished_at", "done", "total", "message", "result", "error"}
+_JOB_JSON = ("request", "result")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -132,3 +141,50 @@ class ResultStore:
             return []
         path = self.home / "artifacts" / profile_id
         return sorted(p.name for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def insert_job(self, row: dict[str, Any]) -> None:
+        row = {k: (json.dumps(v) if k in _JOB_JSON and v is not None else v) for k, v in row.items()}
+        with closing(self._connect()) as db, db:
+            db.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+
+    def update_job(self, job_id: str, *, expect_owner: str | None = None, **fields: Any) -> bool:
+        """Set `fields` of a job; with `expect_owner`, only while that owner holds it (an atomic claim)."""
+        unknown = set(fields) - _JOB_UPDATABLE
+        if unknown:
+            raise ValueError(f"job fields {sorted(unknown)} cannot be updated")
+        values = [json.dumps(v) if k in _JOB_JSON and v is not None else v for k, v in fields.items()]
+        where, args = "job_id = ?", [job_id]
+        if expect_owner is not None:
+            where, args = where + " AND owner = ?", args + [expect_owner]
+        with closing(self._connect()) as db, db:
+            cur = db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE {where}", (*values, *args))
+            return cur.rowcount == 1
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        with closing(self._connect()) as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return _job_row(row) if row else None
+
+    def jobs(self, *, statuses: tuple[str, ...] | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Jobs, newest first (oldest first when filtered by status: the order to resume them in)."""
+        with closing(self._connect()) as db:
+            db.row_factory = sqlite3.Row
+            if statuses:
+                rows = db.execute(f"SELECT * FROM jobs WHERE status IN ({', '.join('?' * len(statuses))}) "
+                                  "ORDER BY created_at LIMIT ?", (*statuses, limit)).fetchall()
+            else:
+                rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [_job_row(r) for r in rows]
+
+    def prune_jobs(self, older_than_s: float) -> int:
+        """Forget finished jobs (their requests hold whole sources) older than `older_than_s`."""
+        with closing(self._connect()) as db, db:
+            cur = db.execute("DELETE FROM jobs WHERE status NOT IN ('queued', 'running') AND created_at < ?",
+                             (time.time() - older_than_s,))
+            return cur.rowcount
+
+
+def _job_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {k: (json.loads(row[k]) if k in _JOB_JSON and row[k] is not None else row[k]) for k in row.keys()}

@@ -24,10 +24,39 @@ from .judge import JudgeOps
 __all__ = ["main"]
 
 
-def _set_limits(memory_bytes: int | None) -> None:
+def _set_limits(memory_bytes: int | None, file_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing candidate must not fill the disk
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if file_bytes:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+
+
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+
+
+def _isolate_network() -> str:
+    """Move this process into a network namespace of its own (only a loopback that is down).
+
+    Root (or CAP_SYS_ADMIN) can do it directly; other users through an unprivileged user namespace
+    that maps their own ids. Must run while the process has a single thread (before torch).
+    Returns "isolated", or why the worker stays on the host's network.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) == 0:
+        return "isolated"
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return f"host (the OS refused a network namespace: {os.strerror(ctypes.get_errno())})"
+    try:
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    except OSError as exc:  # still isolated, but files would look unowned: say so in the log
+        print(f"kforge worker: user namespace id maps not written: {exc}", file=sys.stderr)
+    return "isolated"
 
 
 class Worker(JudgeOps, CandidateOps):
@@ -39,7 +68,7 @@ class Worker(JudgeOps, CandidateOps):
         # A probe worker has no backend: it must work even where torch cannot be imported.
         self.backend = load_backend(init["backend"]) if init.get("backend") else None
         memory = init.get("memory_bytes") if getattr(self.backend, "limits_address_space", False) else None
-        _set_limits(memory)  # before any user code runs
+        _set_limits(memory, init.get("file_bytes"))  # before any user code runs
         if self.backend is not None:
             self.backend.setup()
             from .integrity import HarnessSnapshot
@@ -163,6 +192,7 @@ def main() -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     os.chdir(init["scratch"])
+    network = _isolate_network() if init.get("isolate_network") and sys.platform == "linux" else "host"
 
     def reply(payload: dict[str, Any]) -> None:
         proto_out.write(json.dumps(payload) + "\n")
@@ -173,7 +203,7 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
-    reply({"ready": True, "pid": os.getpid()})
+    reply({"ready": True, "pid": os.getpid(), "network": network})
     for line in proto_in:
         msg = json.loads(line)
         handler = getattr(worker, f"op_{msg['op']}", None)

@@ -1,0 +1,321 @@
+"""Jobs: heavy tool calls run in the server's own task group, not in the request that asked for them.
+
+A tool call submits a request and waits a bounded time, forwarding progress. If the job is not done by
+then the caller gets a `JobStatus` handle and fetches the result later with `get_job`, from any
+connection: a job outlives the client that started it (desktop clients cancel calls after about 60 s).
+
+- **Queues:** one per accelerator (the backend's device; `cuda` and `triton` share a GPU), bounded: a
+  full queue answers "busy, retry in N s" instead of growing without limit.
+- **Parallel, fair:** up to `parallel` jobs run at once (builds use the CPU cores; timing still takes the
+  device's lock, one at a time). The next job goes to the client with the fewest running jobs, then the
+  one served least recently: one client's burst does not starve another.
+- **Once, and not lost:** a repeated identical request attaches to the job already running it; every job is
+  written to the store at submission with its request, and a server that stops leaves its unfinished jobs
+  queued for the next server on the same data directory, which claims them atomically and runs them.
+- **Cancel:** `cancel` stops a job; its worker processes are killed with their process groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from .context import Progress, RequestError, ToolContext
+from .requests import JobRequest, parse_request, request_key, result_model
+
+__all__ = ["JobManager", "JobStatus"]
+
+log = logging.getLogger("kforge.jobs")
+
+ACTIVE = ("queued", "running")
+_KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetchable this long
+_DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
+
+
+class JobStatus(BaseModel):
+    """Where a job stands, when its result is not ready (or the queue is full)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Literal["queued", "running", "failed", "cancelled", "busy"]
+    job_id: str | None = Field(default=None, description="Pass to get_job or cancel_job; none when busy.")
+    tool: str
+    progress: float | None = None
+    total: float | None = None
+    message: str = ""
+    queue_position: int | None = Field(default=None, description="Jobs ahead of this one on its device (queued).")
+    retry_after_s: float | None = Field(default=None, description="Busy: try again after about this long.")
+    error: str | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    def __str__(self) -> str:
+        if self.status == "busy":
+            return f"Busy: {self.message} Retry in about {self.retry_after_s:g} s."
+        if self.status in ACTIVE:
+            step = f" ({self.progress:g}/{self.total:g})" if self.progress is not None and self.total else ""
+            ahead = f", {self.queue_position} job(s) ahead" if self.queue_position else ""
+            return (f"Job {self.job_id} ({self.tool}) is {self.status}{ahead}: {self.message}{step}.\n"
+                    f"Its result is kept: call get_job(job_id=\"{self.job_id}\") to wait for it (or cancel_job).")
+        return f"Job {self.job_id} ({self.tool}) {self.status}: {self.error or self.message}"
+
+
+@dataclass(eq=False)
+class _Job:
+    id: str
+    request: JobRequest
+    key: str
+    client: str
+    device: str
+    created_at: float
+    status: str = "queued"
+    done: float | None = None
+    total: float | None = None
+    message: str = "waiting for a free slot"
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    cancel_requested: bool = False
+    scope: anyio.CancelScope | None = None
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def touch(self) -> None:
+        """Wake everyone waiting on this job (a fresh event for the next change)."""
+        event, self.changed = self.changed, anyio.Event()
+        event.set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class JobManager:
+    """Runs heavy requests as jobs; use inside `async with manager.running():` (the server's lifespan)."""
+
+    def __init__(self, tools: ToolContext, *, parallel: int = 2, queue_limit: int = 32) -> None:
+        if parallel < 1 or queue_limit < 1:
+            raise ValueError("parallel and queue_limit must be at least 1")
+        self.tools, self.store = tools, tools.store
+        self.parallel, self.queue_limit = parallel, queue_limit
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._jobs: dict[str, _Job] = {}
+        self._pending: list[_Job] = []
+        self._running_per_client: Counter[str] = Counter()
+        self._last_start: dict[str, float] = {}
+        self._mean_s: dict[str, float] = {}
+        self._wakeup = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifetime --------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[JobManager]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self.store.prune_jobs(_KEEP_FINISHED_S)
+            self._resume_orphans()
+            tg.start_soon(self._dispatch)
+            try:
+                yield self
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()  # running jobs go back to "queued" in the store (see _execute)
+
+    def _resume_orphans(self) -> None:
+        """Claim the unfinished jobs of servers that are gone, and queue them again (oldest first)."""
+        host = socket.gethostname()
+        for row in self.store.jobs(statuses=ACTIVE, limit=10_000):
+            owner_host, _, pid = row["owner"].rpartition(":")
+            if owner_host != host or (pid.isdigit() and _pid_alive(int(pid))):
+                continue  # another live server's job (or another machine's): not ours to run
+            if not self.store.update_job(row["job_id"], expect_owner=row["owner"], owner=self.owner, status="queued",
+                                         message="resumed: the server that accepted it stopped before it finished"):
+                continue  # another server claimed it first
+            job = _Job(id=row["job_id"], request=parse_request(row["request"]), key=row["key"], client=row["client"],
+                       device=row["device"], created_at=row["created_at"], message=row["message"] or "")
+            self._jobs[job.id] = job
+            self._pending.append(job)
+            log.info("resumed job %s (%s)", job.id, job.request.tool)
+        self._wakeup.set()
+
+    # -- submit, wait, read, cancel --------------------------------------------------------------
+    async def submit(self, request: JobRequest, client: str) -> _Job | JobStatus:
+        """Queue `request` (or attach to the identical job already queued or running); `busy` when full."""
+        if self._tg is None:
+            raise RuntimeError("the job manager is not running (enter JobManager.running() first)")
+        avail = await self.tools.require_backend(request.backend)  # unknown backends fail here, at once
+        key = request_key(request)
+        for job in self._jobs.values():
+            if job.key == key and job.status in ACTIVE:
+                return job
+        device = avail.device_name or request.backend
+        queued = [j for j in self._pending if j.device == device]
+        if len(queued) >= self.queue_limit:
+            return JobStatus(status="busy", tool=request.tool, retry_after_s=self._estimate_wait(queued),
+                             message=f"{len(queued)} jobs are queued for {device} (the limit is {self.queue_limit}).")
+        job = _Job(id=uuid.uuid4().hex[:16], request=request, key=key, client=client, device=device,
+                   created_at=time.time())
+        self.store.insert_job({"job_id": job.id, "key": key, "tool": request.tool, "backend": request.backend,
+                               "client": client, "device": device, "owner": self.owner, "status": "queued",
+                               "request": request.model_dump(mode="json"), "created_at": job.created_at,
+                               "message": job.message})
+        self._jobs[job.id] = job
+        self._pending.append(job)
+        self._wakeup.set()
+        return job
+
+    async def wait(self, job: _Job, wait_s: float, progress: Progress) -> BaseModel:
+        """Wait up to `wait_s` for `job`, forwarding its progress; its result, or its status."""
+        sent = None
+        with anyio.move_on_after(wait_s):
+            while job.status in ACTIVE:
+                changed = job.changed
+                view = (job.done, job.total, self._message(job))
+                if view != sent and (job.done is not None or job.status == "queued"):
+                    await progress(job.done or 0.0, job.total, view[2])
+                    sent = view
+                await changed.wait()
+        return self.view(job.id)
+
+    async def wait_for(self, job_id: str, wait_s: float, progress: Progress) -> BaseModel:
+        """`get_job`: the result of `job_id`, waiting up to `wait_s` for a job this server runs."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            return await self.wait(job, wait_s, progress)
+        return self.view(job_id)
+
+    def view(self, job_id: str) -> BaseModel:
+        """The job's result (the tool's own result model) when done, else its `JobStatus`."""
+        job = self._jobs.get(job_id)
+        row = self._row(job) if job is not None else self.store.get_job(job_id)
+        if row is None:
+            raise RequestError(f"no job {job_id!r} on this server: job ids come from a tool's job handle, and "
+                               "finished jobs are kept for 30 days (resource kforge://jobs lists recent ones)")
+        if row["status"] == "done":
+            return result_model(row["tool"]).model_validate(row["result"])
+        position = None
+        if job is not None and job.status == "queued":
+            position = sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
+        return JobStatus(status=row["status"], job_id=row["job_id"], tool=row["tool"], progress=row["done"],
+                         total=row["total"], message=row["message"] or "", queue_position=position,
+                         error=row["error"], created_at=row["created_at"], started_at=row["started_at"],
+                         finished_at=row["finished_at"])
+
+    def cancel(self, job_id: str) -> BaseModel:
+        job = self._jobs.get(job_id)
+        if job is None or job.status not in ACTIVE:
+            return self.view(job_id)  # unknown (raises), or finished already: say how it ended
+        job.cancel_requested = True
+        if job.status == "queued":
+            self._pending.remove(job)
+            self._finish(job, "cancelled", message="cancelled before it started")
+        elif job.scope is not None:
+            job.scope.cancel()  # _execute records it once the workers are killed
+        return self.view(job_id)
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        keep = ("job_id", "tool", "backend", "client", "device", "status", "message", "error", "created_at",
+                "started_at", "finished_at")
+        return [{k: r[k] for k in keep} for r in self.store.jobs(limit=limit)]
+
+    # -- scheduling ------------------------------------------------------------------------------
+    async def _dispatch(self) -> None:
+        slots = anyio.Semaphore(self.parallel)
+        assert self._tg is not None
+        while True:
+            await slots.acquire()
+            while not self._pending:
+                self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+            job = self._pick()
+            self._pending.remove(job)
+            self._tg.start_soon(self._execute, job, slots)
+
+    def _pick(self) -> _Job:
+        """Fair share: the client with the fewest running jobs, then the one served least recently."""
+        return min(self._pending, key=lambda j: (self._running_per_client[j.client],
+                                                 self._last_start.get(j.client, 0.0), j.created_at))
+
+    async def _execute(self, job: _Job, slots: anyio.Semaphore) -> None:
+        now = time.time()
+        self._running_per_client[job.client] += 1
+        self._last_start[job.client] = time.monotonic()
+        job.status, job.started_at, job.message = "running", now, "started"
+        self.store.update_job(job.id, status="running", started_at=now, message=job.message)
+        job.touch()
+
+        async def progress(done: float, total: float | None, message: str) -> None:
+            job.done, job.total, job.message = done, total, message
+            self.store.update_job(job.id, done=done, total=total, message=message)
+            job.touch()
+
+        try:
+            with anyio.CancelScope() as scope:
+                job.scope = scope
+                if job.cancel_requested:
+                    scope.cancel()
+                result = await job.request.run(self.tools, progress)
+            if job.cancel_requested:
+                self._finish(job, "cancelled", message="cancelled while running; its worker processes were killed")
+            else:
+                self._finish(job, "done", message="done", result=result.model_dump(mode="json", exclude_none=True))
+        except anyio.get_cancelled_exc_class():
+            # The server is stopping: the job goes back to the queue for the next server on this data directory.
+            job.status = "queued"
+            self.store.update_job(job.id, status="queued", message="interrupted by a server shutdown; "
+                                  "the next server on this data directory resumes it")
+            raise
+        except RequestError as exc:
+            self._finish(job, "failed", message="failed", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a harness bug must not take the job manager down
+            log.exception("job %s (%s) failed", job.id, job.request.tool)
+            self._finish(job, "failed", message="failed",
+                         error=f"KForge internal error ({type(exc).__name__}: {exc}); the server log has the traceback")
+        finally:
+            self._running_per_client[job.client] -= 1
+            slots.release()
+
+    def _finish(self, job: _Job, status: str, *, message: str, result: dict[str, Any] | None = None,
+                error: str | None = None) -> None:
+        job.status, job.message, job.result, job.error, job.finished_at = status, message, result, error, time.time()
+        self.store.update_job(job.id, status=status, message=message, result=result, error=error,
+                              finished_at=job.finished_at)
+        if status == "done" and job.started_at is not None:
+            tool, took = job.request.tool, job.finished_at - job.started_at
+            self._mean_s[tool] = took if tool not in self._mean_s else 0.7 * self._mean_s[tool] + 0.3 * took
+        job.touch()
+        self._jobs.pop(job.id, None)  # finished jobs are read from the store
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _estimate_wait(self, queued: list[_Job]) -> float:
+        """About when a slot frees for a new job: the queued jobs' expected time over the parallel slots."""
+        expected = sum(self._mean_s.get(j.request.tool, _DEFAULT_JOB_S) for j in queued)
+        return float(min(600, max(1, round(expected / self.parallel))))
+
+    def _message(self, job: _Job) -> str:
+        if job.status == "queued":
+            ahead = sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
+            return f"queued for {job.device}: {ahead} job(s) ahead"
+        return job.message
+
+    def _row(self, job: _Job) -> dict[str, Any]:
+        return {"job_id": job.id, "tool": job.request.tool, "status": job.status, "done": job.done,
+                "total": job.total, "message": self._message(job), "error": job.error, "result": job.result,
+                "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at}
