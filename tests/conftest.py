@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
 
+import httpx2
 import pytest
 
 from mcp import Client, StdioServerParameters, stdio_client
@@ -87,11 +90,19 @@ def free_port() -> int:
 
 
 class HttpServer:
-    def __init__(self, home: Path, **env: str) -> None:
+    """`kforge serve --transport http` on a free port; `token` goes in KFORGE_TOKEN, `ca` makes it HTTPS."""
+
+    def __init__(self, home: Path, *args: str, token: str | None = None, ca: Path | None = None,
+                 host: str = "127.0.0.1", **env: str) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.log = open(home / "http-server.log", "a")
-        self.proc = subprocess.Popen([*kforge_command(), "serve", "--transport", "http", "--port", str(self.port)],
+        self.token, self.ca = token, ca
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}/mcp"
+        self.log_path = home / f"http-server-{self.port}.log"
+        self.log = open(self.log_path, "a")
+        if token is not None:
+            env["KFORGE_TOKEN"] = token
+        self.proc = subprocess.Popen([*kforge_command(), "serve", "--transport", "http", "--host", host,
+                                      "--port", str(self.port), *args],
                                      env=server_env(home, **env), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -105,12 +116,18 @@ class HttpServer:
         raise RuntimeError("kforge serve --transport http did not start listening within 60 s")
 
     @asynccontextmanager
-    async def session(self, *, mode: str = "auto") -> AsyncIterator[Client]:
-        async with Client(streamable_http_client(self.url), mode=mode) as client:
-            yield client
+    async def session(self, *, mode: str = "auto", token: str | None = None) -> AsyncIterator[Client]:
+        """An MCP client session; with the server's token unless `token` says otherwise."""
+        token = token if token is not None else self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+        async with httpx2.AsyncClient(headers=headers, verify=verify,
+                                      timeout=httpx2.Timeout(30, read=1800)) as http:
+            async with Client(streamable_http_client(self.url, http_client=http), mode=mode) as client:
+                yield client
 
-    def stop(self) -> None:
-        self.proc.terminate()
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
