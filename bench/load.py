@@ -51,12 +51,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(home: Path, port: int, parallel: int | None) -> subprocess.Popen:
+def _start_server(home: Path, port: int, parallel: int | None, queue_limit: int | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "CXX", "CC",
                                                        "CUDA_HOME", "LD_LIBRARY_PATH")}
     env.update(KFORGE_HOME=str(home), KFORGE_TOKEN=TOKEN)
     if parallel:
         env["KFORGE_PARALLEL_JOBS"] = str(parallel)
+    if queue_limit:
+        env["KFORGE_QUEUE_LIMIT"] = str(queue_limit)
     proc = subprocess.Popen([sys.executable, "-m", "kforge.server.cli", "serve", "--transport", "http", "--port",
                              str(port)], env=env, stdout=open(home / "server.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -176,6 +178,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4, help="jobs per client")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--parallel", type=int, help="KFORGE_PARALLEL_JOBS for the server (default: its own)")
+    ap.add_argument("--queue-limit", type=int, help="KFORGE_QUEUE_LIMIT (small: exercise the busy answers)")
     ap.add_argument("--solo", type=int, default=2, help="solo rounds (2 jobs each) for the baseline")
     ap.add_argument("--device", default=platform.node(), help="label for the results file")
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -183,19 +186,20 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="kforge-load-"))
     port = _free_port()
-    server = _start_server(home, port, args.parallel)
+    server = _start_server(home, port, args.parallel, args.queue_limit)
     try:
         row = anyio.run(_run, args, f"http://127.0.0.1:{port}/mcp")
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     row.update(store=_store_counts(home), backend=args.backend, parallel=args.parallel or "default",
+               queue_limit=args.queue_limit or "default",
                cores=os.cpu_count(), device=args.device, date=time.strftime("%Y-%m-%d"), versions=_versions())
     row["store_ok"] = (row["store"]["done"] >= row["jobs"] and row["store"]["duplicate_keys"] == 0)
 
-    header = ("| clients x jobs | parallel | wall s | jobs/min | p50 s | p99 s | solo p50 s | throughput vs solo | "
+    header = ("| clients x jobs | parallel | queue limit | wall s | jobs/min | p50 s | p99 s | solo p50 s | throughput vs solo | "
               "busy retries | lost | mismatched | duplicated in store |")
-    line = (f"| {row['clients']} x {row['jobs_per_client']} | {row['parallel']} | {row['wall_s']} | "
+    line = (f"| {row['clients']} x {row['jobs_per_client']} | {row['parallel']} | {row['queue_limit']} | {row['wall_s']} | "
             f"{row['throughput_per_min']} | {row['latency_p50_s']} | {row['latency_p99_s']} | "
             f"{row['solo_latency_p50_s']} | {row['throughput_vs_solo']}x | {row['busy_retries']} | {row['lost']} | "
             f"{row['mismatched']} | {row['store']['duplicate_keys']} |")
@@ -203,7 +207,8 @@ def main() -> None:
     print(table)
     print(f"per tool p50: {row['per_tool_p50_s']}; server-side service p50: {row['store']['service_s']}")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"load-{args.backend}-{args.device}-{row['date']}-{args.clients}x{args.jobs}"
+    stem = args.out / (f"load-{args.backend}-{args.device}-{row['date']}-{args.clients}x{args.jobs}"
+                       + (f"-queue{args.queue_limit}" if args.queue_limit else ""))
     stem.with_suffix(".json").write_text(json.dumps(row, indent=1))
     stem.with_suffix(".md").write_text(
         f"# Load: {row['clients']} clients x {row['jobs_per_client']} jobs, backend {args.backend}\n\n"

@@ -185,12 +185,14 @@ class JobManager:
         """Wait up to `wait_s` for `job`, forwarding its progress; its result, or its status."""
         sent = None
         with anyio.move_on_after(wait_s):
-            while job.status in ACTIVE:
+            while True:
                 changed = job.changed
                 view = (job.done, job.total, self._message(job))
                 if view != sent and (job.done is not None or job.status == "queued"):
-                    await progress(job.done or 0.0, job.total, view[2])
+                    await progress(job.done or 0.0, job.total, view[2])  # the last one too ("done")
                     sent = view
+                if job.status not in ACTIVE:
+                    break
                 await changed.wait()
         return self.view(job.id)
 
