@@ -212,9 +212,7 @@ class JobManager:
                                "finished jobs are kept for 30 days (resource kforge://jobs lists recent ones)")
         if row["status"] == "done":
             return result_model(row["tool"]).model_validate(row["result"])
-        position = None
-        if job is not None and job.status == "queued":
-            position = sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
+        position = self._ahead(job) if job is not None and job.status == "queued" else None
         return JobStatus(status=row["status"], job_id=row["job_id"], tool=row["tool"], progress=row["done"],
                          total=row["total"], message=row["message"] or "", queue_position=position,
                          error=row["error"], created_at=row["created_at"], started_at=row["started_at"],
@@ -311,11 +309,12 @@ class JobManager:
         expected = sum(self._mean_s.get(j.request.tool, _DEFAULT_JOB_S) for j in queued)
         return float(min(600, max(1, round(expected / self.parallel))))
 
+    def _ahead(self, job: _Job) -> int:
+        """Queued jobs for the same device submitted before `job`."""
+        return sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
+
     def _message(self, job: _Job) -> str:
-        if job.status == "queued":
-            ahead = sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
-            return f"queued for {job.device}: {ahead} job(s) ahead"
-        return job.message
+        return f"queued for {job.device}: {self._ahead(job)} job(s) ahead" if job.status == "queued" else job.message
 
     def _row(self, job: _Job) -> dict[str, Any]:
         return {"job_id": job.id, "tool": job.request.tool, "status": job.status, "done": job.done,
