@@ -147,7 +147,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
 
     `auth`: the SDK's `token_verifier` and `auth` arguments (HTTP only; see `kforge.server.auth`)."""
     tools = tools or tool_context(settings)
-    jobs = JobManager(tools, parallel=settings.parallel_jobs, queue_limit=settings.queue_limit)
+    jobs = JobManager(tools, parallel=settings.parallel_jobs, queue_limit=settings.queue_limit,
+                      max_wait_s=settings.job_max_wait_s)
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
@@ -167,7 +168,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
             job = await jobs.submit(request, _client_key(ctx))
             if isinstance(job, JobStatus):  # busy
                 return _result(job)
-            return _job_answer(await jobs.wait(job, min(wait_s, settings.job_max_wait_s), _progress(ctx)))
+            return _job_answer(await jobs.wait(job, wait_s, _progress(ctx)))
 
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
@@ -235,7 +236,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         it runs, its status and progress after waiting up to wait_s. Works from any connection: a job goes on
         when the client that started it disconnects."""
         with _request_errors():
-            return _job_answer(await jobs.wait_for(job_id, min(wait_s, settings.job_max_wait_s), _progress(ctx)))
+            return _job_answer(await jobs.wait_for(job_id, wait_s, _progress(ctx)))
 
     @mcp.tool(name="cancel_job", title="Cancel a job",
               annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,

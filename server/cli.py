@@ -33,14 +33,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         token, source = load_token(settings.token_file)
     except TokenError as exc:
         return _refuse(str(exc))
-    if token is None and not is_loopback(args.host):
+    exposed = not is_loopback(args.host)
+    if token is None and exposed:
         return _refuse(f"refusing to serve HTTP on {args.host} without a token: anyone who can reach the port could "
                        f"run code on this machine. Set KFORGE_TOKEN (or KFORGE_TOKEN_FILE) to a long random secret "
                        f"({MAKE_TOKEN}), or serve on 127.0.0.1 and reach it through "
                        "`ssh -L 8765:127.0.0.1:8765 gpu-host`, or run `ssh gpu-host kforge serve` over stdio.")
     if (settings.certfile is None) != (settings.keyfile is None):
         return _refuse("TLS needs both a certificate and its key: --certfile and --keyfile (KFORGE_CERTFILE, KFORGE_KEYFILE)")
-    if token is not None and settings.certfile is None and not is_loopback(args.host):
+    if token is not None and settings.certfile is None and exposed:
         print("kforge: warning: plain HTTP beyond loopback sends the token in clear text; give --certfile/--keyfile "
               "or put a TLS reverse proxy in front (README: Remote GPU hosts)", file=sys.stderr)
     if token is not None:

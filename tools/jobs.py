@@ -32,12 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .context import Progress, RequestError, ToolContext
 from .requests import JobRequest, parse_request, request_key, result_model
+from .store import ACTIVE_JOB_STATUSES as ACTIVE
 
 __all__ = ["JobManager", "JobStatus"]
 
 log = logging.getLogger("kforge.jobs")
 
-ACTIVE = ("queued", "running")
 _KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetchable this long
 _DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
 
@@ -110,11 +110,12 @@ def _pid_alive(pid: int) -> bool:
 class JobManager:
     """Runs heavy requests as jobs; use inside `async with manager.running():` (the server's lifespan)."""
 
-    def __init__(self, tools: ToolContext, *, parallel: int = 2, queue_limit: int = 32) -> None:
+    def __init__(self, tools: ToolContext, *, parallel: int = 2, queue_limit: int = 32,
+                 max_wait_s: float = 600.0) -> None:
         if parallel < 1 or queue_limit < 1:
             raise ValueError("parallel and queue_limit must be at least 1")
         self.tools, self.store = tools, tools.store
-        self.parallel, self.queue_limit = parallel, queue_limit
+        self.parallel, self.queue_limit, self.max_wait_s = parallel, queue_limit, max_wait_s
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._jobs: dict[str, _Job] = {}
         self._pending: list[_Job] = []
@@ -182,9 +183,9 @@ class JobManager:
         return job
 
     async def wait(self, job: _Job, wait_s: float, progress: Progress) -> BaseModel:
-        """Wait up to `wait_s` for `job`, forwarding its progress; its result, or its status."""
+        """Wait up to `wait_s` (at most `max_wait_s`) for `job`, forwarding its progress; its result, or its status."""
         sent = None
-        with anyio.move_on_after(wait_s):
+        with anyio.move_on_after(min(wait_s, self.max_wait_s)):
             while True:
                 changed = job.changed
                 view = (job.done, job.total, self._message(job))

@@ -23,7 +23,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ResultStore"]
+__all__ = ["ACTIVE_JOB_STATUSES", "ResultStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -47,6 +47,8 @@ _HISTORY_LIMIT = 200
 # Columns a job's update may set (the rest are fixed at submission).
 _JOB_UPDATABLE = {"owner", "status", "started_at", "finished_at", "done", "total", "message", "result", "error"}
 _JOB_JSON = ("request", "result")
+# A job in one of these has not finished: it is kept, and a server resumes it.
+ACTIVE_JOB_STATUSES = ("queued", "running")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -144,7 +146,7 @@ class ResultStore:
 
     # -- jobs ------------------------------------------------------------------------------------
     def insert_job(self, row: dict[str, Any]) -> None:
-        row = {k: (json.dumps(v) if k in _JOB_JSON and v is not None else v) for k, v in row.items()}
+        row = _job_columns(row)
         with closing(self._connect()) as db, db:
             db.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
 
@@ -153,7 +155,7 @@ class ResultStore:
         unknown = set(fields) - _JOB_UPDATABLE
         if unknown:
             raise ValueError(f"job fields {sorted(unknown)} cannot be updated")
-        values = [json.dumps(v) if k in _JOB_JSON and v is not None else v for k, v in fields.items()]
+        values = list(_job_columns(fields).values())
         where, args = "job_id = ?", [job_id]
         if expect_owner is not None:
             where, args = where + " AND owner = ?", args + [expect_owner]
@@ -181,9 +183,14 @@ class ResultStore:
     def prune_jobs(self, older_than_s: float) -> int:
         """Forget finished jobs (their requests hold whole sources) older than `older_than_s`."""
         with closing(self._connect()) as db, db:
-            cur = db.execute("DELETE FROM jobs WHERE status NOT IN ('queued', 'running') AND created_at < ?",
-                             (time.time() - older_than_s,))
+            cur = db.execute(f"DELETE FROM jobs WHERE status NOT IN ({', '.join('?' * len(ACTIVE_JOB_STATUSES))}) "
+                             "AND created_at < ?", (*ACTIVE_JOB_STATUSES, time.time() - older_than_s))
             return cur.rowcount
+
+
+def _job_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """Column values to write: the JSON columns encoded."""
+    return {k: (json.dumps(v) if k in _JOB_JSON and v is not None else v) for k, v in fields.items()}
 
 
 def _job_row(row: sqlite3.Row) -> dict[str, Any]:
