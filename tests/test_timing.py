@@ -112,3 +112,15 @@ def test_roofline_fractions_of_measured_ceilings():
     assert r["achieved_bandwidth_gbs"] == 2000.0 and r["bandwidth_fraction"] == 0.5
     assert r["achieved_tflops"] == pytest.approx(536.87, rel=1e-3) and r["compute_fraction"] == pytest.approx(0.6711, rel=1e-3)
     assert ProfileReport.roofline(device, 4.0, None, 0, "float32") == {}
+
+
+def test_replay_needs_repeats_faster_than_their_neighbours_not_a_slow_start():
+    """Fresh sets run out partway through sampling: a slow start (drift) is not replay, fast repeats are."""
+    from kforge.tools.timing import _replay_warning
+
+    rng = random.Random(7)
+    fresh = [i < 60 and rng.random() < 0.5 for i in range(120)]
+    drift = [(3.0 if i < 60 else 1.0) * rng.uniform(0.9, 1.1) for i in range(120)]  # slow first half
+    assert _replay_warning(drift, fresh) is None
+    replay = [(1.0 if f else 0.05) * rng.uniform(0.9, 1.1) for f in fresh]
+    assert "seen before" in (_replay_warning(replay, fresh) or "")

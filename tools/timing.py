@@ -32,6 +32,7 @@ __all__ = ["TimingPolicy", "time_model"]
 _UNSEEN_WORK_FRACTION = 0.5
 _GAP_FLOOR_S = 5e-6
 _REPLAY_RATIO = 1.5
+_REPLAY_NEIGHBOURS = 3  # repeated calls on either side a fresh call is compared with
 
 
 class TimingPolicy:
@@ -108,8 +109,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if unseen:
         extra.append(f"the host saw {host_med * 1e6:.1f} us per call but the device timer {device_med * 1e6:.1f} us: "
                      "work ran outside the timed stream (another stream or thread); the device time understates the cost")
-    replay = _replay_warning([s for s, f in zip(samples, sample_fresh) if f],
-                             [s for s, f in zip(samples, sample_fresh) if not f]) if schedule else None
+    replay = _replay_warning(samples, sample_fresh) if schedule else None
     extra += [replay] if replay else []
     return TimingStats.from_samples_s(label, samples, host_samples_s=host_samples, extra_warnings=extra,
                                       unseen_work=unseen, replay_suspected=bool(replay), input_sets=fresh_sets)
@@ -141,12 +141,26 @@ class _Schedule:
         return self.used[secrets.randbelow(len(self.used))], False
 
 
-def _replay_warning(fresh: list[float], repeated: list[float]) -> str | None:
-    """Calls on inputs seen before must not be much faster than calls on new ones."""
-    if len(fresh) < 3 or len(repeated) < 3:
+def _replay_warning(samples: list[float], fresh: list[bool]) -> str | None:
+    """Calls on inputs seen before must not be much faster than calls on new ones *next to them*.
+
+    Each fresh call is compared with the repeated calls nearest to it in time, and the verdict is
+    the median of those ratios: fresh sets run out partway through sampling, so a global median
+    would blame replay for any drift (a noisy neighbour, an allocator still growing) between the
+    start and the end of the run. A replaying candidate is faster on every repeat, wherever it is.
+    """
+    ratios, fresh_times, repeat_times = [], [], []
+    for i, is_fresh in enumerate(fresh):
+        if not is_fresh:
+            continue
+        near = [samples[j] for j in range(max(0, i - _REPLAY_NEIGHBOURS), min(len(samples), i + _REPLAY_NEIGHBOURS + 1))
+                if not fresh[j]]
+        if near:
+            ratios.append(samples[i] / max(statistics.median(near), 1e-12))
+            fresh_times.append(samples[i])
+            repeat_times.extend(near)
+    if len(ratios) < 3 or statistics.median(ratios) < _REPLAY_RATIO:
         return None
-    f, r = statistics.median(fresh), statistics.median(repeated)
-    if r * _REPLAY_RATIO < f:
-        return (f"calls on inputs seen before took {r * 1e6:.1f} us, calls on new inputs {f * 1e6:.1f} us: "
-                "answers replayed from earlier calls?")
-    return None
+    return (f"calls on inputs seen before took {statistics.median(repeat_times) * 1e6:.1f} us, calls on new inputs "
+            f"next to them {statistics.median(fresh_times) * 1e6:.1f} us (median ratio x{statistics.median(ratios):.1f}): "
+            "answers replayed from earlier calls?")
