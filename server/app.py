@@ -152,7 +152,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
-        async with jobs.running():  # jobs live as long as the server, not as long as a request
+        # Jobs live as long as the server, not as long as a request; warm workers wait for them.
+        async with tools.warm_workers(settings.warm_workers), jobs.running():
             yield {}
 
     mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     job_max_wait_s: float = Field(default=600.0, gt=0, description="The longest wait_s a client may ask for.")
     parallel_jobs: int = Field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)), ge=1,
                                description="Jobs running at once (builds in parallel; timing stays one per device).")
+    precompiled_headers: bool = Field(default=True, description="After a C++ build, precompile torch/extension.h "
+                                      "for its flags in the background, so later builds with those flags skip parsing it.")
+    warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "
+                              "ready) per available backend, so a job does not wait for start-up; 0: every worker starts cold.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     # HTTP (the token itself is read from KFORGE_TOKEN or a token file, never from the config file).
     token_file: Path | None = Field(default=None, description="File holding the bearer token (instead of KFORGE_TOKEN).")
@@ -99,4 +103,5 @@ def tool_context(settings: Settings) -> ToolContext:
     files = settings.worker_file_mb * 2**20 if settings.worker_file_mb else None
     return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
-                                           isolate_network=settings.worker_network == "isolated"))
+                                           isolate_network=settings.worker_network == "isolated",
+                                           precompiled_headers=settings.precompiled_headers))

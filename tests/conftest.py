@@ -67,6 +67,9 @@ def server_env(home: Path, **extra: str) -> dict[str, str]:
     # Tests that are not about jobs want the answer, however slow a cold C++ build is on a busy CI machine;
     # the job tests pass wait_s themselves.
     env["KFORGE_JOB_WAIT_S"] = env["KFORGE_JOB_MAX_WAIT_S"] = "1800"
+    # A background header precompile (a minute of both CI cores) per flag set would slow every test
+    # after it; tests/test_build_cache.py turns it on where it is the subject.
+    env["KFORGE_PRECOMPILED_HEADERS"] = "false"
     env.update(extra)
     return env
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 
 from kforge.backends import Availability, DeviceFacts, backend_names
 
+from .pool import WorkerPool
 from .runner import WorkerLimits, WorkerProcess
 from .store import ResultStore
 
@@ -43,10 +44,41 @@ class ToolContext:
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
+    #: warm workers, while a server runs the pool (`kforge.tools.pool`); None: every worker starts cold
+    pool: WorkerPool | None = field(default=None, init=False)
+
+    def worker(self, backend: str, scratch: Path, role: str, **kwargs: Any) -> WorkerProcess:
+        """A worker for one job (warm from the pool when one is ready)."""
+        return WorkerProcess(backend=backend, home=self.home, scratch=scratch, limits=self.limits, role=role,
+                             pool=self.pool, **kwargs)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
         self.store = ResultStore(self.home)
+
+    @asynccontextmanager
+    async def warm_workers(self, size: int) -> AsyncIterator[WorkerPool]:
+        """Keep `size` warm workers per available backend while the block runs (a server's lifetime)."""
+        pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network)
+
+        async def want_available() -> None:
+            try:
+                for avail in await self.availability():
+                    if avail.ok:
+                        pool.want(avail.backend)
+            except Exception:  # noqa: BLE001 - a failed probe is reported by the first tool call
+                pass
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            self.pool = pool
+            if size > 0:
+                tg.start_soon(want_available)
+            try:
+                yield pool
+            finally:
+                self.pool = None
+                tg.cancel_scope.cancel()
 
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.
@@ -82,8 +114,7 @@ class ToolContext:
         """The device's facts with measured ceilings (measured once per device, then cached)."""
         avail = await self.require_backend(backend)
         with self.scratch("ceilings") as scratch:
-            async with self.device_lock(avail.device_name or backend), WorkerProcess(backend=backend, home=self.home, scratch=scratch,
-                                                                limits=self.limits, role="ceilings") as w:
+            async with self.device_lock(avail.device_name or backend), self.worker(backend, scratch, "ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)
         return DeviceFacts(**reply["facts"])
 

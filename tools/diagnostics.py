@@ -46,18 +46,26 @@ class SourceMap:
     # generated file name -> list of (first line in file, first line in candidate, number of lines)
     spans: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
-    def add_generated_file(self, path: Path, embedded_sources: list[str]) -> None:
-        """Record where each embedded source string sits in `path` and in the candidate."""
+    def add_generated_file(self, path: Path, embedded_sources: list[str], as_written: list[str] | None = None) -> None:
+        """Record where each embedded source string sits in `path` and in the candidate.
+
+        `as_written`: the same sources as the candidate wrote them, where the build used an edited
+        copy of equal line count (the lean CUDA header).
+        """
         try:
             generated = path.read_text(errors="replace")
         except OSError:
             return
-        spans = self.spans.setdefault(path.name, [])
-        for src in embedded_sources:
+        self.add_source(path.name, generated, embedded_sources, as_written)
+
+    def add_source(self, name: str, generated: str, embedded_sources: list[str], as_written: list[str] | None = None) -> None:
+        """Like `add_generated_file`, for a file the compiler named `name` that never hit the disk (NVRTC)."""
+        spans = self.spans.setdefault(name, [])
+        for src, written in zip(embedded_sources, as_written or embedded_sources):
             if not src.strip():
                 continue
             at_file = generated.find(src)
-            at_cand = self.candidate_text.find(src)
+            at_cand = self.candidate_text.find(written)
             if at_file < 0 or at_cand < 0:
                 continue  # built dynamically; _guess_by_text handles those lines
             spans.append((generated.count("\n", 0, at_file) + 1,
@@ -111,7 +119,7 @@ def parse_compiler_output(text: str, source_map: SourceMap, *, build_dir: Path |
             severity = "error" if "error" in sev else ("warning" if sev == "warning" else "note")
             file_name, file_line = m.group("file"), int(m.group("line"))
             col = m.groupdict().get("col")
-            in_build = Path(file_name).name in ("main.cpp", "cuda.cu") or (
+            in_build = Path(file_name).name in ("main.cpp", "cuda.cu", *source_map.spans) or (
                 build_dir is not None and file_name.startswith(str(build_dir)))
             cand_line = (source_map.candidate_line(file_name, file_line, _read_line(build_dir, file_name, file_line))
                          if in_build else None)

@@ -57,9 +57,7 @@ def _storable(failure: Failure | None) -> bool:
 
 async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str,
                  extra_env: dict[str, str] | None = None) -> WorkerProcess:
-    return await stack.enter_async_context(
-        WorkerProcess(backend=backend, home=ctx.home, scratch=scratch / role, limits=ctx.limits, role=role,
-                      extra_env=extra_env))
+    return await stack.enter_async_context(ctx.worker(backend, scratch / role, role, extra_env=extra_env))
 
 
 async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,

@@ -13,12 +13,14 @@ replaced by a wrapper that
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
+import shutil
 import sys
 import time
 import traceback
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +28,17 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
+from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
 __all__ = ["LoadOutcome", "load_user_module", "python_failure"]
 
 _TAIL_LINES = 30
+# Compiler errors that a lean-header build blames on a name only the full torch/extension.h declares.
+_LEAN_HEADER_TO_BLAME = re.compile(r'namespace "(torch|at|c10|py|pybind11)[^"]*" has no member|'
+                                   r'identifier "(py|pybind11|torch|at|c10|TORCH_|AT_|C10_)[^"]*" is undefined|'
+                                   r"'(py|pybind11|torch|at|c10)' (has not been declared|is not a namespace)|"
+                                   r"is not a member of '(torch|at|c10|pybind11)")
 # Messages of allocators that ran out (CUDA's "out of memory", torch CPU's "can't allocate memory").
 _OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -128,19 +136,15 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _build_key(kwargs: dict[str, Any], backend_name: str) -> str:
-    import torch
-
-    parts = {k: kwargs.get(k) for k in sorted(kwargs) if k not in ("verbose", "build_directory")}
-    parts["_torch"] = torch.__version__
-    parts["_backend"] = backend_name
-    parts["_cxx"] = os.environ.get("CXX", "")
-    parts["_arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
 def _built_library_exists(build_dir: Path, name: str) -> bool:
     return any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
+
+
+def _import_built(name: str, build_dir: Path, is_python_module: bool) -> Any:
+    """Load a finished build without torch's build step (no ninja, no file writes): a cache hit."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension._import_module_from_library(name, str(build_dir), is_python_module)
 
 
 @contextmanager
@@ -172,12 +176,19 @@ class _BuildError(Exception):
 
 
 class _InlineBuilder:
-    """The `load_inline` stand-in installed while user code imports."""
+    """The `load_inline` stand-in installed while user code imports.
 
-    def __init__(self, original: Any, *, candidate_text: str, cache_dir: Path, backend: Any) -> None:
+    A build lives in the cache under its content address (`fast_build.build_key`). A hit loads the
+    library directly. A miss builds in a private directory and publishes it with one rename, so
+    concurrent workers never see half a build and a killed build leaves nothing behind.
+    """
+
+    def __init__(self, original: Any, *, candidate_text: str, cache_dir: Path, backend: Any,
+                 precompiled_headers: bool = False) -> None:
         self.original = original
         self.cache_dir = cache_dir
         self.backend = backend
+        self.precompiled_headers = precompiled_headers
         self.source_map = SourceMap(candidate_text)
         self.builds: list[BuildInfo] = []
         self.diagnostics: list[Diagnostic] = []
@@ -188,34 +199,68 @@ class _InlineBuilder:
         for flag_kind, defaults in self.backend.build_defaults().items():
             have = list(kwargs.get(flag_kind) or [])
             kwargs[flag_kind] = have + [f for f in defaults if f not in have]
-        build_dir = self.cache_dir / f"{name}-{_build_key(kwargs, self.backend.name)}"
-        build_dir.mkdir(parents=True, exist_ok=True)
-        cached = _built_library_exists(build_dir, name)
+        fn_names = list(functions) if isinstance(functions, dict) else _as_list(functions)
+        final = self.cache_dir / f"{name}-{build_key(kwargs, self.backend.name)}"
+        t0 = time.perf_counter()
+        if _built_library_exists(final, name):
+            module = _import_built(name, final, kwargs.get("is_python_module", True))
+            return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
+                                                 functions=fn_names, kernels=self._kernel_resources("", final)))
+        module, build_dir, how = self._build(name, kwargs, lean=True)
+        try:
+            os.rename(build_dir, final)  # publish; the library stays loaded from its old path
+            build_dir = final
+        except OSError:  # another worker published the same build first: keep theirs
+            shutil.rmtree(build_dir, ignore_errors=True)
+            build_dir = final
+        info = BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=False, functions=fn_names,
+                         kernels=self._kernel_resources("", build_dir), fast_paths=how)
+        if self.precompiled_headers and "precompiled header" not in how:
+            pch_dir, _ = pch_dir_for(self.cache_dir, kwargs)
+            start_pch_build(pch_dir, build_dir, name)  # the next build with these flags uses it
+        return self._built(module, info)
+
+    def _built(self, module: Any, info: BuildInfo) -> Any:
+        self.builds.append(info)
+        self.extensions.append(module)
+        return module
+
+    def _build(self, name: str, kwargs: dict[str, Any], *, lean: bool) -> tuple[Any, Path, list[str]]:
+        """Build in a private directory; a lean-header build that failed for want of the full header is retried."""
+        build_dir = self.cache_dir / f".building-{name}-{uuid.uuid4().hex[:12]}"
+        build_dir.mkdir(parents=True)
+        build = dict(kwargs)
+        how: list[str] = []
+        if lean and build["cuda_sources"]:
+            build["cuda_sources"], swapped = lean_cuda_sources(build["cuda_sources"])
+            lean = swapped
+            how += ["lean CUDA header (torch/types.h)"] if swapped else []
+        if self.precompiled_headers:
+            pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
+            if ready:
+                build["extra_include_paths"] = [str(pch_dir), *(build.get("extra_include_paths") or [])]
+                how.append("precompiled header")
         capture = build_dir / "kforge-build.log"
-        embedded_cpp = list(kwargs["cpp_sources"])
-        embedded_cuda = list(kwargs["cuda_sources"])
         t0 = time.perf_counter()
         try:
             with _fd_capture(capture):
-                module = self.original(**{**kwargs, "build_directory": str(build_dir), "verbose": True})
+                module = self.original(**{**build, "build_directory": str(build_dir), "verbose": True})
         except Exception as exc:
-            output = capture.read_text(errors="replace") if capture.exists() else ""
-            output = output + "\n" + str(exc)
-            diags = self._diagnostics(output, build_dir, embedded_cpp, embedded_cuda)
+            output = (capture.read_text(errors="replace") if capture.exists() else "") + "\n" + str(exc)
+            diags = self._diagnostics(output, build_dir, kwargs, build)
+            if lean and _LEAN_HEADER_TO_BLAME.search(output):
+                shutil.rmtree(build_dir, ignore_errors=True)
+                return self._build(name, kwargs, lean=False)
             self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
-                                         functions=_as_list(functions) if not isinstance(functions, dict) else list(functions)))
+                                         functions=_as_list(kwargs["functions"]) if not isinstance(kwargs["functions"], dict)
+                                         else list(kwargs["functions"])))
             self.diagnostics.extend(diags)
+            shutil.rmtree(build_dir, ignore_errors=True)
             raise _BuildError(name, diags, output) from exc
-        seconds = time.perf_counter() - t0
         output = capture.read_text(errors="replace") if capture.exists() else ""
-        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, embedded_cpp, embedded_cuda)
-                                if d.severity == "warning")
-        fn_names = list(functions) if isinstance(functions, dict) else _as_list(functions)
-        kernels = self._kernel_resources(output, build_dir)
-        self.builds.append(BuildInfo(name=name, ok=True, seconds=seconds, from_cache=cached, functions=fn_names,
-                                     kernels=kernels))
-        self.extensions.append(module)
-        return module
+        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, kwargs, build) if d.severity == "warning")
+        self._kernel_resources(output, build_dir)
+        return module, build_dir, how
 
     @staticmethod
     def _kernel_resources(output: str, build_dir: Path) -> list[KernelResources]:
@@ -228,14 +273,61 @@ class _InlineBuilder:
             kernels = [KernelResources(**k) for k in json.loads(saved.read_text())]
         return kernels
 
-    def _diagnostics(self, output: str, build_dir: Path, cpp: list[str], cuda: list[str]) -> list[Diagnostic]:
-        self.source_map.add_generated_file(build_dir / "main.cpp", cpp)
-        if cuda:
-            self.source_map.add_generated_file(build_dir / "cuda.cu", cuda)
+    def _diagnostics(self, output: str, build_dir: Path, written: dict[str, Any], built: dict[str, Any]) -> list[Diagnostic]:
+        self.source_map.add_generated_file(build_dir / "main.cpp", written["cpp_sources"])
+        if built["cuda_sources"]:
+            self.source_map.add_generated_file(build_dir / "cuda.cu", built["cuda_sources"], written["cuda_sources"])
         return parse_compiler_output(output, self.source_map, build_dir=build_dir, source="c++")
 
 
-def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any) -> LoadOutcome:
+class _NvrtcBuilder:
+    """The `torch.cuda._compile_kernel` stand-in: NVRTC builds a raw kernel in well under a second.
+
+    Records each kernel as a build (with the driver's register, shared and local memory figures) and
+    turns NVRTC's log into diagnostics located in the candidate.
+    """
+
+    def __init__(self, original: Any, inline: _InlineBuilder) -> None:
+        self.original, self.inline = original, inline
+
+    def __call__(self, kernel_source: str, kernel_name: str, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            kernel = self.original(kernel_source, kernel_name, *args, **kwargs)
+        except RuntimeError as exc:
+            log = str(exc)
+            self.inline.source_map.add_source(f"{kernel_name}.cu", kernel_source, [kernel_source])
+            diags = parse_compiler_output(log, self.inline.source_map, build_dir=None, source="cuda")
+            self.inline.builds.append(BuildInfo(name=kernel_name, ok=False, seconds=time.perf_counter() - t0,
+                                                from_cache=False, functions=[kernel_name], fast_paths=["NVRTC"]))
+            self.inline.diagnostics.extend(diags)
+            raise _BuildError(kernel_name, diags, log) from exc
+        self.inline.builds.append(BuildInfo(name=kernel_name, ok=True, seconds=time.perf_counter() - t0, from_cache=False,
+                                            functions=[kernel_name], fast_paths=["NVRTC"],
+                                            kernels=[_driver_resources(kernel, kernel_name)]))
+        return kernel
+
+
+def _driver_resources(kernel: Any, name: str) -> KernelResources:
+    """Registers, static shared and local memory of a loaded kernel, from the driver (cuFuncGetAttribute)."""
+    import ctypes
+
+    values: dict[str, int | None] = {"registers": None, "shared_bytes": None, "local_bytes": None}
+    try:
+        import torch
+
+        libcuda = torch.cuda._utils._get_gpu_runtime_library()
+        for field_name, attribute in (("registers", 4), ("shared_bytes", 1), ("local_bytes", 3)):
+            out = ctypes.c_int()
+            if libcuda.cuFuncGetAttribute(ctypes.byref(out), attribute, kernel.func) == 0:
+                values[field_name] = out.value
+    except Exception:  # noqa: BLE001 - figures are a bonus; the kernel itself is fine
+        pass
+    return KernelResources(kernel=name, **values)
+
+
+def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any,
+                     precompiled_headers: bool = False) -> LoadOutcome:
     """Import `source` as module `module_name` from file `path`, building its extensions.
 
     Never raises for problems in the user's code: they come back as `LoadOutcome.failure`.
@@ -252,11 +344,16 @@ def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Pa
 
     from torch.utils import cpp_extension
 
-    builder = _InlineBuilder(cpp_extension.load_inline, candidate_text=source, cache_dir=cache_dir, backend=backend)
+    builder = _InlineBuilder(cpp_extension.load_inline, candidate_text=source, cache_dir=cache_dir, backend=backend,
+                             precompiled_headers=precompiled_headers)
     module = ModuleType(module_name)
     module.__file__ = str(path)
     sys.modules[module_name] = module
     cpp_extension.load_inline = builder
+    cuda = sys.modules.get("torch.cuda")
+    nvrtc = getattr(cuda, "_compile_kernel", None) if getattr(backend, "name", "") == "cuda" else None
+    if nvrtc is not None:
+        cuda._compile_kernel = _NvrtcBuilder(nvrtc, builder)
     try:
         exec(code, module.__dict__)
     except _BuildError as exc:
@@ -278,5 +375,7 @@ def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Pa
                            extensions=builder.extensions)
     finally:
         cpp_extension.load_inline = builder.original
+        if nvrtc is not None:
+            cuda._compile_kernel = nvrtc
     return LoadOutcome(module, time.perf_counter() - t0, builder.builds, builder.diagnostics,
                        extensions=builder.extensions)

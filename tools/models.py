@@ -100,6 +100,8 @@ class BuildInfo(BaseModel):
     from_cache: bool = Field(description="True when a previous build of the same sources and flags was reused.")
     functions: list[str] = Field(default_factory=list)
     kernels: list[KernelResources] = Field(default_factory=list, description="Per-kernel resource usage (GPU builds).")
+    fast_paths: list[str] = Field(default_factory=list, description="What made a fresh build faster than plain "
+                                  "load_inline: 'NVRTC', 'lean CUDA header (torch/types.h)', 'precompiled header'.")
 
 
 FailureKind = Literal[

@@ -17,12 +17,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .models import Failure
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
 
 __all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "worker_env"]
 
@@ -54,6 +57,7 @@ class WorkerLimits:
     memory_bytes: int | None = None
     file_bytes: int | None = None
     isolate_network: bool = True
+    precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -99,7 +103,8 @@ class WorkerProcess:
     """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
 
     def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
-                 extra_env: dict[str, str] | None = None, role: str = "worker", prefix: list[str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, role: str = "worker", prefix: list[str] | None = None,
+                 pool: WorkerPool | None = None) -> None:
         self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
         self.role = role
         self.log = scratch / f"{role}.log"
@@ -109,19 +114,26 @@ class WorkerProcess:
         self.kernel_names: list[str] = []
         self._out: BufferedByteReceiveStream | None = None
         self.network = "host"  # what the worker reported: "isolated" or why not
+        # A worker under a profiler (ncu) needs its own process; the others may come warm.
+        self._pool = pool if not prefix else None
+        self.warm = False
 
     async def __aenter__(self) -> WorkerProcess:
         self.scratch.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as errlog:
-            self._proc = await anyio.open_process(
-                [*self._prefix, sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=errlog, cwd=str(self.scratch), env=worker_env(self.home, self.scratch, self._extra_env),
-                start_new_session=True)
-        self._out = BufferedByteReceiveStream(self._proc.stdout)
+        warm = self._pool.take(self.backend, self._extra_env) if self._pool is not None and self.backend else None
+        if warm is not None:
+            self._proc, self._out, self.warm = warm.proc, warm.out, True
+        else:
+            with open(self.log, "ab") as errlog:
+                self._proc = await anyio.open_process(
+                    [*self._prefix, sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=errlog, cwd=str(self.scratch),
+                    env=worker_env(self.home, self.scratch, self._extra_env), start_new_session=True)
+            self._out = BufferedByteReceiveStream(self._proc.stdout)
         init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
                 "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes,
-                "file_bytes": self.limits.file_bytes,
+                "file_bytes": self.limits.file_bytes, "precompiled_headers": self.limits.precompiled_headers,
                 # A profiler front-end (ncu) talks to its target over local sockets: keep those on one network.
                 "isolate_network": self.limits.isolate_network and not self._prefix}
         await self._send(init)

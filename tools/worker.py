@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -60,17 +61,21 @@ def _isolate_network() -> str:
 
 
 class Worker(JudgeOps, CandidateOps):
-    def __init__(self, init: dict[str, Any]) -> None:
+    def __init__(self, init: dict[str, Any], ready_backend: Any = None) -> None:
         from kforge.backends import load_backend
 
         self.scratch = Path(init["scratch"])
         self.cache_dir = Path(init["cache_dir"])
-        # A probe worker has no backend: it must work even where torch cannot be imported.
-        self.backend = load_backend(init["backend"]) if init.get("backend") else None
+        self.precompiled_headers = bool(init.get("precompiled_headers"))
+        # A probe worker has no backend: it must work even where torch cannot be imported. A warm
+        # worker (`ready_backend`) imported torch and set its backend up before it had a job.
+        warm = ready_backend is not None and ready_backend.name == init.get("backend")
+        self.backend = ready_backend if warm else load_backend(init["backend"]) if init.get("backend") else None
         memory = init.get("memory_bytes") if getattr(self.backend, "limits_address_space", False) else None
         _set_limits(memory, init.get("file_bytes"))  # before any user code runs
         if self.backend is not None:
-            self.backend.setup()
+            if not warm:
+                self.backend.setup()
             from .integrity import HarnessSnapshot
 
             self.snapshot = HarnessSnapshot()  # before user code: what the candidate must leave alone
@@ -137,7 +142,8 @@ class Worker(JudgeOps, CandidateOps):
         role = msg["role"]
         self.user_file = self.scratch / f"{role}.py"
         outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
-                                   cache_dir=self.cache_dir, backend=self.backend)
+                                   cache_dir=self.cache_dir, backend=self.backend,
+                                   precompiled_headers=self.precompiled_headers)
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
         if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
@@ -179,27 +185,59 @@ class Worker(JudgeOps, CandidateOps):
         return {"kernels": [k.model_dump(mode="json") for k in kernels], "note": None}
 
 
+def _output_to(path: str | None) -> None:
+    """Point fds 1 and 2 (and sys.stdout/err) at the job's log, or at /dev/null while there is no job."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _warm_up(backend_name: str) -> Any:
+    """Import torch and ready the device before there is a job (a pool's warm worker)."""
+    from kforge.backends import load_backend
+
+    backend = load_backend(backend_name)
+    backend.setup()
+    return backend
+
+
 def main() -> None:
     # Keep the protocol on private fds; user code gets /dev/null for stdin and a log file for 1/2.
     proto_in = os.fdopen(os.dup(0), "r")
     proto_out = os.fdopen(os.dup(1), "w", buffering=1)
-    init = json.loads(proto_in.readline())
-    log_fd = os.open(init["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    warm_backend, network = None, "host"
+    if "--warm" in sys.argv:  # started ahead of its job by kforge.tools.pool
+        _output_to(None)
+        if "--isolate-network" in sys.argv and sys.platform == "linux":
+            network = _isolate_network()  # while single-threaded, before torch
+        try:
+            warm_backend = _warm_up(sys.argv[sys.argv.index("--warm") + 1])
+        except BaseException:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
+            proto_out.write(json.dumps({"warm": False}) + "\n")
+            return
+        proto_out.write(json.dumps({"warm": True}) + "\n")
+        proto_out.flush()
+    init = json.loads(proto_in.readline() or "null")
+    if init is None:
+        return  # the pool shut down before this worker got a job
+    _output_to(init["log"])
     os.chdir(init["scratch"])
-    network = _isolate_network() if init.get("isolate_network") and sys.platform == "linux" else "host"
+    os.environ["TMPDIR"] = init["scratch"]
+    tempfile.tempdir = None  # a warm worker may have cached the pool's directory
+    if warm_backend is None and init.get("isolate_network") and sys.platform == "linux":
+        network = _isolate_network()
 
     def reply(payload: dict[str, Any]) -> None:
         proto_out.write(json.dumps(payload) + "\n")
         proto_out.flush()
 
     try:
-        worker = Worker(init)
+        worker = Worker(init, warm_backend)
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return

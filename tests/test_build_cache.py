@@ -1,0 +1,133 @@
+"""The build cache: a repeated build is a hit, any change that matters is a rebuild (never a stale
+library), concurrent builders of one candidate share one published build, and warm workers serve
+jobs. Real builds with a tiny pybind11-only source (seconds, not a torch-header build)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kforge.tools.context import ToolContext
+from kforge.tools.evaluate import compile_kernel, verify_against_reference
+from kforge.tools.fast_build import build_key, lean_cuda_sources
+
+pytestmark = pytest.mark.anyio
+
+
+def tiny(include_dir: Path, *, flag: str = "-DSCALE=2", expect: int = 14, body: str = "a * SCALE + OFFSET") -> str:
+    """A candidate whose import asserts what its build computes: a stale build fails the import."""
+    return f'''
+from torch.utils.cpp_extension import load_inline
+src = """
+#include <pybind11/pybind11.h>
+#include "offset.h"
+int f(int a) {{ return {body}; }}
+"""
+ext = load_inline(name="kf_tiny", cpp_sources=src, functions=["f"], no_implicit_headers=True,
+                  with_pytorch_error_handling=False, extra_cflags=["{flag}"], extra_include_paths=[r"{include_dir}"])
+assert ext.f(5) == {expect}, f"stale build: f(5) = {{ext.f(5)}}, expected {expect}"
+
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x
+'''
+
+
+@pytest.fixture
+def ctx(tmp_path) -> ToolContext:
+    return ToolContext(home=tmp_path / "home")
+
+
+@pytest.fixture
+def include_dir(tmp_path) -> Path:
+    d = tmp_path / "include"
+    d.mkdir()
+    (d / "offset.h").write_text("#define OFFSET 4\n")
+    return d
+
+
+async def build(ctx: ToolContext, code: str):
+    result = await compile_kernel(ctx, "cpu", code, use_store=False)
+    assert result.ok, str(result)
+    [info] = result.builds
+    return info
+
+
+async def test_changed_source_flag_or_header_rebuilds_and_repeats_hit(ctx, include_dir):
+    first = await build(ctx, tiny(include_dir))  # 5 * 2 + 4
+    assert not first.from_cache
+    again = await build(ctx, tiny(include_dir))
+    assert again.from_cache and again.seconds < 1.0, again
+    assert not (await build(ctx, tiny(include_dir, flag="-DSCALE=3", expect=19))).from_cache
+    assert not (await build(ctx, tiny(include_dir, body="a * SCALE - OFFSET", expect=6))).from_cache
+    (include_dir / "offset.h").write_text("#define OFFSET 5\n")  # same sources and flags, new header
+    assert not (await build(ctx, tiny(include_dir, expect=15))).from_cache
+    builds = ctx.home / "cache" / "builds"
+    assert len([d for d in builds.iterdir() if d.name.startswith("kf_tiny-")]) == 4
+    assert not [d for d in builds.iterdir() if d.name.startswith(".building")], "a private build was left behind"
+
+
+async def test_concurrent_builders_publish_one_build(ctx, include_dir):
+    code = tiny(include_dir, flag="-DSCALE=4", expect=24)
+    results = []
+
+    async def one() -> None:
+        results.append(await compile_kernel(ctx, "cpu", code, use_store=False))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(one)
+    assert all(r.ok for r in results), [str(r) for r in results]
+    builds = ctx.home / "cache" / "builds"
+    assert len([d for d in builds.iterdir() if d.name.startswith("kf_tiny-")]) == 1
+    assert not [d for d in builds.iterdir() if d.name.startswith(".building")]
+    assert (await build(ctx, code)).from_cache
+
+
+async def test_failed_build_is_reported_and_not_cached(ctx, include_dir):
+    code = tiny(include_dir, body="a * SCALE + OFFSET + undefined_name")
+    result = await compile_kernel(ctx, "cpu", code, use_store=False)
+    assert not result.ok and result.failure.kind == "build_error"
+    assert "undefined_name" in result.failure.message and result.failure.line == 6, str(result)
+    assert not list((ctx.home / "cache" / "builds").iterdir())
+
+
+def test_build_key_covers_header_content(tmp_path):
+    (tmp_path / "a.h").write_text("#define A 1\n")
+    kwargs = {"name": "x", "cpp_sources": ["int f();"], "extra_include_paths": [str(tmp_path)]}
+    before = build_key(kwargs, "cpu")
+    assert build_key(dict(kwargs), "cpu") == before
+    (tmp_path / "a.h").write_text("#define A 2\n")
+    assert build_key(kwargs, "cpu") != before
+    assert build_key({**kwargs, "extra_cflags": ["-O2"]}, "cpu") != build_key(kwargs, "cpu")
+
+
+def test_lean_cuda_header_only_where_nothing_else_is_needed():
+    plain = ["#include <torch/extension.h>\n__global__ void k() {}\ntorch::Tensor f(torch::Tensor x) { return x; }"]
+    lean, swapped = lean_cuda_sources(plain)
+    assert swapped and "#include <torch/types.h>" in lean[0] and lean[0].count("\n") == plain[0].count("\n")
+    for needs_full in ("PYBIND11_MODULE(m, x) {}", "namespace py = pybind11;", "torch::nn::Linear l{nullptr};"):
+        assert lean_cuda_sources([plain[0] + "\n" + needs_full]) == ([plain[0] + "\n" + needs_full], False)
+
+
+async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        pool.want("cpu", {"CUDA_LAUNCH_BLOCKING": "1"})  # verify's candidate kind (the judge's is wanted on start)
+
+        async def ready(n: int) -> None:
+            with anyio.fail_after(180):
+                while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
+                    await anyio.sleep(0.2)
+
+        await ready(2)
+        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate("chatty"), trials=1,
+                                                use_store=False)
+        assert result.correct, str(result)
+        assert pool.served == 2  # the judge and the candidate both came warm
+        await ready(2)  # and the pool refilled behind them
