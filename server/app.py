@@ -43,7 +43,7 @@ Heavy calls wait up to wait_s; past that they return a job handle: get_job(job_i
 
 _BACKEND = Annotated[str, Field(description="Backend to run on, e.g. 'cpu'. list_backends shows what this host offers.")]
 _CANDIDATE = Annotated[str, Field(description="Python source defining class ModelNew(nn.Module) with its kernel "
-                                              "(e.g. built by torch.utils.cpp_extension.load_inline).")]
+                                              "(built with NVRTC via torch.cuda._compile_kernel, load_inline, or @triton.jit; see kforge://examples/{backend}).")]
 _REFERENCE = Annotated[str | None, Field(description="Python source defining class Model, get_inputs() and "
                                                      "get_init_inputs(). Give this or `problem`.")]
 _PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(

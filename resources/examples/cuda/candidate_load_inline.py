@@ -1,0 +1,40 @@
+"""CUDA, correct: elementwise ReLU for the `relu` problem in the stock KernelBench `load_inline` convention.
+
+KForge builds it faster than plain `load_inline` (a lean torch header for the .cu, a precompiled header
+for the C++ part, a cache by content), but a new build still takes tens of seconds; `candidate.py`
+(NVRTC) takes well under one."""
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        y[i] = v > 0.f ? v : 0.f;
+    }
+}
+
+torch::Tensor relu_cuda(torch::Tensor x) {
+    auto out = torch::empty_like(x);
+    int n = x.numel();
+    int threads = 256;
+    relu_kernel<<<(n + threads - 1) / threads, threads>>>(x.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+"""
+cpp_source = "torch::Tensor relu_cuda(torch::Tensor x);"
+
+relu = load_inline(name="kf_cuda_relu", cpp_sources=cpp_source, cuda_sources=cuda_source, functions=["relu_cuda"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return relu.relu_cuda(x)
