@@ -201,6 +201,16 @@ def _warm_up(backend_name: str) -> Any:
 
     backend = load_backend(backend_name)
     backend.setup()
+    # What every job needs next, paid now: the loader (pydantic models), torch's extension module and
+    # the compilers' identities (subprocesses) that build keys include.
+    from torch.utils import cpp_extension  # noqa: F401
+
+    from .fast_build import toolchain_id
+    from .loader import load_user_module  # noqa: F401
+
+    toolchain_id(False)
+    if backend.name == "cuda":
+        toolchain_id(True)
     return backend
 
 
