@@ -66,6 +66,10 @@ def toolchain_id(with_cuda: bool) -> str:
     return _TOOLCHAIN[with_cuda]
 
 
+def _digest(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
 def _headers_digest(paths: list[str]) -> str:
     """A digest of every header under the candidate's include paths (a changed header is a new build)."""
     h = hashlib.sha256()
@@ -94,7 +98,7 @@ def build_key(kwargs: dict[str, Any], backend_name: str) -> str:
     parts["_arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
     parts["_env"] = {k: os.environ.get(k, "") for k in ("CXX", "CC", "CFLAGS", "CXXFLAGS", "LDFLAGS", "NVCC_FLAGS")}
     parts["_version"] = BUILD_PATH_VERSION
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return _digest(parts)
 
 
 def lean_cuda_sources(sources: list[str]) -> tuple[list[str], bool]:
@@ -113,7 +117,7 @@ def _pch_key(kwargs: dict[str, Any]) -> str:
     parts["_cuda"] = bool(kwargs.get("cuda_sources"))
     parts["_toolchain"] = toolchain_id(parts["_cuda"])
     parts["_arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return _digest(parts)
 
 
 def pch_dir_for(cache_dir: Path, kwargs: dict[str, Any]) -> tuple[Path, bool]:
@@ -122,7 +126,7 @@ def pch_dir_for(cache_dir: Path, kwargs: dict[str, Any]) -> tuple[Path, bool]:
     return where, (where / "torch" / "extension.h.gch").exists()
 
 
-def _main_cpp_flags(build_ninja: Path, name: str) -> list[str] | None:
+def _main_cpp_flags(build_ninja: Path) -> list[str] | None:
     """main.cpp's compile flags, read from the build.ninja torch wrote (exactly what the PCH must match)."""
     try:
         text = build_ninja.read_text()
@@ -152,7 +156,7 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
         marker.unlink(missing_ok=True)  # its builder died without cleaning up
     if (pch_dir / "torch" / "extension.h.gch").exists() or marker.exists():
         return False
-    cmd = _main_cpp_flags(build_dir / "build.ninja", name)
+    cmd = _main_cpp_flags(build_dir / "build.ninja")
     if cmd is None:
         return False
     real = Path(cpp_extension.include_paths()[0]) / "torch" / "extension.h"
