@@ -6,13 +6,14 @@ Rows (one run, one machine, one KForge data directory that starts empty, warm wo
   * KForge compile_kernel of a *new* candidate (sources never built before) in each form:
     cpu: the KernelBench form, then again once the background precompiled header for its flags is ready;
     cuda: the KernelBench form (lean header), and the taught NVRTC form;
+    triton: the served example (the plain row imports it and runs its first forward, JIT included);
   * a repeated candidate (cache hit) through compile_kernel;
   * turnaround: compile_kernel + verify_against_reference + profile_kernel(baselines=eager, no ncu) of a
     new candidate (cold) and of the same one again (warm), per stage;
   * throughput: N new candidates (distinct sources) through compile + verify + profile, `--parallel` at
     once, candidates per minute.
 
-Usage: python bench/build_speed.py --backend {cpu,cuda} [--out bench/results] [--throughput N] [--skip-plain]
+Usage: python bench/build_speed.py --backend {cpu,cuda,triton} [--out bench/results] [--throughput N] [--skip-plain]
 Writes build-speed-<backend>-<device>-<date>.json and .md.
 """
 
@@ -32,17 +33,20 @@ import anyio
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from turnaround import plain_load_inline_s  # noqa: E402  (same method as the turnaround benchmark)
+from turnaround import plain_load_inline_s, plain_triton_first_call_s  # noqa: E402  (same methods as turnaround.py)
 
 EXAMPLES = HERE.parent / "resources" / "examples"
 
 FORMS = {
     "cpu": {"kernelbench": EXAMPLES / "cpu" / "candidate.py"},
     "cuda": {"kernelbench": EXAMPLES / "cuda" / "candidate_load_inline.py", "nvrtc": EXAMPLES / "cuda" / "candidate.py"},
+    "triton": {"triton": EXAMPLES / "triton" / "candidate.py"},
 }
 # A line inside each form's kernel source that can carry a variant marker (a new source, a new build).
 MARK = {"kernelbench": ("#include <torch/extension.h>", "#include <torch/extension.h>\n// variant {i}"),
-        "nvrtc": ('extern "C"', '// variant {i}\nextern "C"')}
+        "nvrtc": ('extern "C"', '// variant {i}\nextern "C"'),
+        # inside the @triton.jit body: Triton's cache key hashes the function's source, comments included
+        "triton": ("    mask = offs < n\n", "    mask = offs < n  # variant {i}\n")}
 
 
 def variant(form: str, text: str, i: int) -> str:
@@ -79,7 +83,13 @@ async def main(args) -> dict:
         write(out, args.out)  # after every row: a run cut off by a time limit keeps what it measured
 
     forms = FORMS[backend]
-    if not args.skip_plain:
+    if args.skip_plain:
+        pass
+    elif backend == "triton":  # the field's cost: import the candidate and JIT its kernels at the first launch
+        wall, build = plain_triton_first_call_s(forms["triton"], reference, home / "plain-triton-cache")
+        row("plain import + first call, Triton (fresh process, cold Triton cache)", round(wall, 2),
+            build_s=round(build, 2))
+    else:
         wall, build = plain_load_inline_s(forms["kernelbench"])
         row("plain load_inline, KernelBench form (fresh process)", round(wall, 2), build_s=round(build, 2))
     plain = rows[0]["seconds"] if rows else None
@@ -115,7 +125,7 @@ async def main(args) -> dict:
                 build_s=round(res.build_seconds, 3), fast_paths=sorted({p for b in res.builds for p in b.fast_paths}),
                 vs_plain=round(s / plain, 3) if plain else None)
 
-        fast_form = "nvrtc" if "nvrtc" in forms else "kernelbench"
+        fast_form = next(f for f in ("nvrtc", "triton", "kernelbench") if f in forms)
 
         async def turnaround(text: str, label: str) -> dict:
             stages = {}

@@ -115,19 +115,33 @@ def test_lean_cuda_header_only_where_nothing_else_is_needed():
         assert lean_cuda_sources([plain[0] + "\n" + needs_full]) == ([plain[0] + "\n" + needs_full], False)
 
 
+async def _pool_ready(pool, n: int) -> None:
+    """Wait until n warm cpu workers are idle (the judge's kind and verify's candidate kind, one each)."""
+    with anyio.fail_after(180):
+        while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
+            await anyio.sleep(0.2)
+
+
 async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
     ctx = ToolContext(home=tmp_path / "home")
-    async with ctx.warm_workers(1) as pool:
-        pool.want("cpu", {"CUDA_LAUNCH_BLOCKING": "1"})  # verify's candidate kind (the judge's is wanted on start)
-
-        async def ready(n: int) -> None:
-            with anyio.fail_after(180):
-                while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
-                    await anyio.sleep(0.2)
-
-        await ready(2)
+    async with ctx.warm_workers(1) as pool:  # both kinds are wanted once the probe is in
+        await _pool_ready(pool, 2)
         result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate("chatty"), trials=1,
                                                 use_store=False)
         assert result.correct, str(result)
         assert pool.served == 2  # the judge and the candidate both came warm
-        await ready(2)  # and the pool refilled behind them
+        await _pool_ready(pool, 2)  # and the pool refilled behind them
+
+
+@pytest.mark.parametrize("name, kind, says", [("segfault", "crashed", "SIGSEGV"), ("hard_exit", "exited", "code 3")])
+async def test_forked_worker_death_is_reported_as_for_a_cold_one(tmp_path, cpu_example, candidate, name, kind, says):
+    """A warm worker is forked by the zygote, not started by the server: how it ended still reaches the result."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        await _pool_ready(pool, 2)
+        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate(name), trials=1,
+                                                use_store=False)
+        assert pool.served == 2
+        assert result.failure is not None and result.failure.kind == kind, str(result)
+        assert says in result.failure.message
+        await _pool_ready(pool, 2)  # the zygote outlives its workers' crashes

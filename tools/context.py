@@ -21,7 +21,11 @@ from .pool import WorkerPool
 from .runner import WorkerLimits, WorkerProcess
 from .store import ResultStore
 
-__all__ = ["Progress", "RequestError", "ToolContext", "no_progress"]
+__all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress"]
+
+# Verify's candidate launches synchronously, so a device fault is raised at the line that launched it.
+# The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool.
+SYNC_LAUNCHES = {"CUDA_LAUNCH_BLOCKING": "1"}
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 
@@ -66,6 +70,7 @@ class ToolContext:
                 for avail in await self.availability():
                     if avail.ok:
                         pool.want(avail.backend)
+                        pool.want(avail.backend, SYNC_LAUNCHES)  # verify's candidate
             except Exception:  # noqa: BLE001 - a failed probe is reported by the first tool call
                 pass
 

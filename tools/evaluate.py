@@ -12,10 +12,12 @@ import time
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
+
+import anyio
 
 from .compare import PRECISIONS
-from .context import Progress, RequestError, ToolContext, no_progress
+from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerProcess
@@ -70,6 +72,23 @@ async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str,
     result = _compile_result(spec, reply, None)
     worker.kernel_names = reply.get("kernel_names", [])  # the candidate's own kernels, for profilers
     return (worker if result.ok else None), result
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]]) -> tuple[A, B]:
+    """Run two independent steps at once (the judge's reference beside the candidate's build)."""
+    results: list[Any] = [None, None]
+
+    async def run(i: int, step: Callable[[], Awaitable[Any]]) -> None:
+        results[i] = await step()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, 0, first)
+        tg.start_soon(run, 1, second)
+    return results[0], results[1]
 
 
 def _as_reference_failure(failure: Failure) -> Failure:
@@ -164,14 +183,14 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     judging = {"atol": atol, "rtol": rtol, "precision": precision}
     with ctx.scratch("verify") as scratch:
         async with AsyncExitStack() as stack:
-            await progress(0, steps, "running the reference in the judge worker")
-            judge, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed)
+            await progress(0, steps, "running the reference in the judge worker while the candidate builds")
+            # Synchronous launches: a device fault is raised at the candidate line that launched it.
+            (judge, failure, prepared), (worker, compiled) = await concurrently(
+                lambda: _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed),
+                lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code, extra_env=SYNC_LAUNCHES))
             if failure is not None:
                 return done(failure=failure, checks=[scan])
-            await progress(1, steps, "building the candidate")
-            # Synchronous launches: a device fault is raised at the candidate line that launched it.
-            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code,
-                                                     extra_env={"CUDA_LAUNCH_BLOCKING": "1"})
+            await progress(1, steps, "built the candidate")
             if worker is None:
                 return done(compile=compiled, failure=compiled.failure, checks=[scan])
             await progress(2, steps, f"running {trials} trials of the candidate, each twice")

@@ -1,30 +1,40 @@
 """Warm workers: processes that already imported torch and readied the device, waiting for a job.
 
 A cold worker pays for the interpreter, `import torch` and the device context (3-5 s on a GPU host)
-before it can load a candidate. The pool keeps a few such processes started ahead of time, per
-backend that has been asked for, and hands each out exactly once: a warm worker serves one job and
-dies with it, like a cold one, so candidates never share a process. It lives in the server's task
-group (`run`); outside one (tests calling tools directly), workers start cold as before.
+before it can load a candidate. The pool keeps a few such processes ready ahead of time, per kind
+that has been asked for, and hands each out exactly once: a warm worker serves one job and dies with
+it, like a cold one, so candidates never share a process. It lives in the server's task group
+(`run`); outside one (tests calling tools directly), workers start cold as before.
 
-A warm worker is started with the settings every worker of this server shares (environment, network
-isolation) plus its kind's extra environment (verify's candidate runs with CUDA_LAUNCH_BLOCKING=1,
-which the CUDA runtime reads once, at start-up); what is per job (scratch directory, log, rlimits)
-is sent when it is taken.
+Warm workers are forked by a *zygote* per backend (`kforge.tools.forkserver`), which paid for the
+imports once, so a refill takes a fork and a device start (well under a second) instead of a whole
+cold start: a stream of candidates does not outrun the pool. A forked worker gets its kind's extra
+environment before its device starts (verify's candidate runs with CUDA_LAUNCH_BLOCKING=1, which the
+CUDA runtime reads once, at start-up); what is per job (scratch directory, log, rlimits) is sent
+when it is taken.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import anyio
+from anyio.abc import UNIXSocketStream
+
+from .runner import kill_group, killpg
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-__all__ = ["WarmProcess", "WorkerPool"]
+__all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
-_WARM_TIMEOUT_S = 180.0
+logger = logging.getLogger(__name__)
+_ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
+_FORK_TIMEOUT_S = 60.0  # a fork and a device start
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -32,11 +42,129 @@ def _kind(backend: str, extra_env: dict[str, str] | None) -> _Kind:
     return backend, tuple(sorted((extra_env or {}).items()))
 
 
+class _SendSide:
+    """A worker's stdin, as WorkerProcess uses it: send lines, close for EOF."""
+
+    def __init__(self, stream: UNIXSocketStream) -> None:
+        self._stream = stream
+
+    async def send(self, data: bytes) -> None:
+        await self._stream.send(data)
+
+    async def aclose(self) -> None:
+        await self._stream.send_eof()
+
+
+class ForkedProcess:
+    """The part of anyio's Process that WorkerProcess uses, for a worker the zygote forked.
+
+    The zygote is the worker's parent, so the exit code comes from it (`_exited`); the worker leads its
+    own process group, so killing the group by pid works as for a worker the server started.
+    """
+
+    def __init__(self, pid: int, stream: UNIXSocketStream) -> None:
+        self.pid, self.returncode = pid, None
+        self.stdin, self.stdout = _SendSide(stream), stream
+        self._ended = anyio.Event()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        return self.returncode  # type: ignore[return-value]
+
+    async def aclose(self) -> None:
+        await self.stdout.aclose()
+
+
 class WarmProcess:
     """A started worker and its reply stream, not yet given a job."""
 
-    def __init__(self, proc: anyio.abc.Process, out: BufferedByteReceiveStream) -> None:
+    def __init__(self, proc: anyio.abc.Process | ForkedProcess, out: BufferedByteReceiveStream) -> None:
         self.proc, self.out = proc, out
+
+
+class _Zygote:
+    """One backend's fork server: started once, then forks warm workers on request."""
+
+    def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream) -> None:
+        self.proc, self.ctl = proc, ctl
+        self.children: dict[int, ForkedProcess] = {}
+
+    @classmethod
+    async def start(cls, backend: str, argv_extra: list[str], env: dict[str, str], cwd: Path) -> _Zygote | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = await anyio.open_process(
+                [sys.executable, "-m", "kforge.tools.worker", "--zygote", backend, *argv_extra], stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(cwd), env=env, start_new_session=True)
+        finally:
+            theirs.close()
+        ctl = await UNIXSocketStream.from_socket(ours)
+        zygote = cls(proc, ctl)
+        try:
+            with anyio.fail_after(_ZYGOTE_TIMEOUT_S):
+                line = await zygote._lines().receive_until(b"\n", 1 << 16)
+        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+            line = b""
+        if b'"ready": true' not in line:  # could not import torch: cold starts will say why
+            await zygote.close()
+            return None
+        return zygote
+
+    def _lines(self) -> BufferedByteReceiveStream:
+        if not hasattr(self, "_buffered"):
+            self._buffered = BufferedByteReceiveStream(self.ctl)
+        return self._buffered
+
+    async def watch(self) -> None:
+        """Pass each worker's exit code on to its ForkedProcess; when the zygote ends, its workers go too."""
+        try:
+            while True:
+                msg = json.loads(await self._lines().receive_until(b"\n", 1 << 16))
+                child = self.children.pop(msg.get("exited"), None)
+                if child is not None:
+                    child._exited(int(msg["code"]))
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                OSError, ValueError):
+            pass
+        finally:
+            for pid, child in self.children.items():
+                killpg(pid)
+                child._exited(-9)
+            self.children.clear()
+
+    async def fork(self, extra_env: dict[str, str]) -> WarmProcess | None:
+        """A new worker with this environment and its device started, or None if that failed."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await self.ctl.send_fds(b"f", [theirs.fileno()])
+        finally:
+            theirs.close()
+        stream = await UNIXSocketStream.from_socket(ours)
+        out = BufferedByteReceiveStream(stream)
+        try:
+            await stream.send((json.dumps({"env": extra_env}) + "\n").encode())
+            with anyio.fail_after(_FORK_TIMEOUT_S):
+                reply = json.loads(await out.receive_until(b"\n", 1 << 16))
+        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError, ValueError):
+            reply = {}
+        if not reply.get("warm"):
+            if reply.get("pid"):
+                killpg(reply["pid"])
+            await stream.aclose()
+            return None
+        proc = ForkedProcess(int(reply["pid"]), stream)
+        self.children[proc.pid] = proc
+        return WarmProcess(proc, out)
+
+    async def close(self) -> None:
+        await self.ctl.aclose()  # EOF: the zygote kills the workers it still has and exits
+        with anyio.move_on_after(5):
+            await self.proc.wait()
+        await kill_group(self.proc)
 
 
 class WorkerPool:
@@ -45,12 +173,14 @@ class WorkerPool:
         self._idle: dict[_Kind, list[WarmProcess]] = defaultdict(list)
         self._starting: dict[_Kind, int] = defaultdict(int)
         self._wanted: set[_Kind] = set()
+        self._zygotes: dict[str, _Zygote | None] = {}  # None: it could not start; workers start cold
+        self._zygote_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep `size` warm workers per wanted backend until cancelled; kill the idle ones on the way out."""
+        """Keep `size` warm workers per wanted kind until cancelled; kill the idle ones on the way out."""
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -64,8 +194,13 @@ class WorkerPool:
             with anyio.CancelScope(shield=True):
                 for idle in self._idle.values():
                     for warm in idle:
-                        await _kill(warm.proc)
+                        await kill_group(warm.proc)
+                        await warm.proc.aclose()
                 self._idle.clear()
+                for zygote in self._zygotes.values():
+                    if zygote is not None:
+                        await zygote.close()
+                self._zygotes.clear()
 
     def want(self, backend: str, extra_env: dict[str, str] | None = None) -> None:
         """Start keeping warm workers of this kind (an available backend, or a kind just asked for)."""
@@ -96,47 +231,32 @@ class WorkerPool:
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
 
-    async def _start_one(self, kind: _Kind) -> None:
-        from .runner import worker_env
+    async def _zygote(self, backend: str) -> _Zygote | None:
+        async with self._zygote_locks[backend]:
+            if backend not in self._zygotes:
+                from .runner import worker_env
 
-        scratch = self.home / "cache" / "pool"
-        scratch.mkdir(parents=True, exist_ok=True)
-        proc = None
+                scratch = self.home / "cache" / "pool"
+                scratch.mkdir(parents=True, exist_ok=True)
+                extra = ["--isolate-network"] if self.isolate_network else []
+                zygote = await _Zygote.start(backend, extra, worker_env(self.home, scratch), scratch)
+                self._zygotes[backend] = zygote
+                if zygote is not None and self._tg is not None:
+                    self._tg.start_soon(zygote.watch)
+            return self._zygotes[backend]
+
+    async def _start_one(self, kind: _Kind) -> None:
+        backend, env = kind
         try:
-            backend, env = kind
-            argv = [sys.executable, "-m", "kforge.tools.worker", "--warm", backend]
-            if self.isolate_network:
-                argv.append("--isolate-network")
-            proc = await anyio.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, cwd=str(scratch),
-                                            env=worker_env(self.home, scratch, dict(env)), start_new_session=True)
-            out = BufferedByteReceiveStream(proc.stdout)
-            with anyio.fail_after(_WARM_TIMEOUT_S):
-                line = await out.receive_until(b"\n", 1 << 20)
-            if b'"warm": true' not in line:  # could not import torch or ready the device: cold starts will say why
-                await _kill(proc)
-                self._wanted.discard(kind)
-                return
-            self._idle[kind].append(WarmProcess(proc, out))
-            self.started += 1
-            proc = None
-        except (OSError, TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
-            self._wanted.discard(kind)  # stop trying; cold workers report the problem properly
+            zygote = await self._zygote(backend)
+            warm = await zygote.fork(dict(env)) if zygote is not None else None
+        except Exception:  # noqa: BLE001 - a pool that cannot warm must not take the server down
+            logger.warning("warm workers for %s could not start; workers start cold", backend, exc_info=True)
+            warm = None
         finally:
             self._starting[kind] -= 1
-            if proc is not None:
-                with anyio.CancelScope(shield=True):
-                    await _kill(proc)
-
-
-async def _kill(proc: anyio.abc.Process) -> None:
-    import os
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    with anyio.move_on_after(5):
-        await proc.wait()
-    await proc.aclose()
+        if warm is None:  # stop trying; cold workers report the problem properly
+            self._wanted.discard(kind)
+            return
+        self._idle[kind].append(warm)
+        self.started += 1

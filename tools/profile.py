@@ -1,8 +1,8 @@
 """profile_kernel: time the candidate against eager and torch.compile baselines, then profile it.
 
-Order of work: the judge builds the reference and makes a few input sets; the candidate worker
-builds ModelNew and runs every set once so its output is checked before any number is trusted;
-then, holding the device lock (one timing job per accelerator), the judge times the reference in
+Order of work: the judge builds the reference and makes a few input sets while the candidate worker
+builds ModelNew; once it has loaded, the judge draws the timing inputs, and the candidate runs every
+set once so its output is checked before any number is trusted; then, holding the device lock (one timing job per accelerator), the judge times the reference in
 eager mode and under torch.compile and the candidate worker times ModelNew and records a
 torch.profiler window and perf counters. Builds happen before the lock is taken, so a compile
 never disturbs someone else's timing.
@@ -23,7 +23,7 @@ from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, with_jit_kernels
+from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, concurrently, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
 from .static_scan import scan_candidate
@@ -72,22 +72,29 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
 
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
-            await step("running the reference in the judge worker")
-            judge, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed,
-                                                     exact=False)
+            await step("running the reference in the judge worker while the candidate builds")
+
+            async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
+                judge, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds,
+                                                         init_seed, exact=False)
+                if judge is None:
+                    return judge, failure, {}
+                return judge, None, await judge.call("problem_size", stage="reference")
+
+            (judge, failure, problem), (worker, compiled) = await concurrently(
+                judge_side, lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code))
             if failure is not None:
                 return failed(failure)
-            problem = await judge.call("problem_size", stage="reference")
-            # Fresh inputs for (nearly) every timed call: answers cannot be replayed from earlier calls.
+            if worker is None:
+                return failed(compiled.failure)
+            await step("making the timing inputs")
+            # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
+            # be replayed from earlier calls, nor computed ahead at import.
             n_sets = max(_INPUT_SETS, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem["problem_bytes"])))
             made = await judge.call("timing_sets", stage="reference", seeds=_fresh_seeds(n_sets)[1],
                                     exchange=str(scratch / "timing.pt"))
             if made.get("failure"):
                 return failed(Failure(**made["failure"]))
-            await step("building the candidate")
-            worker, compiled = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
-            if worker is None:
-                return failed(compiled.failure)
             try:
                 run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
                                         outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)

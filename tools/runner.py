@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from .models import Failure
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "worker_env"]
+__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
@@ -35,6 +36,7 @@ _ENV_ALLOWLIST = (
     "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CXX", "CC", "MAX_JOBS",
     "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET", "SSL_CERT_FILE",
 )
+_TRACE = os.environ.get("KFORGE_TRACE")  # a file: one JSON line per worker start and call (where time goes)
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _TAIL_LINES = 30
 
@@ -99,6 +101,21 @@ def _describe_exit(code: int) -> tuple[str, str]:
     return "exited", f"the process exited with code {code} before answering (os._exit, exit() in native code, or abort handling)"
 
 
+def killpg(pid: int) -> None:
+    """SIGKILL a worker's whole process group: its compilers and children too."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def kill_group(proc: Any) -> None:
+    """Kill a worker's group and wait (briefly) for the worker to be gone."""
+    killpg(proc.pid)
+    with anyio.move_on_after(5):
+        await proc.wait()
+
+
 class WorkerProcess:
     """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
 
@@ -118,7 +135,14 @@ class WorkerProcess:
         self._pool = pool if not prefix else None
         self.warm = False
 
+    def _trace(self, op: str, started: float) -> None:
+        if _TRACE:
+            with open(_TRACE, "a") as f:
+                f.write(json.dumps({"role": self.role, "op": op, "warm": self.warm, "at": round(started, 3),
+                                    "s": round(time.perf_counter() - started, 3)}) + "\n")
+
     async def __aenter__(self) -> WorkerProcess:
+        started = time.perf_counter()
         self.scratch.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
         warm = self._pool.take(self.backend, self._extra_env) if self._pool is not None and self.backend else None
@@ -142,6 +166,7 @@ class WorkerProcess:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
         self.network = reply.get("network", "host")
+        self._trace("start", started)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -157,8 +182,10 @@ class WorkerProcess:
         """
         # A fresh secret per call: a line the candidate wrote to the protocol's descriptors cannot carry it.
         nonce = secrets.token_hex(16)
+        started = time.perf_counter()
         await self._send({"op": op, "nonce": nonce, **payload})
         reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s)
+        self._trace(op, started)
         if reply.get("nonce") != nonce:
             await self.kill()
             raise WorkerDied(Failure(
@@ -207,14 +234,8 @@ class WorkerProcess:
         return Failure(stage=stage, kind=kind, message=message, output_tail=_tail(self.log))
 
     async def kill(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)  # the group: compilers and children too
-        except (ProcessLookupError, PermissionError):
-            pass
-        with anyio.move_on_after(5):
-            await self._proc.wait()
+        if self._proc is not None:
+            await kill_group(self._proc)
 
     async def aclose(self) -> None:
         if self._proc is None:

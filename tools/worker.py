@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .candidate_ops import CandidateOps
 from .judge import JudgeOps
@@ -195,43 +196,75 @@ def _output_to(path: str | None) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _warm_up(backend_name: str) -> Any:
-    """Import torch and ready the device before there is a job (a pool's warm worker)."""
+def _preload(backend_name: str) -> None:
+    """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
+    harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
+    include. Nothing here may start the device: CUDA does not survive a fork."""
     from kforge.backends import load_backend
 
-    backend = load_backend(backend_name)
-    backend.setup()
-    # What every job needs next, paid now: the loader (pydantic models), torch's extension module and
-    # the compilers' identities (subprocesses) that build keys include.
-    from torch.utils import cpp_extension  # noqa: F401
+    load_backend(backend_name)
+    import torch._dynamo  # noqa: F401 - ~1 s, pulled in by FlopCounterMode and torch.compile
+    from torch.utils import cpp_extension, flop_counter  # noqa: F401
 
+    from kforge.profilers import torch_profiler  # noqa: F401
+
+    from . import compare, inputs, integrity, output_contract, timing  # noqa: F401
     from .fast_build import toolchain_id
     from .loader import load_user_module  # noqa: F401
 
     toolchain_id(False)
-    if backend.name == "cuda":
+    if backend_name == "cuda":
         toolchain_id(True)
-    return backend
+
+
+def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket], None]:
+    """The body of a worker forked by the zygote: its kind's environment, the device, then one job."""
+    def run(sock: socket.socket) -> None:
+        from kforge.backends import load_backend
+
+        from .forkserver import child_streams
+
+        proto_in, proto_out = child_streams(sock)
+        first = json.loads(proto_in.readline() or "null")
+        if first is None:
+            return  # the pool shut down before this worker was readied
+        os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
+        try:
+            backend = load_backend(backend_name)
+            backend.setup()
+        except BaseException:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
+            proto_out.write(json.dumps({"warm": False}) + "\n")
+            proto_out.flush()
+            return
+        proto_out.write(json.dumps({"warm": True, "pid": os.getpid()}) + "\n")
+        proto_out.flush()
+        _serve(proto_in, proto_out, backend, network)
+
+    return run
 
 
 def main() -> None:
     # Keep the protocol on private fds; user code gets /dev/null for stdin and a log file for 1/2.
-    proto_in = os.fdopen(os.dup(0), "r")
-    proto_out = os.fdopen(os.dup(1), "w", buffering=1)
+    first_fd = os.dup(0)
     null_fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null_fd, 0)
-    warm_backend, network = None, "host"
-    if "--warm" in sys.argv:  # started ahead of its job by kforge.tools.pool
+    if "--zygote" in sys.argv:  # the pool's fork server: fd 0 was its control socket
+        from .forkserver import serve_forks
+
         _output_to(None)
+        backend_name = sys.argv[sys.argv.index("--zygote") + 1]
+        network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
-            network = _isolate_network()  # while single-threaded, before torch
-        try:
-            warm_backend = _warm_up(sys.argv[sys.argv.index("--warm") + 1])
-        except BaseException:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
-            proto_out.write(json.dumps({"warm": False}) + "\n")
-            return
-        proto_out.write(json.dumps({"warm": True}) + "\n")
-        proto_out.flush()
+            network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
+        serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network))
+        return
+    proto_in = os.fdopen(first_fd, "r")
+    proto_out = os.fdopen(os.dup(1), "w", buffering=1)
+    _serve(proto_in, proto_out, None, "host")
+
+
+def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> None:
+    """Take the job's init, start the Worker, then answer ops until the parent closes the channel."""
     init = json.loads(proto_in.readline() or "null")
     if init is None:
         return  # the pool shut down before this worker got a job
