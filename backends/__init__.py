@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 from .base import Availability, Backend, DeviceFacts, Timer
 
-__all__ = ["Availability", "Backend", "DeviceFacts", "Timer", "backend_names", "load_backend"]
+__all__ = ["Availability", "Backend", "DeviceFacts", "Timer", "backend_names", "import_backend_module", "load_backend"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -33,14 +33,25 @@ def backend_names() -> list[str]:
     return sorted(_registry())
 
 
+def _target(name: str) -> tuple[str, str]:
+    target = _registry().get(name)
+    if target is None:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
+    module_name, _, cls_name = target.partition(":")
+    return module_name, cls_name
+
+
+def import_backend_module(name: str) -> None:
+    """Import the backend's module only: constructing a backend may start the device (a fork server's
+    preload must not)."""
+    importlib.import_module(_target(name)[0])
+
+
 def load_backend(name: str) -> Backend:
     """Import and construct the backend called `name`.
 
     Raises:
         KeyError: no backend of that name is registered.
     """
-    target = _registry().get(name)
-    if target is None:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
-    module_name, _, cls_name = target.partition(":")
+    module_name, cls_name = _target(name)
     return getattr(importlib.import_module(module_name), cls_name)()

@@ -169,7 +169,10 @@ async def main(args) -> dict:
             wall = time.perf_counter() - t0
             row(f"throughput: {args.throughput} new candidates, compile+verify+profile, {args.parallel} at once", round(wall, 2),
                 per_minute=round(60 * len(done) / wall, 1), all_ok=all(done))
-        out["pool"] = {"started": pool.started, "served": pool.served}
+        out["pool"] = {"started": pool.started, "served": pool.served, "problems": pool.problems}
+        write(out, args.out)
+        if pool.problems:
+            print("warm workers:", *pool.problems, sep="\n  ")
     return out
 
 

@@ -85,9 +85,14 @@ async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], A
     async def run(i: int, step: Callable[[], Awaitable[Any]]) -> None:
         results[i] = await step()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, 0, first)
-        tg.start_soon(run, 1, second)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, 0, first)
+            tg.start_soon(run, 1, second)
+    except BaseExceptionGroup as group:  # one step failed (a harness error): raise it as itself
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
     return results[0], results[1]
 
 
@@ -179,7 +184,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     scan = static_check(scan_candidate(candidate_code))
     done = partial(_finish_verify, ctx, spec, t0, precision=precision)
     init_seed, seeds = _fresh_seeds(trials)
-    steps = 5.0
+    steps = 4.0
     judging = {"atol": atol, "rtol": rtol, "precision": precision}
     with ctx.scratch("verify") as scratch:
         async with AsyncExitStack() as stack:
@@ -193,23 +198,36 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             await progress(1, steps, "built the candidate")
             if worker is None:
                 return done(compile=compiled, failure=compiled.failure, checks=[scan])
-            await progress(2, steps, f"running {trials} trials of the candidate, each twice")
-            try:
-                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                        outputs=str(scratch / "outputs.pt"))
-            except WorkerDied as died:
-                return done(compile=compiled, failure=died.failure, checks=[scan])
+            await progress(2, steps, f"running {trials} trials of the candidate, each twice, while the judge "
+                                     "calibrates its check against trivial outputs")
+
+            async def run_trials() -> tuple[dict[str, Any] | None, Failure | None]:
+                try:
+                    return await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                             outputs=str(scratch / "outputs.pt")), None
+                except WorkerDied as died:
+                    return None, died.failure
+
+            async def calibrate() -> tuple[dict[str, Any] | None, Failure | None]:
+                try:  # needs only the reference's outputs, so it runs beside the candidate
+                    return await judge.call("calibrate", stage="compare", **judging), None
+                except WorkerDied as died:
+                    return None, _as_reference_failure(died.failure)
+
+            (run, run_failure), (calibration, judge_failure) = await concurrently(run_trials, calibrate)
+            if run_failure is not None:
+                return done(compile=compiled, failure=run_failure, checks=[scan])
             if run.get("failure"):
                 return done(compile=compiled, failure=Failure(**run["failure"]), checks=[scan])
             compiled = with_jit_kernels(compiled, run)
             run_checks = [scan] + integrity_checks(run.get("integrity"), precision)
             if all(run["trial_failures"]):  # every trial raised: report the first as the failure
                 return done(compile=compiled, failure=Failure(**run["trial_failures"][0]), checks=run_checks)
+            if judge_failure is not None:
+                return done(compile=compiled, failure=judge_failure, checks=run_checks)
             await progress(3, steps, "comparing with the reference")
             try:
                 compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"), **judging)
-                await progress(4, steps, "calibrating the check against trivial outputs")
-                calibration = await judge.call("calibrate", stage="compare", **judging)
             except WorkerDied as died:
                 return done(compile=compiled, failure=_as_reference_failure(died.failure), checks=run_checks)
     reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(compared["trials"])]

@@ -10,7 +10,7 @@ job: candidates still never share a process.
 Control channel (a Unix stream socket on the zygote's fd 0):
   server -> zygote: one byte carrying one file descriptor (SCM_RIGHTS): the new worker's protocol
                     socket; the zygote reads one byte at a time, so each byte owns exactly its fd;
-  zygote -> server: JSON lines: {"ready": true|false} once, then {"exited": pid, "code": c} per worker
+  zygote -> server: JSON lines: {"ready": true} (or false, and why) once, then {"exited": pid, "code": c} per worker
                     (c as subprocess reports it: negative for a signal), because only the zygote, the
                     workers' parent, can learn how a worker ended.
 The server closing the channel ends the zygote, which kills the workers it still has.
@@ -38,8 +38,8 @@ def serve_forks(ctl_fd: int, preload: Callable[[], Any], run_child: Callable[[so
     ctl = socket.socket(fileno=ctl_fd)
     try:
         preload()
-    except BaseException:  # noqa: BLE001 - the pool falls back to cold workers, which report the problem
-        _send_line(ctl, {"ready": False})
+    except BaseException as exc:  # noqa: BLE001 - the pool falls back to cold workers, which report the problem
+        _send_line(ctl, {"ready": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
         return
     _send_line(ctl, {"ready": True})
     children: set[int] = set()

@@ -94,7 +94,8 @@ class _Zygote:
         self.children: dict[int, ForkedProcess] = {}
 
     @classmethod
-    async def start(cls, backend: str, argv_extra: list[str], env: dict[str, str], cwd: Path) -> _Zygote | None:
+    async def start(cls, backend: str, argv_extra: list[str], env: dict[str, str], cwd: Path) -> _Zygote | str:
+        """The started zygote, or why it could not start."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = await anyio.open_process(
@@ -106,12 +107,13 @@ class _Zygote:
         zygote = cls(proc, ctl)
         try:
             with anyio.fail_after(_ZYGOTE_TIMEOUT_S):
-                line = await zygote._lines().receive_until(b"\n", 1 << 16)
-        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
-            line = b""
-        if b'"ready": true' not in line:  # could not import torch: cold starts will say why
+                reply = json.loads(await zygote._lines().receive_until(b"\n", 1 << 16))
+        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
+                ValueError) as exc:
+            reply = {"why": f"no answer ({type(exc).__name__})"}
+        if not reply.get("ready"):
             await zygote.close()
-            return None
+            return f"the {backend} fork server could not start: {reply.get('why', 'no reason given')}"
         return zygote
 
     def _lines(self) -> BufferedByteReceiveStream:
@@ -136,8 +138,8 @@ class _Zygote:
                 child._exited(-9)
             self.children.clear()
 
-    async def fork(self, extra_env: dict[str, str]) -> WarmProcess | None:
-        """A new worker with this environment and its device started, or None if that failed."""
+    async def fork(self, extra_env: dict[str, str]) -> WarmProcess | str:
+        """A new worker with this environment and its device started, or why there is none."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             await self.ctl.send_fds(b"f", [theirs.fileno()])
@@ -149,13 +151,12 @@ class _Zygote:
             await stream.send((json.dumps({"env": extra_env}) + "\n").encode())
             with anyio.fail_after(_FORK_TIMEOUT_S):
                 reply = json.loads(await out.receive_until(b"\n", 1 << 16))
-        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError, ValueError):
-            reply = {}
+        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
+                ValueError) as exc:
+            reply = {"why": f"no answer ({type(exc).__name__})"}
         if not reply.get("warm"):
-            if reply.get("pid"):
-                killpg(reply["pid"])
-            await stream.aclose()
-            return None
+            await stream.aclose()  # the worker reads EOF and exits
+            return f"a forked worker could not start its device: {reply.get('why', 'no reason given')}"
         proc = ForkedProcess(int(reply["pid"]), stream)
         self.children[proc.pid] = proc
         return WarmProcess(proc, out)
@@ -173,7 +174,8 @@ class WorkerPool:
         self._idle: dict[_Kind, list[WarmProcess]] = defaultdict(list)
         self._starting: dict[_Kind, int] = defaultdict(int)
         self._wanted: set[_Kind] = set()
-        self._zygotes: dict[str, _Zygote | None] = {}  # None: it could not start; workers start cold
+        self._zygotes: dict[str, _Zygote | str] = {}  # a str: why it could not start; workers start cold
+        self.problems: list[str] = []  # why warm workers of some kind are not offered (also logged)
         self._zygote_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -198,7 +200,7 @@ class WorkerPool:
                         await warm.proc.aclose()
                 self._idle.clear()
                 for zygote in self._zygotes.values():
-                    if zygote is not None:
+                    if isinstance(zygote, _Zygote):
                         await zygote.close()
                 self._zygotes.clear()
 
@@ -231,7 +233,7 @@ class WorkerPool:
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
 
-    async def _zygote(self, backend: str) -> _Zygote | None:
+    async def _zygote(self, backend: str) -> _Zygote | str:
         async with self._zygote_locks[backend]:
             if backend not in self._zygotes:
                 from .runner import worker_env
@@ -241,7 +243,7 @@ class WorkerPool:
                 extra = ["--isolate-network"] if self.isolate_network else []
                 zygote = await _Zygote.start(backend, extra, worker_env(self.home, scratch), scratch)
                 self._zygotes[backend] = zygote
-                if zygote is not None and self._tg is not None:
+                if isinstance(zygote, _Zygote) and self._tg is not None:
                     self._tg.start_soon(zygote.watch)
             return self._zygotes[backend]
 
@@ -249,14 +251,15 @@ class WorkerPool:
         backend, env = kind
         try:
             zygote = await self._zygote(backend)
-            warm = await zygote.fork(dict(env)) if zygote is not None else None
-        except Exception:  # noqa: BLE001 - a pool that cannot warm must not take the server down
-            logger.warning("warm workers for %s could not start; workers start cold", backend, exc_info=True)
-            warm = None
+            warm = await zygote.fork(dict(env)) if isinstance(zygote, _Zygote) else zygote
+        except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
+            warm = f"{type(exc).__name__}: {exc}"
         finally:
             self._starting[kind] -= 1
-        if warm is None:  # stop trying; cold workers report the problem properly
+        if isinstance(warm, str):  # stop trying; cold workers report the problem properly
             self._wanted.discard(kind)
+            self.problems.append(f"{backend} {dict(env) or ''}: {warm}")
+            logger.warning("no warm workers for %s %s, workers start cold: %s", backend, dict(env) or "", warm)
             return
         self._idle[kind].append(warm)
         self.started += 1

@@ -200,9 +200,9 @@ def _preload(backend_name: str) -> None:
     """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
     harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
     include. Nothing here may start the device: CUDA does not survive a fork."""
-    from kforge.backends import load_backend
+    from kforge.backends import import_backend_module
 
-    load_backend(backend_name)
+    import_backend_module(backend_name)
     import torch._dynamo  # noqa: F401 - ~1 s, pulled in by FlopCounterMode and torch.compile
     from torch.utils import cpp_extension, flop_counter  # noqa: F401
 
@@ -215,6 +215,32 @@ def _preload(backend_name: str) -> None:
     toolchain_id(False)
     if backend_name == "cuda":
         toolchain_id(True)
+    if _cuda_driver_started():
+        raise RuntimeError("the CUDA driver was initialized while preloading; forked workers could not use the GPU")
+
+
+def _cuda_driver_started() -> bool:
+    """Has this process called cuInit? (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until then.)"""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False  # no driver, nothing to start
+    count = ctypes.c_int(0)
+    return lib.cuDeviceGetCount(ctypes.byref(count)) != 3
+
+
+def _warm_device(backend: Any) -> None:
+    """First-use costs of the device, paid before the job: a launch and the profiler's start-up (CUPTI on
+    a GPU takes seconds the first time in a process, and verify and profile both profile)."""
+    import torch
+    from torch.profiler import profile
+
+    x = backend.to_device(torch.ones(256))
+    with profile(activities=backend.profiler_activities()):
+        (x + 1).sum()
+        backend.synchronize()
 
 
 def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket], None]:
@@ -225,22 +251,31 @@ def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket],
         from .forkserver import child_streams
 
         proto_in, proto_out = child_streams(sock)
+
+        def say(payload: dict[str, Any]) -> None:
+            proto_out.write(json.dumps(payload) + "\n")
+            proto_out.flush()
+
         first = json.loads(proto_in.readline() or "null")
         if first is None:
             return  # the pool shut down before this worker was readied
+        os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
         try:
             backend = load_backend(backend_name)
             backend.setup()
-        except BaseException:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
-            proto_out.write(json.dumps({"warm": False}) + "\n")
-            proto_out.flush()
+            _warm_device(backend)
+        except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
+            say({"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        proto_out.write(json.dumps({"warm": True, "pid": os.getpid()}) + "\n")
-        proto_out.flush()
+        say({"warm": True, "pid": os.getpid()})
         _serve(proto_in, proto_out, backend, network)
 
     return run
+
+
+# torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the zygote.
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def main() -> None:
@@ -252,6 +287,7 @@ def main() -> None:
         from .forkserver import serve_forks
 
         _output_to(None)
+        os.environ[_NVML_CHECK] = "1"
         backend_name = sys.argv[sys.argv.index("--zygote") + 1]
         network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
