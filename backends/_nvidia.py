@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import time
 from typing import Any
 
@@ -82,6 +84,9 @@ def setup_gpu() -> None:
     import torch
 
     torch.cuda.init()
+    # A GPU worker's own CPU work is small (inputs, files), but many run at once (judge and candidate per
+    # job, jobs side by side, warm ones waiting): an all-core OpenMP pool in each oversubscribes the host.
+    torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // 4)))
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 

@@ -101,6 +101,8 @@ async def main(args) -> dict:
         await anyio.sleep(3)
         first_build_done = None
         for form, path in forms.items():
+            if form in args.skip_form:
+                continue
             text = variant(form, path.read_text(), 0)
             res, s = await timed(compile_kernel(ctx, backend, text, use_store=False))
             assert res.ok, str(res)
@@ -199,6 +201,7 @@ if __name__ == "__main__":
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--budget-s", type=float, default=0.5, help="timing budget per timed model in profile_kernel")
     ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument("--skip-form", action="append", default=[], help="leave out this form's build rows (e.g. kernelbench)")
     ap.add_argument("--wait-pch", action="store_true", help="cuda: also wait for the precompiled header row")
     args = ap.parse_args()
     result = anyio.run(main, args)

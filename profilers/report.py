@@ -127,7 +127,7 @@ class Counter(BaseModel):
 
 
 class Baseline(BaseModel):
-    """A reference implementation timed in the same run as the candidate."""
+    """A reference implementation timed beside the candidate (in this run, or reused: `reused_after_s`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -135,6 +135,10 @@ class Baseline(BaseModel):
     timing: TimingStats | None = None
     speedup: float | None = Field(default=None, description="Baseline median / candidate median; >1 means the candidate is faster.")
     error: str | None = Field(default=None, description="Why this baseline could not be timed.")
+    reused_after_s: float | None = Field(default=None, description=(
+        "Set when this timing was taken by an earlier profile of the same reference on this device, with the "
+        "same versions and budget, this many seconds ago (KForge re-times a baseline at most every 10 minutes); "
+        "None: timed in this run."))
 
 
 class NcuKernel(BaseModel):

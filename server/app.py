@@ -212,7 +212,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
         problem: _PROBLEM = None,
         baselines: Annotated[list[Literal["eager", "torch.compile"]], Field(
-            description="Reference baselines timed in the same run.")] = list(BASELINES),
+            description="Reference baselines, timed in this run or reused from a profile of the same reference "
+                        "on this device in the last 10 minutes (see each baseline's reused_after_s).")] = list(BASELINES),
         budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
         precision: _PRECISION = "strict",
         hardware_counters: Annotated[bool, Field(description="Also run the candidate under Nsight Compute on a GPU "

@@ -72,6 +72,14 @@ async def test_honest_candidate_end_to_end(kforge_home, cpu_example):
         assert names == ["eager", "torch.compile"]
         eager = report["baselines"][0]
         assert eager["speedup"] == pytest.approx(eager["timing"]["median_us"] / report["candidate"]["median_us"], rel=1e-3)
+        assert eager.get("reused_after_s") is None  # timed in this run
+        # The next profile of the same reference reuses both baselines, timed moments ago, and says so.
+        again = data(await client.call_tool("profile_kernel", {
+            "backend": "cpu", "reference_code": ref, "candidate_code": cand, "budget_s": 0.5}))
+        assert [b["reused_after_s"] >= 0 for b in again["report"]["baselines"]] == [True, True]
+        assert again["report"]["baselines"][0]["timing"] == eager["timing"]
+        assert again["report"]["baselines"][0]["speedup"] == pytest.approx(
+            eager["timing"]["median_us"] / again["report"]["candidate"]["median_us"], rel=1e-3)
         custom = [op for op in report["ops"] if op["is_custom"]]
         assert custom and custom[0]["name"] == "kforge::fused_relu_scale_bias.fused_relu_scale_bias"
         assert report["custom_share"] > 0.5

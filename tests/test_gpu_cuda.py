@@ -25,11 +25,13 @@ async def test_cuda_compile_verify_profile(kforge_home, candidate):
 
         built = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": cand}))
         assert built["ok"], built
+        # The taught form is NVRTC: the kernel's figures come from the driver (local memory = spills + stack).
+        assert built["builds"][0]["fast_paths"] == ["NVRTC"] and built["load_seconds"] < 5, built
         [kernel] = built["builds"][0]["kernels"]
         assert kernel["kernel"].startswith("relu_kernel") and kernel["registers"] > 0
-        assert kernel["spill_store_bytes"] == 0 and kernel["arch"].startswith("sm_")
+        assert kernel["local_bytes"] == 0 and kernel["arch"].startswith("sm_")
         again = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": cand, "use_store": False}))
-        assert again["from_cache"] and again["builds"][0]["kernels"] == built["builds"][0]["kernels"]
+        assert again["ok"] and again["builds"][0]["kernels"] == built["builds"][0]["kernels"]
 
         verdict = data(await client.call_tool("verify_against_reference", {
             "backend": "cuda", "problem": "relu", "candidate_code": cand}))

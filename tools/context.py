@@ -50,6 +50,8 @@ class ToolContext:
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
     #: warm workers, while a server runs the pool (`kforge.tools.pool`); None: every worker starts cold
     pool: WorkerPool | None = field(default=None, init=False)
+    #: baseline timings by (reference, baseline, budget, environment): (when measured, the judge's reply)
+    baseline_timings: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = field(default_factory=dict, init=False)
 
     def worker(self, backend: str, scratch: Path, role: str, **kwargs: Any) -> WorkerProcess:
         """A worker for one job (warm from the pool when one is ready)."""

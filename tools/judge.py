@@ -110,7 +110,7 @@ class JudgeOps:
         ex = exact if exact is not None else (self.exact[i] if i < len(self.exact) else None)
         return compare_outputs(exp, got, atol=msg.get("atol"), rtol=msg.get("rtol"),
                                expected_devices=self.expected_devices, got_devices=devices,
-                               precision=msg.get("precision", "strict"), exact=ex)
+                               precision=msg.get("precision", "strict"), exact=ex, device=self.backend.device)
 
     def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch

@@ -313,9 +313,11 @@ def _driver_resources(kernel: Any, name: str) -> KernelResources:
     import ctypes
 
     values: dict[str, int | None] = {"registers": None, "shared_bytes": None, "local_bytes": None}
+    arch = None
     try:
         import torch
 
+        arch = "sm_{}{}".format(*torch.cuda.get_device_capability())  # torch compiles NVRTC kernels for it
         libcuda = torch.cuda._utils._get_gpu_runtime_library()
         for field_name, attribute in (("registers", 4), ("shared_bytes", 1), ("local_bytes", 3)):
             out = ctypes.c_int()
@@ -323,7 +325,7 @@ def _driver_resources(kernel: Any, name: str) -> KernelResources:
                 values[field_name] = out.value
     except Exception:  # noqa: BLE001 - figures are a bonus; the kernel itself is fine
         pass
-    return KernelResources(kernel=name, **values)
+    return KernelResources(kernel=name, arch=arch, **values)
 
 
 def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any,

@@ -326,7 +326,8 @@ class ProfileResult(BaseModel):
         lines = [f"Profile {self.profile_id} on {r.device_name}:", f"  {r.candidate}"]
         for b in r.baselines:
             if b.timing is not None:
-                lines.append(f"  {b.timing}; candidate speedup x{b.speedup:.2f}")
+                reused = f" (timed {b.reused_after_s:.0f} s ago, reused)" if b.reused_after_s is not None else ""
+                lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}")
             else:
                 lines.append(f"  {b.name}: not timed ({b.error})")
         if r.custom_share is not None:
