@@ -12,6 +12,7 @@ import pytest
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.fast_build import build_key, lean_cuda_sources
+from kforge.tools.runner import kill_group
 
 pytestmark = pytest.mark.anyio
 
@@ -131,6 +132,13 @@ async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
         assert result.correct, str(result)
         assert pool.served == 2  # the judge and the candidate both came warm
         await _pool_ready(pool, 2)  # and the pool refilled behind them
+        # Two jobs at once find one worker of the candidate's kind: the pool now keeps two of that kind.
+        taken = pool.take("cpu")
+        assert taken is not None and pool.take("cpu") is None
+        await kill_group(taken.proc)
+        await taken.proc.aclose()
+        await _pool_ready(pool, 3)
+        assert len(pool._idle[("cpu", ())]) == 2 and pool.max_size == 4
 
 
 @pytest.mark.parametrize("name, kind, says", [("segfault", "crashed", "SIGSEGV"), ("hard_exit", "exited", "code 3")])

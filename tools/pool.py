@@ -169,8 +169,12 @@ class _Zygote:
 
 
 class WorkerPool:
-    def __init__(self, home: Path, *, size: int, isolate_network: bool) -> None:
+    def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
+        # A kind asked for while none was idle keeps one more ready from then on, up to max_size: the pool
+        # grows to the concurrency it sees (4 candidates at once want ~4 of each kind) instead of starving.
+        self.max_size = max(size, max_size if max_size is not None else 4 * size)
+        self._target: dict[_Kind, int] = defaultdict(lambda: self.size)
         self._idle: dict[_Kind, list[WarmProcess]] = defaultdict(list)
         self._starting: dict[_Kind, int] = defaultdict(int)
         self._wanted: set[_Kind] = set()
@@ -182,7 +186,7 @@ class WorkerPool:
         self.started = self.served = 0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep `size` warm workers per wanted kind until cancelled; kill the idle ones on the way out."""
+        """Keep warm workers per wanted kind (`size`, growing on misses) until cancelled; kill idle ones on exit."""
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -221,6 +225,9 @@ class WorkerPool:
                 self.served += 1
                 self._wake.set()
                 return warm
+        kind = _kind(backend, extra_env)
+        if kind in self._wanted:
+            self._target[kind] = min(self.max_size, self._target[kind] + 1)
         self._wake.set()
         return None
 
@@ -228,7 +235,7 @@ class WorkerPool:
         if self._tg is None:
             return
         for kind in self._wanted:
-            missing = self.size - len(self._idle[kind]) - self._starting[kind]
+            missing = self._target[kind] - len(self._idle[kind]) - self._starting[kind]
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
