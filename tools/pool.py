@@ -91,6 +91,7 @@ class _Zygote:
 
     def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream) -> None:
         self.proc, self.ctl = proc, ctl
+        self.lines = BufferedByteReceiveStream(ctl)  # the zygote's JSON lines: ready, then exit codes
         self.children: dict[int, ForkedProcess] = {}
 
     @classmethod
@@ -107,7 +108,7 @@ class _Zygote:
         zygote = cls(proc, ctl)
         try:
             with anyio.fail_after(_ZYGOTE_TIMEOUT_S):
-                reply = json.loads(await zygote._lines().receive_until(b"\n", 1 << 16))
+                reply = json.loads(await zygote.lines.receive_until(b"\n", 1 << 16))
         except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
                 ValueError) as exc:
             reply = {"why": f"no answer ({type(exc).__name__})"}
@@ -116,16 +117,11 @@ class _Zygote:
             return f"the {backend} fork server could not start: {reply.get('why', 'no reason given')}"
         return zygote
 
-    def _lines(self) -> BufferedByteReceiveStream:
-        if not hasattr(self, "_buffered"):
-            self._buffered = BufferedByteReceiveStream(self.ctl)
-        return self._buffered
-
     async def watch(self) -> None:
         """Pass each worker's exit code on to its ForkedProcess; when the zygote ends, its workers go too."""
         try:
             while True:
-                msg = json.loads(await self._lines().receive_until(b"\n", 1 << 16))
+                msg = json.loads(await self.lines.receive_until(b"\n", 1 << 16))
                 child = self.children.pop(msg.get("exited"), None)
                 if child is not None:
                     child._exited(int(msg["code"]))
