@@ -26,9 +26,9 @@ from pathlib import Path
 
 import anyio
 from anyio.abc import UNIXSocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .runner import kill_group, killpg
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -214,14 +214,14 @@ class WorkerPool:
     def take(self, backend: str, extra_env: dict[str, str] | None = None) -> WarmProcess | None:
         """A warm worker of this kind, or None (then the caller starts a cold one)."""
         self.want(backend, extra_env)
-        idle = self._idle.get(_kind(backend, extra_env))
+        kind = _kind(backend, extra_env)
+        idle = self._idle.get(kind)
         while idle:
             warm = idle.pop(0)
             if warm.proc.returncode is None:
                 self.served += 1
                 self._wake.set()
                 return warm
-        kind = _kind(backend, extra_env)
         if kind in self._wanted:
             self._target[kind] = min(self.max_size, self._target[kind] + 1)
         self._wake.set()

@@ -196,6 +196,12 @@ def _output_to(path: str | None) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
+def _write_line(proto_out: Any, payload: dict[str, Any]) -> None:
+    """One protocol message: a JSON line, flushed at once (the parent waits for it)."""
+    proto_out.write(json.dumps(payload) + "\n")
+    proto_out.flush()
+
+
 def _preload(backend_name: str) -> None:
     """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
     harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
@@ -252,10 +258,6 @@ def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket],
 
         proto_in, proto_out = child_streams(sock)
 
-        def say(payload: dict[str, Any]) -> None:
-            proto_out.write(json.dumps(payload) + "\n")
-            proto_out.flush()
-
         first = json.loads(proto_in.readline() or "null")
         if first is None:
             return  # the pool shut down before this worker was readied
@@ -266,9 +268,9 @@ def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket],
             backend.setup()
             _warm_device(backend)
         except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
-            say({"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
+            _write_line(proto_out, {"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        say({"warm": True, "pid": os.getpid()})
+        _write_line(proto_out, {"warm": True, "pid": os.getpid()})
         _serve(proto_in, proto_out, backend, network)
 
     return run
@@ -312,8 +314,7 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> No
         network = _isolate_network()
 
     def reply(payload: dict[str, Any]) -> None:
-        proto_out.write(json.dumps(payload) + "\n")
-        proto_out.flush()
+        _write_line(proto_out, payload)
 
     try:
         worker = Worker(init, warm_backend)
