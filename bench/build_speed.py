@@ -95,10 +95,12 @@ async def main(args) -> dict:
     plain = rows[0]["seconds"] if rows else None
 
     async with ctx.warm_workers(2) as pool:
-        with anyio.fail_after(300):  # wait for the warm workers, as a running server has them
-            while not pool._idle:
-                await anyio.sleep(0.2)
-        await anyio.sleep(3)
+        async def settle() -> None:  # every wanted kind warm, as in a server that ran a while
+            with anyio.fail_after(300):
+                while not pool.settled():
+                    await anyio.sleep(0.2)
+
+        await settle()
         first_build_done = None
         for form, path in forms.items():
             if form in args.skip_form:
@@ -144,6 +146,7 @@ async def main(args) -> dict:
             return stages
 
         text = variant(fast_form, forms[fast_form].read_text(), 2)
+        await settle()
         await turnaround(text, "new candidate (cold)")
         await turnaround(text, "same candidate again (warm)")
 
@@ -171,7 +174,8 @@ async def main(args) -> dict:
             wall = time.perf_counter() - t0
             row(f"throughput: {args.throughput} new candidates, compile+verify+profile, {args.parallel} at once", round(wall, 2),
                 per_minute=round(60 * len(done) / wall, 1), all_ok=all(done))
-        out["pool"] = {"started": pool.started, "served": pool.served, "problems": pool.problems}
+        out["pool"] = {"started": pool.started, "served": pool.served, "problems": pool.problems,
+                       "targets": {f"{b} {dict(e) or ''}".strip(): n for (b, e), n in pool._target.items()}}
         write(out, args.out)
         if pool.problems:
             print("warm workers:", *pool.problems, sep="\n  ")

@@ -227,6 +227,10 @@ class WorkerPool:
         self._wake.set()
         return None
 
+    def settled(self) -> bool:
+        """Every wanted kind has its target of warm workers idle (what a server that ran a while has)."""
+        return all(len(self._idle[kind]) >= self._target[kind] for kind in self._wanted)
+
     def _refill(self) -> None:
         if self._tg is None:
             return
