@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kforge.tools.context import ToolContext
+from kforge.tools.context import SYNC_LAUNCHES, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.fast_build import build_key, lean_cuda_sources
 from kforge.tools.runner import kill_group
@@ -139,6 +139,22 @@ async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
         await taken.proc.aclose()
         await _pool_ready(pool, 3)
         assert len(pool._idle[("cpu", ())]) == 2 and pool.max_size == 4
+
+
+async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_example, candidate):
+    """A fork is ready sooner than a cold worker and has paid its first-use costs: jobs wait for one."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        await _pool_ready(pool, 2)
+        taken = [pool.take("cpu"), pool.take("cpu", SYNC_LAUNCHES)]  # nothing idle now
+        assert all(taken) and pool.served == 2
+        for warm in taken:
+            await kill_group(warm.proc)
+            await warm.proc.aclose()
+        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate("chatty"), trials=1,
+                                                use_store=False)
+        assert result.correct, str(result)
+        assert pool.served == 4  # the judge and the candidate waited for forks instead of starting cold
 
 
 @pytest.mark.parametrize("name, kind, says", [("segfault", "crashed", "SIGSEGV"), ("hard_exit", "exited", "code 3")])

@@ -21,6 +21,7 @@ import logging
 import socket
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,13 +29,14 @@ import anyio
 from anyio.abc import UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .runner import kill_group, killpg
+from .runner import kill_group, killpg, trace
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
 logger = logging.getLogger(__name__)
 _ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _FORK_TIMEOUT_S = 60.0  # a fork and a device start
+_WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -177,6 +179,8 @@ class WorkerPool:
         self._zygotes: dict[str, _Zygote | str] = {}  # a str: why it could not start; workers start cold
         self.problems: list[str] = []  # why warm workers of some kind are not offered (also logged)
         self._zygote_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
+        self._waiting: dict[_Kind, int] = defaultdict(int)  # jobs waiting for a fork of this kind
+        self._changed: dict[_Kind, anyio.Event] = defaultdict(anyio.Event)  # a worker arrived, or the kind was dropped
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
@@ -193,6 +197,9 @@ class WorkerPool:
                     self._refill()
         finally:
             self._tg = None
+            self._wanted.clear()
+            for kind in list(self._changed):
+                self._changed_now(kind)  # waiting jobs start cold workers instead
             with anyio.CancelScope(shield=True):
                 for idle in self._idle.values():
                     for warm in idle:
@@ -215,6 +222,37 @@ class WorkerPool:
         """A warm worker of this kind, or None (then the caller starts a cold one)."""
         self.want(backend, extra_env)
         kind = _kind(backend, extra_env)
+        if (warm := self._pop_idle(kind)) is not None:
+            return warm
+        if kind in self._wanted:
+            self._target[kind] = min(self.max_size, self._target[kind] + 1)
+        self._wake.set()
+        return None
+
+    async def acquire(self, backend: str, extra_env: dict[str, str] | None = None,
+                      wait_s: float = _WAIT_FOR_FORK_S) -> WarmProcess | None:
+        """A warm worker of this kind, waiting for a fork when none is idle; None: start a cold one.
+
+        A fork is ready in 1-3 s with its device started and profiler warmed; a cold worker costs 4-5 s
+        to start and then several seconds of first-use costs (measured on an H100), so waiting wins.
+        """
+        warm = self.take(backend, extra_env)
+        kind = _kind(backend, extra_env)
+        if warm is not None or self._tg is None:
+            return warm
+        self._waiting[kind] += 1
+        self._wake.set()
+        try:
+            with anyio.move_on_after(wait_s):
+                while kind in self._wanted:
+                    await self._changed[kind].wait()
+                    if (warm := self._pop_idle(kind)) is not None:
+                        return warm
+        finally:
+            self._waiting[kind] -= 1
+        return None
+
+    def _pop_idle(self, kind: _Kind) -> WarmProcess | None:
         idle = self._idle.get(kind)
         while idle:
             warm = idle.pop(0)
@@ -222,10 +260,10 @@ class WorkerPool:
                 self.served += 1
                 self._wake.set()
                 return warm
-        if kind in self._wanted:
-            self._target[kind] = min(self.max_size, self._target[kind] + 1)
-        self._wake.set()
         return None
+
+    def _changed_now(self, kind: _Kind) -> None:
+        self._changed.pop(kind, anyio.Event()).set()  # wakes this round's waiters; the next round gets a new event
 
     def settled(self) -> bool:
         """Every wanted kind has its target of warm workers idle (what a server that ran a while has)."""
@@ -235,7 +273,7 @@ class WorkerPool:
         if self._tg is None:
             return
         for kind in self._wanted:
-            missing = self._target[kind] - len(self._idle[kind]) - self._starting[kind]
+            missing = self._target[kind] + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
@@ -256,9 +294,11 @@ class WorkerPool:
 
     async def _start_one(self, kind: _Kind) -> None:
         backend, env = kind
+        started = time.perf_counter()
         try:
             zygote = await self._zygote(backend)
             warm = await zygote.fork(dict(env)) if isinstance(zygote, _Zygote) else zygote
+            trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         finally:
@@ -267,6 +307,8 @@ class WorkerPool:
             self._wanted.discard(kind)
             self.problems.append(f"{backend} {dict(env) or ''}: {warm}")
             logger.warning("no warm workers for %s %s, workers start cold: %s", backend, dict(env) or "", warm)
+            self._changed_now(kind)
             return
         self._idle[kind].append(warm)
         self.started += 1
+        self._changed_now(kind)

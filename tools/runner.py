@@ -28,7 +28,7 @@ from .models import Failure
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "worker_env"]
+__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "trace", "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
@@ -116,6 +116,14 @@ async def kill_group(proc: Any) -> None:
         await proc.wait()
 
 
+def trace(role: str, op: str, warm: bool, started: float) -> None:
+    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter)."""
+    if _TRACE:
+        with open(_TRACE, "a") as f:
+            f.write(json.dumps({"role": role, "op": op, "warm": warm, "at": round(started, 3),
+                                "s": round(time.perf_counter() - started, 3)}) + "\n")
+
+
 class WorkerProcess:
     """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
 
@@ -136,16 +144,13 @@ class WorkerProcess:
         self.warm = False
 
     def _trace(self, op: str, started: float) -> None:
-        if _TRACE:
-            with open(_TRACE, "a") as f:
-                f.write(json.dumps({"role": self.role, "op": op, "warm": self.warm, "at": round(started, 3),
-                                    "s": round(time.perf_counter() - started, 3)}) + "\n")
+        trace(self.role, op, self.warm, started)
 
     async def __aenter__(self) -> WorkerProcess:
         started = time.perf_counter()
         self.scratch.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
-        warm = self._pool.take(self.backend, self._extra_env) if self._pool is not None and self.backend else None
+        warm = await self._pool.acquire(self.backend, self._extra_env) if self._pool is not None and self.backend else None
         if warm is not None:
             self._proc, self._out, self.warm = warm.proc, warm.out, True
         else:
