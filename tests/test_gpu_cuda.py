@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import stdio_session
+from .conftest import EXAMPLES, stdio_session
 
 pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
 
@@ -87,3 +87,23 @@ async def test_cuda_side_stream_work_is_flagged(kforge_home, candidate):
             "baselines": ["eager"], "budget_s": 0.5}))
     warnings = prof["report"]["candidate"]["warnings"]
     assert any("outside the timed stream" in w for w in warnings), warnings
+
+
+async def test_kernelbench_form_builds_split_and_verifies(kforge_home, candidate):
+    """The KernelBench form builds with its kernels apart from the torch wrappers, and still computes the same."""
+    cases = [((EXAMPLES / "cuda" / "candidate_load_inline.py").read_text(), "relu", None),
+             (candidate("cuda_kb_softmax"), "softmax", None), (candidate("cuda_kb_matmul"), "matmul", None),
+             (candidate("cuda_kb_template"), "relu", "template kernel")]
+    async with stdio_session(kforge_home) as client:
+        for code, problem, declined in cases:
+            built = data(await client.call_tool("compile_kernel", {"backend": "cuda", "candidate_code": code}))
+            assert built["ok"], built
+            [build] = built["builds"]
+            if declined:
+                assert "lean CUDA header (torch/types.h)" in build["fast_paths"] and declined in build["not_split"], build
+            else:
+                assert "kernels split from torch wrappers" in build["fast_paths"] and build["not_split"] is None, build
+                assert build["kernels"] and build["kernels"][0]["registers"] > 0  # ptxas' figures still come through
+            verdict = data(await client.call_tool("verify_against_reference", {
+                "backend": "cuda", "problem": problem, "candidate_code": code, "trials": 2}))
+            assert verdict["correct"], (problem, verdict)

@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["build_key", "lean_cuda_sources", "pch_dir_for", "start_pch_build", "toolchain_id"]
 
-BUILD_PATH_VERSION = "2"  # bump when what a key covers changes
+BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
 _MAX_HEADER_BYTES = 64 * 2**20
 # Parts of torch/extension.h that torch/types.h lacks: sources using them keep the full header.

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
+from .cuda_split import SplitDeclined, split_cuda_sources
 from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
@@ -193,6 +194,7 @@ class _InlineBuilder:
         self.builds: list[BuildInfo] = []
         self.diagnostics: list[Diagnostic] = []
         self.extensions: list[ModuleType] = []
+        self._not_split: str | None = None  # why the build in progress is not split (BuildInfo.not_split)
 
     def __call__(self, name: str, cpp_sources: Any, cuda_sources: Any = None, functions: Any = None, **kwargs: Any) -> Any:
         kwargs.update(name=name, cpp_sources=_as_list(cpp_sources), cuda_sources=_as_list(cuda_sources), functions=functions)
@@ -206,7 +208,7 @@ class _InlineBuilder:
             module = _import_built(name, final, kwargs.get("is_python_module", True))
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
                                                  functions=fn_names, kernels=self._kernel_resources("", final)))
-        module, build_dir, how = self._build(name, kwargs, lean=True)
+        module, build_dir, how = self._build(name, kwargs)
         try:
             os.rename(build_dir, final)  # publish; the library stays loaded from its old path
             build_dir = final
@@ -214,7 +216,7 @@ class _InlineBuilder:
             shutil.rmtree(build_dir, ignore_errors=True)
             build_dir = final
         info = BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=False, functions=fn_names,
-                         kernels=self._kernel_resources("", build_dir), fast_paths=how)
+                         kernels=self._kernel_resources("", build_dir), fast_paths=how, not_split=self._pop_not_split())
         if self.precompiled_headers and "precompiled header" not in how:
             pch_dir, _ = pch_dir_for(self.cache_dir, kwargs)
             start_pch_build(pch_dir, build_dir, name)  # the next build with these flags uses it
@@ -225,15 +227,38 @@ class _InlineBuilder:
         self.extensions.append(module)
         return module
 
-    def _build(self, name: str, kwargs: dict[str, Any], *, lean: bool) -> tuple[Any, Path, list[str]]:
-        """Build in a private directory; a lean-header build that failed for want of the full header is retried."""
+    def _build(self, name: str, kwargs: dict[str, Any], *, mode: str = "split") -> tuple[Any, Path, list[str]]:
+        """Build in a private directory, trying the fastest form first.
+
+        `mode`: "split" (kernels in a torch-free .cu, wrappers in the C++ file), "lean" (torch/types.h
+        for torch/extension.h in the .cu) or "plain". A split that fails is rebuilt lean, and a lean
+        build that failed for want of the full header is rebuilt plain: a fast path may cost time,
+        never a build the candidate's own form would not give.
+        """
         build_dir = self.cache_dir / f".building-{name}-{uuid.uuid4().hex[:12]}"
         build_dir.mkdir(parents=True)
         build = dict(kwargs)
         how: list[str] = []
-        if lean and build["cuda_sources"]:
+        mode = mode if build["cuda_sources"] else "plain"
+        mapping = {"main.cpp": (kwargs["cpp_sources"], kwargs["cpp_sources"]),
+                   "cuda.cu": (kwargs["cuda_sources"], kwargs["cuda_sources"])}
+        if mode == "split":
+            try:
+                split = split_cuda_sources(build["cuda_sources"])
+            except SplitDeclined as why:
+                self._not_split = str(why)
+                mode = "lean"
+            else:
+                first = [] if build.get("no_implicit_headers") else ["#include <torch/extension.h>"]
+                build.update(cpp_sources=first + build["cpp_sources"] + split.cpp, cuda_sources=split.cuda,
+                             no_implicit_headers=True)
+                mapping = {"main.cpp": (build["cpp_sources"], first + kwargs["cpp_sources"] + split.cpp_written),
+                           "cuda.cu": (split.cuda, split.cuda_written)}
+                how.append("kernels split from torch wrappers")
+        if mode == "lean":
             build["cuda_sources"], swapped = lean_cuda_sources(build["cuda_sources"])
-            lean = swapped
+            mode = "lean" if swapped else "plain"
+            mapping["cuda.cu"] = (build["cuda_sources"], kwargs["cuda_sources"])
             how += ["lean CUDA header (torch/types.h)"] if swapped else []
         if self.precompiled_headers:
             pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
@@ -247,20 +272,27 @@ class _InlineBuilder:
                 module = self.original(**{**build, "build_directory": str(build_dir), "verbose": True})
         except Exception as exc:
             output = (capture.read_text(errors="replace") if capture.exists() else "") + "\n" + str(exc)
-            diags = self._diagnostics(output, build_dir, kwargs, build)
-            if lean and _LEAN_HEADER_TO_BLAME.search(output):
+            retry = {"split": "lean", "lean": "plain" if _LEAN_HEADER_TO_BLAME.search(output) else None}.get(mode)
+            if retry is not None:
+                if mode == "split":
+                    self._not_split = "the split sources did not compile (the unsplit build's messages are the ones reported)"
                 shutil.rmtree(build_dir, ignore_errors=True)
-                return self._build(name, kwargs, lean=False)
+                return self._build(name, kwargs, mode=retry)
+            diags = self._diagnostics(output, build_dir, mapping)
             self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
                                          functions=_as_list(kwargs["functions"]) if not isinstance(kwargs["functions"], dict)
-                                         else list(kwargs["functions"])))
+                                         else list(kwargs["functions"]), not_split=self._pop_not_split()))
             self.diagnostics.extend(diags)
             shutil.rmtree(build_dir, ignore_errors=True)
             raise _BuildError(name, diags, output) from exc
         output = capture.read_text(errors="replace") if capture.exists() else ""
-        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, kwargs, build) if d.severity == "warning")
+        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, mapping) if d.severity == "warning")
         self._kernel_resources(output, build_dir)
         return module, build_dir, how
+
+    def _pop_not_split(self) -> str | None:
+        why, self._not_split = self._not_split, None
+        return why
 
     @staticmethod
     def _kernel_resources(output: str, build_dir: Path) -> list[KernelResources]:
@@ -273,10 +305,11 @@ class _InlineBuilder:
             kernels = [KernelResources(**k) for k in json.loads(saved.read_text())]
         return kernels
 
-    def _diagnostics(self, output: str, build_dir: Path, written: dict[str, Any], built: dict[str, Any]) -> list[Diagnostic]:
-        self.source_map.add_generated_file(build_dir / "main.cpp", written["cpp_sources"])
-        if built["cuda_sources"]:
-            self.source_map.add_generated_file(build_dir / "cuda.cu", built["cuda_sources"], written["cuda_sources"])
+    def _diagnostics(self, output: str, build_dir: Path, mapping: dict[str, tuple[list[str], list[str]]]) -> list[Diagnostic]:
+        """Compiler messages located in the candidate; `mapping`: file -> (pieces as built, as the candidate wrote them)."""
+        for file_name, (built, written) in mapping.items():
+            if built:
+                self.source_map.add_generated_file(build_dir / file_name, built, written)
         return parse_compiler_output(output, self.source_map, build_dir=build_dir, source="c++")
 
 

@@ -101,7 +101,11 @@ class BuildInfo(BaseModel):
     functions: list[str] = Field(default_factory=list)
     kernels: list[KernelResources] = Field(default_factory=list, description="Per-kernel resource usage (GPU builds).")
     fast_paths: list[str] = Field(default_factory=list, description="What made a fresh build faster than plain "
-                                  "load_inline: 'NVRTC', 'lean CUDA header (torch/types.h)', 'precompiled header'.")
+                                  "load_inline: 'NVRTC', 'kernels split from torch wrappers', 'lean CUDA header "
+                                  "(torch/types.h)', 'precompiled header'.")
+    not_split: str | None = Field(None, description="Why this CUDA build's kernels were not compiled apart from its "
+                                  "torch wrappers (the fast path for the KernelBench form); a template kernel launched "
+                                  "from host code is the usual reason.")
 
 
 FailureKind = Literal[
