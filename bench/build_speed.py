@@ -55,6 +55,12 @@ def variant(form: str, text: str, i: int) -> str:
     return text.replace(old, new.format(i=i), 1)
 
 
+def not_split(result) -> dict:
+    """Why a CUDA build was not split, when it was not (a fast path that silently did not apply is a finding)."""
+    why = sorted({b.not_split for b in result.builds if b.not_split})
+    return {"not_split": why} if why else {}
+
+
 async def timed(coro):
     t = time.perf_counter()
     out = await coro
@@ -111,7 +117,7 @@ async def main(args) -> dict:
             first_build_done = first_build_done or time.perf_counter()
             row(f"KForge compile_kernel, new candidate, {form} form", s, build_s=round(res.build_seconds, 3),
                 fast_paths=sorted({p for b in res.builds for p in b.fast_paths}),
-                vs_plain=round(s / plain, 3) if plain else None)
+                vs_plain=round(s / plain, 3) if plain else None, **not_split(res))
             res, s = await timed(compile_kernel(ctx, backend, text, use_store=False))
             row(f"KForge compile_kernel, repeated candidate, {form} form", s, from_cache=res.from_cache,
                 build_s=round(res.build_seconds, 4))
@@ -127,7 +133,7 @@ async def main(args) -> dict:
             assert res.ok, str(res)
             row("KForge compile_kernel, new candidate, KernelBench form, header precompiled", s,
                 build_s=round(res.build_seconds, 3), fast_paths=sorted({p for b in res.builds for p in b.fast_paths}),
-                vs_plain=round(s / plain, 3) if plain else None)
+                vs_plain=round(s / plain, 3) if plain else None, **not_split(res))
 
         fast_form = next(f for f in ("nvrtc", "triton", "kernelbench") if f in forms)
 

@@ -66,6 +66,15 @@ def test_declines_what_it_cannot_split_faithfully(source, why):
         split_cuda_sources([source])
 
 
+def test_comments_between_directives_and_declarations_are_kept():
+    source = ("#include <torch/extension.h>\n// variant 3\n/* a block\n comment */\n#include <cuda_runtime.h>\n"
+              "// the kernel\n__global__ void k(float* x) {}\n#define N 4\n"
+              "torch::Tensor f(torch::Tensor x) { k<<<1, N>>>(x.data_ptr<float>()); return x; }\n")
+    split = split_cuda_sources([source])
+    assert split.kernels == ["k"] and "// variant 3" in "\n".join(split.cpp)
+    assert "#define N 4" in "\n".join(split.cuda) and "#define N 4" in "\n".join(split.cpp)
+
+
 def test_comments_and_strings_do_not_count():
     source = ('// __global__ in a comment, torch:: too\n__global__ void k(float* x) { /* at::Half */ }\n'
               'void f(float* x) { const char* s = "k<<<1,1>>>(x) __device__"; k<<<1, 1>>>(x); }')

@@ -121,7 +121,7 @@ def _chunks(text: str) -> list[tuple[str, str]]:
             i += 1
             continue
         if c == "#" and at_line_start and depth == 0:
-            if text[start:i].strip():  # a directive inside a declaration (e.g. between its lines)
+            if _code_only(text[start:i]).strip():  # a directive inside a declaration (e.g. between its lines)
                 raise _Decline("a preprocessor line inside a top-level declaration")
             end = i
             while True:  # the directive, with its continuation lines
