@@ -266,8 +266,8 @@ class WorkerPool:
         self._changed.pop(kind, anyio.Event()).set()  # wakes this round's waiters; the next round gets a new event
 
     def settled(self) -> bool:
-        """Every wanted kind has its target of warm workers idle (what a server that ran a while has)."""
-        return all(len(self._idle[kind]) >= self._target[kind] for kind in self._wanted)
+        """Some kind is wanted and every wanted kind has its target of warm workers idle (a server that ran a while)."""
+        return bool(self._wanted) and all(len(self._idle[kind]) >= self._target[kind] for kind in self._wanted)
 
     def _refill(self) -> None:
         if self._tg is None:
