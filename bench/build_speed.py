@@ -13,7 +13,7 @@ Rows (one run, one machine, one KForge data directory that starts empty, warm wo
   * throughput: N new candidates (distinct sources) through compile + verify + profile, `--parallel` at
     once, candidates per minute.
 
-Usage: python bench/build_speed.py --backend {cpu,cuda,triton} [--out bench/results] [--throughput N] [--skip-plain]
+Usage: python bench/build_speed.py --backend {cpu,cuda,triton} [--out bench/results] [--throughput N [--mix triton]] [--skip-plain]
 Writes build-speed-<backend>-<device>-<date>.json and .md.
 """
 
@@ -159,11 +159,16 @@ async def main(args) -> dict:
         if args.throughput:
             done = []
 
+            mix = [(backend, fast_form, reference)] + [
+                (b, f, example(b)["reference"]) for b in args.mix
+                for f in [next(f for f in ("nvrtc", "triton", "kernelbench") if f in FORMS[b])]]
+
             async def one(i: int) -> None:
-                t = variant(fast_form, forms[fast_form].read_text(), 100 + i)
-                c = await compile_kernel(ctx, backend, t, use_store=False)
-                v = await verify_against_reference(ctx, backend, reference, t, use_store=False)
-                p = await profile_kernel(ctx, backend, reference, t, baselines=("eager",), hardware_counters=False,
+                b, form, ref = mix[i % len(mix)]  # a mixed set: the backends take turns
+                t = variant(form, FORMS[b][form].read_text(), 100 + i)
+                c = await compile_kernel(ctx, b, t, use_store=False)
+                v = await verify_against_reference(ctx, b, ref, t, use_store=False)
+                p = await profile_kernel(ctx, b, ref, t, baselines=("eager",), hardware_counters=False,
                                          budget_s=args.budget_s)
                 done.append(c.ok and v.correct and p.ok)
 
@@ -178,7 +183,9 @@ async def main(args) -> dict:
                 for i in range(args.throughput):
                     tg.start_soon(limited, i)
             wall = time.perf_counter() - t0
-            row(f"throughput: {args.throughput} new candidates, compile+verify+profile, {args.parallel} at once", round(wall, 2),
+            forms_used = " + ".join(f"{b} {f}" for b, f, _ in mix)
+            row(f"throughput: {args.throughput} new candidates ({forms_used}), compile+verify+profile, "
+                f"{args.parallel} at once", round(wall, 2),
                 per_minute=round(60 * len(done) / wall, 1), all_ok=all(done))
         out["pool"] = {"started": pool.started, "served": pool.served, "problems": pool.problems,
                        "targets": {f"{b} {dict(e) or ''}".strip(): n for (b, e), n in pool._target.items()}}
@@ -209,6 +216,8 @@ if __name__ == "__main__":
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--throughput", type=int, default=0, help="new candidates for the throughput row (0: skip)")
     ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--mix", action="append", default=[], choices=sorted(FORMS),
+                    help="throughput: candidates of this backend take turns with --backend's (a mixed set)")
     ap.add_argument("--budget-s", type=float, default=0.5, help="timing budget per timed model in profile_kernel")
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-form", action="append", default=[], help="leave out this form's build rows (e.g. kernelbench)")
