@@ -7,11 +7,14 @@ it, like a cold one, so candidates never share a process. It lives in the server
 (`run`); outside one (tests calling tools directly), workers start cold as before.
 
 Warm workers are forked by a *zygote* per backend (`kforge.tools.forkserver`), which paid for the
-imports once, so a refill takes a fork and a device start (well under a second) instead of a whole
-cold start: a stream of candidates does not outrun the pool. A forked worker gets its kind's extra
-environment before its device starts (verify's candidate runs with CUDA_LAUNCH_BLOCKING=1, which the
-CUDA runtime reads once, at start-up); what is per job (scratch directory, log, rlimits) is sent
-when it is taken.
+imports once, so a refill skips the interpreter and torch imports: it costs a fork, a device start and a
+warm-up of the profiler (1-5 s on an H100 host, depending on load), all before any job waits on it. A
+job that finds no idle worker waits for the next fork of its kind (`acquire`) rather than start a cold
+worker, which would pay 4-5 s of start-up and then several seconds of first-use costs.
+
+A forked worker gets its kind's extra environment before its device starts (verify's candidate runs
+with CUDA_LAUNCH_BLOCKING=1, which the CUDA runtime reads once, at start-up); what is per job
+(scratch directory, log, rlimits) is sent when it is taken.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """CUDA, correct: elementwise ReLU for the `relu` problem in the stock KernelBench `load_inline` convention.
 
-KForge builds it faster than plain `load_inline` (a lean torch header for the .cu, a precompiled header
-for the C++ part, a cache by content), but a new build still takes tens of seconds; `candidate.py`
-(NVRTC) takes well under one."""
+KForge builds it faster than plain `load_inline`: the kernel goes to a `.cu` without torch's headers and
+the wrapper to the C++ file, compiled against a precompiled `torch/extension.h` (measured on an H100:
+12-23 s against 68 s plain), and a repeat comes from the build cache. `candidate.py` (NVRTC) takes well
+under a second."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
