@@ -92,17 +92,24 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(failure)
             if worker is None:
                 return failed(compiled.failure)
-            await step("making the timing inputs")
+            await step("checking the candidate's output while the judge makes the timing inputs")
             # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
-            # be replayed from earlier calls, nor computed ahead at import.
+            # be replayed from earlier calls, nor computed ahead at import. The correctness run uses the
+            # inputs prepared earlier, so the two go side by side.
             n_sets = max(_INPUT_SETS, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem["problem_bytes"])))
-            made = await judge.call("timing_sets", stage="reference", seeds=_fresh_seeds(n_sets)[1],
-                                    exchange=str(scratch / "timing.pt"))
-            if made.get("failure"):
-                return failed(Failure(**made["failure"]))
+
+            async def timing_sets() -> dict[str, Any]:
+                return await judge.call("timing_sets", stage="reference", seeds=_fresh_seeds(n_sets)[1],
+                                        exchange=str(scratch / "timing.pt"))
+
+            async def run_once() -> dict[str, Any]:
+                return await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                         outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+
             try:
-                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+                made, run = await concurrently(timing_sets, run_once)
+                if made.get("failure"):
+                    return failed(Failure(**made["failure"]))
                 if run.get("failure"):
                     return failed(Failure(**run["failure"]))
                 compiled = with_jit_kernels(compiled, run)
