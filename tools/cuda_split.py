@@ -61,9 +61,6 @@ class SplitDeclined(ValueError):
     """The source is one the split does not handle; the message says why."""
 
 
-_Decline = SplitDeclined
-
-
 @dataclass
 class Split:
     """The two files' pieces, each with the candidate text it came from (GENERATED where none)."""
@@ -122,7 +119,7 @@ def _chunks(text: str) -> list[tuple[str, str]]:
             continue
         if c == "#" and at_line_start and depth == 0:
             if _code_only(text[start:i]).strip():  # a directive inside a declaration (e.g. between its lines)
-                raise _Decline("a preprocessor line inside a top-level declaration")
+                raise SplitDeclined("a preprocessor line inside a top-level declaration")
             end = i
             while True:  # the directive, with its continuation lines
                 end = text.find("\n", end)
@@ -140,7 +137,7 @@ def _chunks(text: str) -> list[tuple[str, str]]:
         elif c == "}":
             depth -= 1
             if depth < 0:
-                raise _Decline("unbalanced braces")
+                raise SplitDeclined("unbalanced braces")
             if depth == 0:
                 m = re.match(r"\s*;", text[i + 1:])  # struct S {...};
                 tail = text[i + 1:].lstrip(" \t")
@@ -159,7 +156,7 @@ def _chunks(text: str) -> list[tuple[str, str]]:
             start = i + 1
         i += 1
     if depth != 0:
-        raise _Decline("unbalanced braces")
+        raise SplitDeclined("unbalanced braces")
     if text[start:].strip():
         out.append(("decl", text[start:]))
     elif text[start:]:
@@ -183,7 +180,7 @@ def _matching(text: str, i: int, open_: str, close: str) -> int:
             depth -= 1
             if depth == 0:
                 return j + 1
-    raise _Decline(f"unbalanced {open_}{close}")
+    raise SplitDeclined(f"unbalanced {open_}{close}")
 
 
 def _split_top_commas(text: str) -> list[str]:
@@ -211,7 +208,7 @@ def _kernel(code: str) -> _Kernel | None:
     head = code[:body] if body >= 0 else code.rstrip().rstrip(";")
     close = head.rstrip().rfind(")")
     if close < 0:
-        raise _Decline("a kernel without a parameter list")
+        raise SplitDeclined("a kernel without a parameter list")
     depth, open_at = 0, -1
     for j in range(close, -1, -1):
         depth += {")": 1, "(": -1}.get(head[j], 0)
@@ -220,7 +217,7 @@ def _kernel(code: str) -> _Kernel | None:
             break
     names = _IDENT.findall(head[:open_at])
     if not names:
-        raise _Decline("a kernel without a name")
+        raise SplitDeclined("a kernel without a name")
     params = [p.strip() for p in _split_top_commas(head[open_at + 1:close])]
     if params == ["void"]:
         params = []
@@ -229,10 +226,10 @@ def _kernel(code: str) -> _Kernel | None:
 
 def _param_name(param: str, kernel: str) -> str:
     if "=" in param or "[" in param or "(" in param:
-        raise _Decline(f"kernel {kernel}: parameter '{param}' (a default value, array or function pointer)")
+        raise SplitDeclined(f"kernel {kernel}: parameter '{param}' (a default value, array or function pointer)")
     words = _IDENT.findall(param)
     if len(words) < 2 or words[-1] in _TYPE_WORDS or param.rstrip().endswith(("*", "&")):
-        raise _Decline(f"kernel {kernel}: an unnamed parameter '{param}'")
+        raise SplitDeclined(f"kernel {kernel}: an unnamed parameter '{param}'")
     return words[-1]
 
 
@@ -260,13 +257,13 @@ def _rewrite_launches(code: str, original: str, kernels: dict[str, _Kernel]) -> 
         name = m.group(1)
         k = kernels.get(name)
         if k is None:
-            raise _Decline(f"host code launches '{name}', which is not a kernel of this source")
+            raise SplitDeclined(f"host code launches '{name}', which is not a kernel of this source")
         if k.is_template or m.group(2):
-            raise _Decline(f"host code launches the template kernel '{name}'")
+            raise SplitDeclined(f"host code launches the template kernel '{name}'")
         cfg_end = code.find(">>>", m.end())
         paren = cfg_end + 3 + (len(code[cfg_end + 3:]) - len(code[cfg_end + 3:].lstrip()))
         if cfg_end < 0 or paren >= len(code) or code[paren] != "(":
-            raise _Decline(f"a launch of '{name}' that is not `{name}<<<...>>>(...)`")
+            raise SplitDeclined(f"a launch of '{name}' that is not `{name}<<<...>>>(...)`")
         args_end = _matching(code, paren, "(", ")")
         cfg, args = original[m.end():cfg_end], original[paren + 1:args_end - 1]
         sep = ", " if args.strip() else ""
@@ -293,7 +290,7 @@ def split_cuda_sources(cuda_sources: list[str]) -> Split:
     """The split of `cuda_sources` (see the module docstring). Raises SplitDeclined with why not."""
     text = "\n".join(cuda_sources)
     if re.search(r"\bnamespace(\s+\w+)?\s*\{|\bextern\s+\"C\"\s*\{", _code_only(text)):
-        raise _Decline("a namespace or extern \"C\" block")
+        raise SplitDeclined("a namespace or extern \"C\" block")
     split = Split()
     split.add("cuda", _DEVICE_PRELUDE + "\n" + _LAUNCH_CONFIG, GENERATED)
     split.add("cpp", "#include <cuda.h>\n#include <cuda_runtime.h>\n" + _LAUNCH_CONFIG, GENERATED)
@@ -312,7 +309,7 @@ def split_cuda_sources(cuda_sources: list[str]) -> Split:
             continue
         if _DEVICE_WORDS.search(code):
             if _TORCH_WORDS.search(code):
-                raise _Decline("device code names torch (torch::, at::, c10::, Tensor): it needs torch's headers")
+                raise SplitDeclined("device code names torch (torch::, at::, c10::, Tensor): it needs torch's headers")
             split.add("cuda", piece)
             k = _kernel(code)
             if k is not None:
@@ -336,9 +333,9 @@ def split_cuda_sources(cuda_sources: list[str]) -> Split:
         rewritten, used = _rewrite_launches(code, piece, kernels)
         for name in set(kernels) | device_names:
             if re.search(rf"\b{re.escape(name)}\b", _code_only(rewritten)):
-                raise _Decline(f"host code uses '{name}' other than by launching it (a device symbol)")
+                raise SplitDeclined(f"host code uses '{name}' other than by launching it (a device symbol)")
         split.cpp[index] = rewritten
         split.kernels += sorted(used - set(split.kernels))
     if not split.kernels:
-        raise _Decline("no kernel is launched from host code in this source")
+        raise SplitDeclined("no kernel is launched from host code in this source")
     return split
