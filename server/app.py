@@ -13,6 +13,7 @@ import logging
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, AsyncIterator, Iterator, Literal, Union
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.types import CallToolResult, CreateMessageResult, ImageContent, SamplingMessage, TextContent, ToolAnnotations
@@ -29,6 +30,7 @@ from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
 from . import catalog
+from .prewarm import prewarm_builds
 from .settings import Settings, analyst_config, tool_context
 
 __all__ = ["build_server"]
@@ -153,8 +155,11 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
         # Jobs live as long as the server, not as long as a request; warm workers wait for them.
-        async with tools.warm_workers(settings.warm_workers), jobs.running():
+        async with tools.warm_workers(settings.warm_workers), jobs.running(), anyio.create_task_group() as tg:
+            if settings.precompiled_headers:
+                tg.start_soon(prewarm_builds, tools)
             yield {}
+            tg.cancel_scope.cancel()
 
     mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,
                     **(auth or {}))

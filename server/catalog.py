@@ -7,8 +7,8 @@ from importlib import resources
 
 from kforge.tools.models import sha256_text
 
-__all__ = ["candidate_format", "example", "example_backends", "problem_names", "problem_names_by_sha256",
-           "problem_reference"]
+__all__ = ["candidate_format", "example", "example_backends", "inline_build_examples", "problem_names",
+           "problem_names_by_sha256", "problem_reference"]
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
 
@@ -49,6 +49,18 @@ def example(backend: str) -> dict[str, str] | None:
     else:
         reference = problem_reference((base / "problem.txt").read_text().strip()) or ""
     return {"reference": reference, "candidate": (base / "candidate.py").read_text()}
+
+
+def inline_build_examples(backend: str) -> list[str]:
+    """The texts of this backend's example candidates that build with `load_inline` (most candidates copy their flags)."""
+    if not _NAME.match(backend):
+        return []
+    base = _root() / "examples" / backend
+    if not base.is_dir():
+        return []
+    texts = [p.read_text() for p in sorted(base.iterdir(), key=lambda p: p.name)
+             if p.name.startswith("candidate") and p.name.endswith(".py")]
+    return [t for t in texts if "load_inline(" in t]
 
 
 def candidate_format() -> str:

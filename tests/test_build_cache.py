@@ -12,7 +12,8 @@ import pytest
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.fast_build import build_key, lean_cuda_sources
-from kforge.tools.runner import kill_group
+from kforge.server.prewarm import prewarm_builds
+from kforge.tools.runner import WorkerLimits, kill_group
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +115,21 @@ def test_lean_cuda_header_only_where_nothing_else_is_needed():
     assert swapped and "#include <torch/types.h>" in lean[0] and lean[0].count("\n") == plain[0].count("\n")
     for needs_full in ("PYBIND11_MODULE(m, x) {}", "namespace py = pybind11;", "torch::nn::Linear l{nullptr};"):
         assert lean_cuda_sources([plain[0] + "\n" + needs_full]) == ([plain[0] + "\n" + needs_full], False)
+
+
+async def test_the_first_new_candidate_after_start_uses_the_precompiled_header(tmp_path, cpu_example):
+    """A server builds its examples at start; the header for their flags is then precompiled for the next build."""
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(precompiled_headers=True))
+    built = await prewarm_builds(ctx)
+    assert "cpu" in [b.split(":")[0] for b in built], built
+    with anyio.fail_after(900):  # compiling torch/extension.h in the background: about a minute on 2 cores
+        while not list((ctx.home / "cache" / "pch").glob("*/torch/extension.h.gch")):
+            await anyio.sleep(1)
+    new = cpu_example["candidate"].replace("#include <torch/extension.h>", "#include <torch/extension.h>\n// new", 1)
+    result = await compile_kernel(ctx, "cpu", new, use_store=False)
+    assert result.ok, str(result)
+    [build] = result.builds
+    assert not build.from_cache and "precompiled header" in build.fast_paths, build
 
 
 async def _pool_ready(pool, n: int) -> None:

@@ -206,6 +206,10 @@ class _InlineBuilder:
         t0 = time.perf_counter()
         if _built_library_exists(final, name):
             module = _import_built(name, final, kwargs.get("is_python_module", True))
+            if self.precompiled_headers:  # e.g. the header build of an earlier run was killed with its server
+                pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
+                if not ready:
+                    start_pch_build(pch_dir, final, name)
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
                                                  functions=fn_names, kernels=self._kernel_resources("", final)))
         module, build_dir, how = self._build(name, kwargs)

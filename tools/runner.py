@@ -101,12 +101,40 @@ def _describe_exit(code: int) -> tuple[str, str]:
     return "exited", f"the process exited with code {code} before answering (os._exit, exit() in native code, or abort handling)"
 
 
-def killpg(pid: int) -> None:
-    """SIGKILL a worker's whole process group: its compilers and children too."""
+def _session_members(sid: int) -> list[int]:
+    """The processes of session `sid`, from /proc (Linux; elsewhere none are found)."""
+    members = []
     try:
-        os.killpg(pid, signal.SIGKILL)
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return members
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:  # after "pid (comm) ": state ppid pgrp session
+                members.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
+def killpg(pid: int) -> None:
+    """SIGKILL a worker's whole session: its group, and the compilers ninja ran in groups of their own.
+
+    A worker leads its own session (and group). Ninja starts each build command in a new process
+    group, so killing the group alone left compilers of a timed-out build running.
+    """
+    _quietly(os.killpg, pid, signal.SIGKILL)
+    for member in _session_members(pid):
+        _quietly(os.kill, member, signal.SIGKILL)
+
+
+def _quietly(kill: Any, pid: int, sig: int) -> None:
+    try:
+        kill(pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        pass  # gone already
 
 
 async def kill_group(proc: Any) -> None:
