@@ -4,15 +4,18 @@ jobs. Real builds with a tiny pybind11-only source (seconds, not a torch-header 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
+from kforge.server.prewarm import prewarm_builds
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.fast_build import build_key, lean_cuda_sources
-from kforge.server.prewarm import prewarm_builds
+from kforge.tools.loader import sweep_abandoned_builds
 from kforge.tools.runner import WorkerLimits, kill_group
 
 pytestmark = pytest.mark.anyio
@@ -97,6 +100,18 @@ async def test_failed_build_is_reported_and_not_cached(ctx, include_dir):
     assert not result.ok and result.failure.kind == "build_error"
     assert "undefined_name" in result.failure.message and result.failure.line == 6, str(result)
     assert not list((ctx.home / "cache" / "builds").iterdir())
+
+
+def test_abandoned_private_build_directories_are_swept(tmp_path):
+    old, live = tmp_path / ".building-a-1", tmp_path / ".building-b-2"
+    for d in (old, live):
+        (d / "obj").mkdir(parents=True)
+    os.utime(old, (time.time() - 7 * 3600,) * 2)
+    published = tmp_path / "ext-key"
+    published.mkdir()
+    os.utime(published, (time.time() - 7 * 3600,) * 2)
+    assert sweep_abandoned_builds(tmp_path) == [old]
+    assert not old.exists() and live.exists() and published.exists()
 
 
 def test_build_key_covers_header_content(tmp_path):

@@ -32,9 +32,12 @@ from .cuda_split import SplitDeclined, split_cuda_sources
 from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
-__all__ = ["LoadOutcome", "load_user_module", "python_failure"]
+__all__ = ["LoadOutcome", "load_user_module", "python_failure", "sweep_abandoned_builds"]
 
 _TAIL_LINES = 30
+# A private build directory untouched this long belongs to a killed build (builds write as they go, and a
+# worker step's deadline is 10 minutes by default).
+_ABANDONED_BUILD_S = 6 * 3600
 # Compiler errors that a lean-header build blames on a name only the full torch/extension.h declares.
 _LEAN_HEADER_TO_BLAME = re.compile(r'namespace "(torch|at|c10|py|pybind11)[^"]*" has no member|'
                                    r'identifier "(py|pybind11|torch|at|c10|TORCH_|AT_|C10_)[^"]*" is undefined|'
@@ -141,6 +144,20 @@ def _built_library_exists(build_dir: Path, name: str) -> bool:
     return any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
 
 
+def sweep_abandoned_builds(cache_dir: Path, older_than_s: float = _ABANDONED_BUILD_S) -> list[Path]:
+    """Remove private build directories that no build has touched for `older_than_s` (their worker was killed)."""
+    removed = []
+    now = time.time()
+    for d in cache_dir.glob(".building-*"):
+        try:
+            if now - d.stat().st_mtime > older_than_s:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+        except OSError:
+            continue
+    return removed
+
+
 def _import_built(name: str, build_dir: Path, is_python_module: bool) -> Any:
     """Load a finished build without torch's build step (no ninja, no file writes): a cache hit."""
     from torch.utils import cpp_extension
@@ -212,6 +229,7 @@ class _InlineBuilder:
                     start_pch_build(pch_dir, final, name)
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
                                                  functions=fn_names, kernels=self._kernel_resources("", final)))
+        sweep_abandoned_builds(self.cache_dir)
         module, build_dir, how = self._build(name, kwargs)
         try:
             os.rename(build_dir, final)  # publish; the library stays loaded from its old path
