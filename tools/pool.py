@@ -236,8 +236,9 @@ class WorkerPool:
                       wait_s: float = _WAIT_FOR_FORK_S) -> WarmProcess | None:
         """A warm worker of this kind, waiting for a fork when none is idle; None: start a cold one.
 
-        A fork is ready in 1-3 s with its device started and profiler warmed; a cold worker costs 4-5 s
-        to start and then several seconds of first-use costs (measured on an H100), so waiting wins.
+        A fork arrives with its device started and profiler warmed, usually sooner than a cold worker
+        would start (4-5 s), and a cold worker then pays several seconds of first-use costs (H100
+        traces in bench/results), so waiting wins.
         """
         warm = self.take(backend, extra_env)
         kind = _kind(backend, extra_env)
