@@ -197,7 +197,7 @@ def _split_top_commas(text: str) -> list[str]:
         else:
             cur.append(ch)
     parts.append("".join(cur))
-    return [p for p in parts if p.strip()] if "".join(parts).strip() else []
+    return [p for p in parts if p.strip()]
 
 
 def _kernel(code: str) -> _Kernel | None:
@@ -261,8 +261,8 @@ def _rewrite_launches(code: str, original: str, kernels: dict[str, _Kernel]) -> 
         if k.is_template or m.group(2):
             raise SplitDeclined(f"host code launches the template kernel '{name}'")
         cfg_end = code.find(">>>", m.end())
-        paren = cfg_end + 3 + (len(code[cfg_end + 3:]) - len(code[cfg_end + 3:].lstrip()))
-        if cfg_end < 0 or paren >= len(code) or code[paren] != "(":
+        paren = -1 if cfg_end < 0 else cfg_end + 3 + (len(code[cfg_end + 3:]) - len(code[cfg_end + 3:].lstrip()))
+        if paren < 0 or paren >= len(code) or code[paren] != "(":
             raise SplitDeclined(f"a launch of '{name}' that is not `{name}<<<...>>>(...)`")
         args_end = _matching(code, paren, "(", ")")
         cfg, args = original[m.end():cfg_end], original[paren + 1:args_end - 1]
@@ -314,12 +314,13 @@ def split_cuda_sources(cuda_sources: list[str]) -> Split:
             k = _kernel(code)
             if k is not None:
                 kernels.setdefault(k.name, k)
-                if not k.is_template and k.name not in declared_launchers:
-                    declaration, _ = _launcher(k)
-                    split.add("cpp", declaration, GENERATED)
-                    declared_launchers.add(k.name)
-                if "{" in code and not k.is_template:
-                    split.add("cuda", _launcher(k)[1], GENERATED)
+                if not k.is_template:
+                    declaration, definition = _launcher(k)
+                    if k.name not in declared_launchers:
+                        split.add("cpp", declaration, GENERATED)
+                        declared_launchers.add(k.name)
+                    if "{" in code:
+                        split.add("cuda", definition, GENERATED)
             elif (name := _declared_name(code)) is not None:
                 device_names.add(name)
             continue
@@ -329,11 +330,12 @@ def split_cuda_sources(cuda_sources: list[str]) -> Split:
             continue
         host_pieces.append((len(split.cpp), code, piece))
         split.add("cpp", piece)
+    device_symbols = sorted(set(kernels) | device_names)
+    device_symbol = re.compile(r"\b(" + "|".join(map(re.escape, device_symbols)) + r")\b") if device_symbols else None
     for index, code, piece in host_pieces:
         rewritten, used = _rewrite_launches(code, piece, kernels)
-        for name in set(kernels) | device_names:
-            if re.search(rf"\b{re.escape(name)}\b", _code_only(rewritten)):
-                raise SplitDeclined(f"host code uses '{name}' other than by launching it (a device symbol)")
+        if device_symbol and (m := device_symbol.search(_code_only(rewritten))):
+            raise SplitDeclined(f"host code uses '{m.group(1)}' other than by launching it (a device symbol)")
         split.cpp[index] = rewritten
         split.kernels += sorted(used - set(split.kernels))
     if not split.kernels:
