@@ -65,6 +65,8 @@ CASES = [
     ("a10_replay_ptr", "relu", "strict", True, {"outputs_match": "pass"}),
     ("a13_lazy_subclass", "relu", "strict", False, {"output_contract": "fail", "static_scan": "fail"}),
     ("b2_thread", "relu", "strict", False, {"no_background_work": "fail", "static_scan": "fail"}),
+    ("b2_process", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
+    ("b2_orphan", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
     ("b3_timer_patch", "relu", "strict", False, {"harness_intact": "fail", "static_scan": "pass", "outputs_match": "pass"}),
     ("b7_guess_seed", "relu", "strict", False, {"outputs_match": "fail"}),
 ]
@@ -120,3 +122,12 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
     assert honest.speedup_trusted, str(honest)
     assert got["timed_outputs"] == "pass" and got["fresh_inputs"] == "pass" and got["plausible_speed"] in ("pass", "skip")
     assert honest.report.candidate.input_sets >= 3
+
+
+async def test_leftover_processes_are_named(ctx):
+    """A process the candidate left running is caught however it was started, and named in the evidence."""
+    for name, said in (("b2_process", "child process"), ("b2_orphan", "of its session")):
+        result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate(name), trials=1,
+                                                use_store=False)
+        [check] = [c for c in result.checks if c.name == "no_background_work"]
+        assert check.status == "fail" and said in check.evidence and "(sleep)" in check.evidence, str(result)

@@ -5,6 +5,7 @@ jobs. Real builds with a tiny pybind11-only source (seconds, not a torch-header 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.fast_build import build_key, lean_cuda_sources
 from kforge.tools.loader import sweep_abandoned_builds
 from kforge.tools.runner import WorkerLimits, kill_group
+
+from .conftest import stdio_session
 
 pytestmark = pytest.mark.anyio
 
@@ -145,6 +148,59 @@ async def test_the_first_new_candidate_after_start_uses_the_precompiled_header(t
     assert result.ok, str(result)
     [build] = result.builds
     assert not build.from_cache and "precompiled header" in build.fast_paths, build
+
+
+def _header_builds(home: Path) -> dict[int, str]:
+    """The background header builds of this data directory: pid -> command line (they run in a header's directory)."""
+    where, found = str(home / "cache" / "pch"), {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/cwd").startswith(where):
+                    found[int(entry.name)] = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_background_header_build_does_not_fail_an_honest_candidate(tmp_path, cpu_example):
+    """KForge's own header precompile is never the candidate's background work (it once made honest OpenMP
+    candidates WRONG: the build started in the candidate's worker and was still running when it was checked).
+
+    The verify's candidate worker finds the candidate's build in the cache and, the header for its flags
+    missing, starts the header build (about a minute of compiling) just before the candidate runs.
+    """
+    home = tmp_path / "home"
+    home.mkdir()
+    # Flags of its own: the server's start-up build of the example precompiles the header for the example's flags only.
+    flag = "-DKFORGE_OWN_FLAGS"
+    cand = cpu_example["candidate"].replace('extra_cflags=["-O3", "-fopenmp"]', f'extra_cflags=["-O3", "-fopenmp", "{flag}"]')
+    assert cand != cpu_example["candidate"]
+    try:
+        async with stdio_session(home) as client:  # header builds off: fill the build cache
+            for code in (cpu_example["candidate"], cand):
+                built = await client.call_tool("compile_kernel", {"backend": "cpu", "candidate_code": code})
+                assert built.structured_content["ok"], built.content[0].text
+        assert not (home / "cache" / "pch").exists()
+        async with stdio_session(home, KFORGE_PRECOMPILED_HEADERS="true") as client:
+            answer = await client.call_tool("verify_against_reference", {
+                "backend": "cpu", "reference_code": cpu_example["reference"], "candidate_code": cand, "trials": 2})
+            running = _header_builds(home)
+            headers = sorted((home / "cache" / "pch").iterdir())
+    finally:
+        for pid in _header_builds(home):  # started by this test's servers, under its own data directory
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    verdict = answer.structured_content
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert verdict["correct"], answer.content[0].text
+    assert checks["no_background_work"]["status"] == "pass", checks["no_background_work"]
+    assert [b["from_cache"] for b in verdict["compile"]["builds"]] == [True]
+    # This verify started the header build for the candidate's flags: it was running when the verdict came
+    # back, or it made a second header directory (the start-up build makes only the example's).
+    assert any(flag in cmd for cmd in running.values()) or len(headers) == 2, (running, headers)
 
 
 async def _pool_ready(pool, n: int) -> None:

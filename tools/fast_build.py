@@ -147,7 +147,8 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it).
 
     Written under a unique name and renamed into place, so concurrent builders and readers only ever
-    see a whole file. Runs in its own session with a time limit: it outlives the worker that asked.
+    see a whole file. Runs in its own session, orphaned at start, with a time limit: it outlives the worker
+    that asked and is never one of its processes.
     """
     from torch.utils import cpp_extension
 
@@ -174,6 +175,18 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     script = (f"timeout {_PCH_TIMEOUT_S} {shlex.join(cmd)} -x c++-header {shlex.quote(str(header))} -o {shlex.quote(str(tmp))} "
               f"> {shlex.quote(str(pch_dir / 'build.log'))} 2>&1 && mv -f {shlex.quote(str(tmp))} {shlex.quote(str(gch))}; "
               f"rm -f {shlex.quote(str(tmp))} {shlex.quote(str(pch_dir / 'building'))}")
-    subprocess.Popen(["nice", "-n", "10", "sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir))
+    # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background and exits
+    # at once, so the builder is reparented away (to init, or the nearest subreaper) and is never a child of
+    # the worker that asked, nor in its session. A candidate's worker reports the processes it left running
+    # (its children and its session: `integrity.HarnessSnapshot.background_work`); KForge's own header build
+    # must not count against it, and nothing is exempted there that a candidate could also do. (Were workers
+    # given a PID namespace of their own, the builder would have to start outside it, e.g. from the server.)
+    launcher = subprocess.Popen(["sh", "-c", 'nice -n 10 sh -c "$1" </dev/null >/dev/null 2>&1 &', "kforge-pch", script],
+                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=str(pch_dir))
+    try:
+        launcher.wait(timeout=30)  # it only forks
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
     return True

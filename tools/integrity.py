@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HarnessSnapshot", "child_processes"]
+__all__ = ["HarnessSnapshot", "child_processes", "session_processes"]
 
 # (module path, attribute path): functions the harness calls; rebinding any of them is tampering.
 _WATCHED = [
@@ -46,15 +46,49 @@ def _resolve(module: str, path: str) -> Any:
     return obj
 
 
+def _stat(pid: int | str) -> tuple[str, str, int, int] | None:
+    """(name, state, parent, session) of a process, from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        return stat[stat.index("(") + 1:stat.rindex(")")], fields[0], int(fields[1]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def child_processes() -> list[int]:
-    """Live child processes of this process (Linux /proc; [] elsewhere)."""
+    """Live child processes of this process (Linux /proc; [] elsewhere); exited, unreaped ones do no work."""
     kids: list[int] = []
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         try:
             kids += [int(p) for p in task.read_text().split()]
         except OSError:
             continue
-    return kids
+    return [pid for pid in kids if (st := _stat(pid)) is not None and st[1] != "Z"]
+
+
+def session_processes() -> list[int]:
+    """Live processes of the session this process leads, other than itself (Linux /proc; [] elsewhere).
+
+    A worker leads a session of its own, so this finds what it started however it was started: a
+    grandchild whose parent exited (a double fork) is no longer a child, but still in the session.
+    Only a process that leads its session looks: under a profiler (ncu) the session is the profiler's.
+    """
+    me = os.getpid()
+    try:
+        if os.getsid(0) != me:
+            return []
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != me]
+    except OSError:
+        return []
+    return [int(pid) for pid in entries if (st := _stat(pid)) is not None and st[3] == me and st[1] != "Z"]
+
+
+def _describe(pid: int) -> str:
+    st = _stat(pid)
+    name = f" ({st[0]})" if st else ""
+    return f"child process {pid}{name}" if st and st[2] == os.getpid() else f"process {pid}{name} of its session"
 
 
 class HarnessSnapshot:
@@ -88,6 +122,12 @@ class HarnessSnapshot:
                 if t.ident not in self._threads and t.is_alive()]
 
     def background_work(self) -> list[str]:
-        """Threads and child processes alive now that were not there at start."""
-        return self.new_threads() + [f"child process {pid}" for pid in child_processes()]
+        """Threads alive now that were not there at start, and processes this worker left running.
+
+        Every process counts (children, and the rest of the worker's session): none of KForge's own runs
+        there after a call (its background header build is detached, `fast_build.start_pch_build`), so no
+        process is exempted by name or kind, which a candidate could imitate.
+        """
+        pids = sorted(set(child_processes()) | set(session_processes()))
+        return self.new_threads() + [_describe(pid) for pid in pids]
 
