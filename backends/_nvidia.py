@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from .base import DeviceFacts
@@ -16,40 +15,40 @@ _FLUSH_BYTES = 256 * 1024 * 1024
 
 
 class EventTimer:
-    """CUDA events on the current stream, plus the host clock closed after a device-wide sync."""
+    """CUDA events on the current stream. `stop` only records: the timing loop queues many calls and
+    synchronizes once, so the GPU never idles (and drops its clocks) between timed calls."""
 
     def __init__(self) -> None:
         import torch
 
-        self._torch = torch
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
-        self._h0 = self._h1 = 0.0
 
     def start(self) -> None:
-        self._h0 = time.perf_counter()
         self._start.record()
 
     def stop(self) -> None:
         self._end.record()
-        self._torch.cuda.synchronize()  # device-wide: includes work on every stream
-        self._h1 = time.perf_counter()
 
     def elapsed_s(self) -> float:
         self._end.synchronize()
         return self._start.elapsed_time(self._end) / 1e3
 
-    def host_elapsed_s(self) -> float:
-        return self._h1 - self._h0
-
 
 class L2Flusher:
-    """Evict L2 between timed calls: reset persisting lines (which a plain write cannot evict), then
-    overwrite more than the L2 holds."""
+    """Evict L2 between timed calls by overwriting more than it holds, queued on the stream (no sync).
+
+    Lines marked persisting survive a plain write; they need a set-aside, which is 0 unless a candidate
+    raised cudaLimitPersistingL2CacheSize. That limit is read on every flush (a host-side driver call),
+    and only when it is set does the flush synchronize, reset persisting lines and set it back to 0.
+    """
 
     def __init__(self) -> None:
+        import ctypes
+
         self._buf: Any = None
         self._driver = _cuda_driver()
+        self._limit = ctypes.c_size_t(0)
 
     def __call__(self) -> None:
         import torch
@@ -57,9 +56,13 @@ class L2Flusher:
         if self._buf is None:
             self._buf = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
         if self._driver is not None:
-            torch.cuda.synchronize()
-            self._driver.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
-            self._driver.cuCtxResetPersistingL2Cache()
+            import ctypes
+
+            self._driver.cuCtxGetLimit(ctypes.byref(self._limit), _CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
+            if self._limit.value:
+                torch.cuda.synchronize()
+                self._driver.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+                self._driver.cuCtxResetPersistingL2Cache()
         self._buf.zero_()
 
 
@@ -73,6 +76,7 @@ def _cuda_driver() -> Any:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuCtxSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        lib.cuCtxGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
         return lib
     except (OSError, AttributeError):
         return None

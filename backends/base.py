@@ -48,17 +48,16 @@ class DeviceFacts(BaseModel):
 
 @runtime_checkable
 class Timer(Protocol):
-    """Brackets one call; `elapsed_s` waits for the device and returns the bracketed time.
+    """Brackets one call. `start` and `stop` only mark the window (on a GPU they are queued on the
+    stream, so many calls can be timed back to back); `elapsed_s` waits for the device and returns it.
 
-    `host_elapsed_s` is the same window on the host clock, closed only after a device-wide
-    synchronize: work the candidate hid on another stream or thread shows up there and not in
-    `elapsed_s`, which is how the timing loop checks that the timer saw all the work.
+    The timing loop checks separately, on the host clock after a device-wide synchronize, that the
+    timer saw all the work (a candidate can hide work on another stream or thread).
     """
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def elapsed_s(self) -> float: ...
-    def host_elapsed_s(self) -> float: ...
 
 
 @runtime_checkable
@@ -92,7 +91,8 @@ class Backend(Protocol):
         ...
 
     def flush_cache(self) -> None:
-        """Evict the caches a previous call warmed up; called outside the timed window."""
+        """Evict the caches a previous call warmed up; called outside the timed window. On a device with a
+        queue (a GPU) it is queued there too, without waiting: the loop times calls back to back."""
         ...
 
     def facts(self) -> DeviceFacts:

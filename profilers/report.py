@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import DeviceFacts
 
-__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "format_us", "hottest_kernel",
-           "kernel_base_name"]
+__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "compare_words", "format_us",
+           "hottest_kernel", "kernel_base_name", "median_interval", "speedup_interval"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
 _IQR_WARN_FRACTION = 0.10
@@ -72,6 +72,11 @@ class TimingStats(BaseModel):
     replay_suspected: bool = Field(default=False, description="Calls on inputs seen before were much faster than "
                                    "calls on new ones.")
     input_sets: int | None = Field(default=None, description="Distinct input sets the timed calls walked through.")
+    threads: int | None = Field(default=None, description="Host threads (torch intra-op and OpenMP) the timed calls had.")
+    clock: str = Field(default="device", description="'device': each sample is the device timer around one call, calls "
+                       "queued back to back as triton.testing.do_bench does; 'host': calls timed one by one on the host "
+                       "clock after a device-wide sync (used when the device timer missed work).")
+    rounds: int = Field(default=1, description="Rounds the samples came from, interleaved with the other series' rounds.")
     warnings: tuple[str, ...] = ()
 
     @property
@@ -80,7 +85,8 @@ class TimingStats(BaseModel):
 
     @classmethod
     def from_samples_s(cls, label: str, samples_s: Sequence[float], *, host_samples_s: Sequence[float] = (),
-                       extra_warnings: Sequence[str] = (), **flags: Any) -> TimingStats:
+                       host_median_us: float | None = None, extra_warnings: Sequence[str] = (),
+                       **flags: Any) -> TimingStats:
         if not samples_s:
             raise ValueError(f"no timing samples for {label}")
         us = sorted(s * 1e6 for s in samples_s)
@@ -94,7 +100,7 @@ class TimingStats(BaseModel):
             warnings.append(f"only {n} samples (fewer than {_MIN_SAMPLES}); the median is uncertain")
         if median > 0 and (q3 - q1) / median > _IQR_WARN_FRACTION:
             warnings.append(f"noisy: IQR is {100 * (q3 - q1) / median:.0f}% of the median")
-        host_median = statistics.median(host_samples_s) * 1e6 if host_samples_s else None
+        host_median = statistics.median(host_samples_s) * 1e6 if host_samples_s else host_median_us
         return cls(label=label, samples=n, median_us=median, mean_us=mean, std_us=std, min_us=us[0],
                    max_us=us[-1], q1_us=q1, q3_us=q3, host_median_us=host_median,
                    rel_sem=(std / math.sqrt(n) / mean) if mean > 0 else 0.0, warnings=tuple(warnings), **flags)
@@ -134,11 +140,56 @@ class Baseline(BaseModel):
     name: str = Field(description="'eager' or 'torch.compile'.")
     timing: TimingStats | None = None
     speedup: float | None = Field(default=None, description="Baseline median / candidate median; >1 means the candidate is faster.")
+    speedup_ci: tuple[float, float] | None = Field(default=None, description=(
+        "About 95% confidence interval of the speedup: from the medians' order statistics and from the spread of "
+        "the speedup between interleaved rounds, whichever is wider."))
+    comparison: str | None = Field(default=None, description=(
+        "'faster' or 'slower' only when speedup_ci excludes 1; otherwise 'no measurable difference'."))
     error: str | None = Field(default=None, description="Why this baseline could not be timed.")
     reused_after_s: float | None = Field(default=None, description=(
         "Set when this timing was taken by an earlier profile of the same reference on this device, with the "
         "same versions and budget, this many seconds ago (KForge re-times a baseline at most every 10 minutes); "
         "None: timed in this run."))
+
+
+# Two-sided 97.5% quantiles of Student's t by degrees of freedom (rounds - 1).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free ~95% interval of the median, from order statistics (no normality assumed)."""
+    v = sorted(values)
+    n = len(v)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return v[lo], v[hi]
+
+
+def speedup_interval(baseline_rounds: Sequence[Sequence[float]], candidate_rounds: Sequence[Sequence[float]],
+                     ) -> tuple[float, tuple[float, float]]:
+    """Speedup (baseline median / candidate median over all samples) and its ~95% interval.
+
+    Two sources of doubt, and the interval covers both: the noise within each series (the medians'
+    order-statistic intervals, combined conservatively) and drift between the two processes over time
+    (the series are timed in interleaved rounds; the per-round speedups' spread gives a t-interval).
+    """
+    base = [s for r in baseline_rounds for s in r]
+    cand = [s for r in candidate_rounds for s in r]
+    ratio = statistics.median(base) / statistics.median(cand)
+    (b_lo, b_hi), (c_lo, c_hi) = median_interval(base), median_interval(cand)
+    lo, hi = b_lo / c_hi, b_hi / c_lo
+    pairs = [(b, c) for b, c in zip(baseline_rounds, candidate_rounds) if b and c]
+    if len(pairs) >= 2:
+        per_round = [statistics.median(b) / statistics.median(c) for b, c in pairs]
+        half = _T975.get(len(pairs) - 1, 2.0) * statistics.stdev(per_round) / math.sqrt(len(pairs))
+        lo, hi = min(lo, ratio - half), max(hi, ratio + half)
+    return ratio, (lo, hi)
+
+
+def compare_words(interval: tuple[float, float]) -> str:
+    lo, hi = interval
+    return "faster" if lo > 1 else "slower" if hi < 1 else "no measurable difference"
 
 
 class NcuKernel(BaseModel):

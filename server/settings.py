@@ -54,7 +54,7 @@ class Settings(BaseSettings):
                                             "(default ANTHROPIC_API_KEY or OPENAI_API_KEY).")
     analyst_timeout_s: float = Field(default=60.0, gt=0, description="Deadline of one model request.")
     analyst_vision: bool = Field(default=True, description="Whether the model reads images (screenshots).")
-    timing_budget_s: float = Field(default=2.0, gt=0, le=60, description="Default time budget per timed model.")
+    timing_budget_s: float = Field(default=1.0, gt=0, le=60, description="Default time budget per timed model.")
     worker_network: Literal["isolated", "host"] = Field(
         default="isolated", description="Workers start in a network namespace of their own (no network), where the "
         "OS allows it; 'host' leaves them on the host's network.")

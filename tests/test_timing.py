@@ -13,60 +13,72 @@ class FakeTimer:
         self.backend = backend
 
     def start(self):
-        self.t0, self.h0 = self.backend.clock, self.backend.hidden_clock
+        self.t0 = self.backend.device_clock
 
     def stop(self):
-        self.t1, self.h1 = self.backend.clock, self.backend.hidden_clock
+        self.t1 = self.backend.device_clock
 
     def elapsed_s(self):
         return self.t1 - self.t0
 
-    def host_elapsed_s(self):
-        # The host window also waits for hidden work started inside it, and pays the sync itself.
-        return self.t1 - self.t0 + (self.h1 - self.h0) + self.backend.sync_s
-
 
 class FakeBackend:
-    """Each call costs `cost_s` plus seeded noise; flushes are counted, never timed."""
+    """Each call costs `cost_s` plus seeded noise on the device; flushes are counted, never timed.
+
+    `now` is the simulated host clock: it runs with the device's work, and a synchronize also waits for
+    work the device timer cannot see (`hidden_s` per call, a side stream) and pays `sync_s`."""
 
     def __init__(self, cost_s, noise=0.0, seed=0):
-        self.clock, self.cost_s, self.noise = 0.0, cost_s, noise
+        self.device_clock, self.host_clock, self.cost_s, self.noise = 0.0, 0.0, cost_s, noise
         self.rng = random.Random(seed)
         self.flushes = 0
-        self.hidden_s = 0.0  # work the device timer cannot see (a side stream)
-        self.hidden_clock = 0.0
-        self.sync_s = 0.0  # what a host-side device sync costs
+        self.hidden_s = 0.0
+        self.hidden_pending = 0.0
+        self.sync_s = 0.0
+        self.calls = 0
+
+    def now(self):
+        return self.host_clock
 
     def synchronize(self):
-        pass
+        self.host_clock += self.sync_s + self.hidden_pending
+        self.hidden_pending = 0.0
 
     def flush_cache(self):
         self.flushes += 1
-        self.clock += 1.0  # a flush costs a lot; it must never land inside a timed window
+        self.device_clock += 1.0  # a flush costs a lot; it must never land inside a timed window
+        self.host_clock += 1.0
 
     def timer(self):
         return FakeTimer(self)
 
     def run(self, *args):
-        self.clock += self.cost_s * (1 + self.rng.uniform(-self.noise, self.noise))
-        self.hidden_clock += self.hidden_s
+        cost = self.cost_s * (1 + self.rng.uniform(-self.noise, self.noise))
+        self.device_clock += cost
+        self.host_clock += cost
+        self.hidden_pending += self.hidden_s
+        self.calls += 1
+
+
+def timed(backend, policy, make_args=lambda i: [], **kw):
+    return time_model("candidate", backend.run, make_args, backend, policy, clock=backend.now, **kw)
 
 
 def test_steady_kernel_stops_early_with_tight_stats():
     backend = FakeBackend(100e-6)
     seen_args = []
-    stats = time_model("candidate", backend.run, lambda i: seen_args.append(i) or [i], backend,
-                       TimingPolicy(min_samples=10, budget_s=5))
-    assert stats.samples == 10 and stats.median_us == pytest.approx(100.0)
-    assert stats.rel_sem == pytest.approx(0.0, abs=1e-9) and not stats.warnings
-    assert backend.flushes == stats.samples  # one flush per timed call, outside the window
-    assert len(set(seen_args[-10:])) == 10  # each timed call asked for its own inputs
+    run = timed(backend, TimingPolicy(min_samples=10, max_samples=10, budget_s=5),
+                make_args=lambda i: seen_args.append(i) or [i])
+    stats = run.stats
+    assert stats.samples == 10 == len(run.samples_s) and stats.median_us == pytest.approx(100.0)
+    assert stats.rel_sem == pytest.approx(0.0, abs=1e-9) and not stats.warnings and stats.clock == "device"
+    assert backend.flushes >= stats.samples  # a flush before every timed call, outside the window
+    assert len(set(seen_args[-15:-5])) == 10  # each timed call asked for its own inputs (5 cross-check calls follow)
 
 
 def test_noisy_kernel_warns():
     backend = FakeBackend(100e-6, noise=0.5, seed=1)
-    stats = time_model("candidate", backend.run, lambda i: [], backend,
-                       TimingPolicy(min_samples=10, max_samples=50, target_rel_sem=1e-6, budget_s=1e9))
+    stats = timed(backend, TimingPolicy(min_samples=10, max_samples=50, target_rel_sem=1e-6, budget_s=1e9)).stats
     assert stats.samples == 50
     assert any("noisy" in w for w in stats.warnings)
     assert stats.min_us < stats.median_us < stats.max_us
@@ -86,8 +98,10 @@ def test_stats_from_samples():
 def test_work_hidden_from_the_device_timer_is_flagged():
     backend = FakeBackend(10e-6)
     backend.hidden_s = 500e-6
-    stats = time_model("candidate", backend.run, lambda i: [], backend, TimingPolicy(budget_s=5))
-    assert stats.median_us == pytest.approx(10.0) and stats.host_median_us == pytest.approx(510.0)
+    stats = timed(backend, TimingPolicy(budget_s=5)).stats
+    # The device timer saw 10 us; the host, closing each call with a sync, 510 us: those are the samples.
+    assert stats.host_median_us == pytest.approx(510.0) and stats.median_us == pytest.approx(510.0)
+    assert stats.clock == "host" and stats.q1_us <= stats.median_us <= stats.q3_us
     assert any("outside the timed stream" in w for w in stats.warnings) and stats.unseen_work
 
 
@@ -95,10 +109,10 @@ def test_sync_overhead_alone_is_not_unseen_work():
     """A tiny kernel whose host window is mostly the sync's own cost is honest."""
     backend = FakeBackend(10e-6)
     backend.sync_s = 30e-6
-    stats = time_model("candidate", backend.run, lambda i: [], backend, TimingPolicy(budget_s=5))
-    assert stats.host_median_us == pytest.approx(40.0) and not stats.unseen_work
+    stats = timed(backend, TimingPolicy(budget_s=5)).stats
+    assert stats.host_median_us == pytest.approx(40.0) and not stats.unseen_work and stats.median_us == pytest.approx(10.0)
     backend.hidden_s = 60e-6  # the same sync, plus hidden work as long as 6 kernels: flagged
-    assert time_model("candidate", backend.run, lambda i: [], backend, TimingPolicy(budget_s=5)).unseen_work
+    assert timed(backend, TimingPolicy(budget_s=5)).stats.unseen_work
 
 
 def test_roofline_fractions_of_measured_ceilings():
@@ -124,3 +138,54 @@ def test_replay_needs_repeats_faster_than_their_neighbours_not_a_slow_start():
     assert _replay_warning(drift, fresh) is None
     replay = [(1.0 if f else 0.05) * rng.uniform(0.9, 1.1) for f in fresh]
     assert "seen before" in (_replay_warning(replay, fresh) or "")
+
+
+def test_calls_are_queued_back_to_back_with_one_sync_per_batch():
+    """The device must not idle between timed calls (an idle GPU drops its clocks): many calls per sync."""
+    backend = FakeBackend(100e-6)
+    syncs = []
+    real_sync = backend.synchronize
+    backend.synchronize = lambda: (syncs.append(backend.calls), real_sync())[1]
+    run = timed(backend, TimingPolicy(min_samples=200, max_samples=200, budget_s=5, checked_calls=0))
+    assert run.stats.samples == 200
+    sampling_syncs = [c for c in syncs if c > 10]  # after warm-up
+    assert len(sampling_syncs) <= 200 / 20, f"a sync every {200 / max(1, len(sampling_syncs)):.0f} calls"
+
+
+def test_rounds_merge_into_one_series_and_the_speedup_interval_covers_one_for_the_same_kernel():
+    from kforge.profilers.report import compare_words, speedup_interval
+    from kforge.tools.timing import merge_rounds
+
+    rng = random.Random(3)
+
+    def round_reply(cost_us, n=40):
+        backend = FakeBackend(cost_us * 1e-6, noise=0.05, seed=rng.randrange(1000))
+        run = timed(backend, TimingPolicy(min_samples=n, max_samples=n, budget_s=5))
+        return {"timing": run.stats.model_dump(mode="json"), "samples_us": [x * 1e6 for x in run.samples_s],
+                "fresh": run.fresh}
+
+    # The same kernel in two processes, drifting together by a few percent between rounds.
+    same_a = [round_reply(100 * d) for d in (1.0, 1.03, 0.98)]
+    same_b = [round_reply(100 * d) for d in (1.0, 1.03, 0.98)]
+    (a, a_rounds), (b, b_rounds) = merge_rounds("eager", same_a), merge_rounds("candidate", same_b)
+    assert a.samples == 120 and a.rounds == 3 and a.q1_us <= a.median_us <= a.q3_us
+    ratio, ci = speedup_interval(a_rounds, b_rounds)
+    assert ci[0] <= 1.0 <= ci[1] and ratio == pytest.approx(1.0, abs=0.03)
+    assert compare_words(ci) == "no measurable difference"
+    # A kernel twice as fast is called faster; one twice as slow, slower.
+    fast = [round_reply(50 * d) for d in (1.0, 1.03, 0.98)]
+    ratio, ci = speedup_interval(a_rounds, merge_rounds("candidate", fast)[1])
+    assert ratio == pytest.approx(2.0, rel=0.05) and compare_words(ci) == "faster" and ci[0] < 2.0 < ci[1]
+    assert compare_words(speedup_interval(merge_rounds("c", fast)[1], a_rounds)[1]) == "slower"
+
+
+def test_median_interval_is_distribution_free_and_contains_the_median():
+    import statistics
+
+    from kforge.profilers.report import median_interval
+
+    rng = random.Random(5)
+    values = [rng.expovariate(1.0) for _ in range(101)]
+    lo, hi = median_interval(values)
+    assert lo < statistics.median(values) < hi
+    assert sum(v < lo for v in values) >= 35 and sum(v > hi for v in values) >= 35

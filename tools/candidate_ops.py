@@ -16,9 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .judge import encode_output
+
 __all__ = ["CandidateOps"]
 
-_REVALIDATED_CALLS = 8  # timed outputs kept (a secret reservoir sample) for the judge, plus the last
+_REVALIDATED_CALLS = 8  # timed outputs kept (a secret reservoir sample) for the judge, plus the last ...
+_KEPT_OUTPUT_BYTES = 512 * 2**20  # ... as many of them as fit in this many bytes of device memory
+_COPIED_SET_BYTES = 256 * 2**20  # timing input sets up to this size get a fresh copy per timed call
 
 
 class CandidateOps:
@@ -30,7 +34,6 @@ class CandidateOps:
 
         from .compare import flatten_outputs
         from .inputs import poison_allocator
-        from .judge import encode_output
         from .output_contract import aliased_outputs, modified_inputs
 
         exchange = torch.load(msg["exchange"], weights_only=True)
@@ -67,10 +70,28 @@ class CandidateOps:
                     f = self._failure(exc, "forward")["failure"]
                     record = {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
                 results.append(record)
+            if msg.get("decoy_shift") is not None:
+                results.append(self._decoy_record(msg["decoy_shift"]))
         torch.save(results, msg["outputs"])
         return {"weights": sync, "trial_failures": [r.get("failure") for r in results],
                 "jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
                 "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
+
+    def _decoy_record(self, shift: int) -> dict[str, Any]:
+        """Trial 0's inputs once more, then the same tensors changed where a cheap probe cannot see it."""
+        from .compare import flatten_outputs
+        from .inputs import probe_preserving_
+
+        try:
+            args = self._args(0)
+            self.model(*args)
+            probe_preserving_(args, shift)
+            out = [encode_output(o) for o in flatten_outputs(self.model(*args))]
+            self.backend.synchronize()
+        except BaseException as exc:  # noqa: BLE001
+            f = self._failure(exc, "forward")["failure"]
+            return {"decoy_shift": shift, "error": f["message"]}
+        return {"decoy_shift": shift, "outputs": out}
 
     def _integrity(self) -> dict[str, list[str]]:
         return {"tampering": self.snapshot.tampering(), "flags": self.snapshot.flag_changes(),
@@ -110,39 +131,84 @@ class CandidateOps:
         return {"own": own, "ran": ran, "share": custom_share(rows, total, basis), "observable": observable,
                 "basis": basis}
 
-    def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_timing_sets(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Make the timing inputs on the device from the server's seeds (the judge and the candidate's
+        process each make their own, bit-identical; nothing goes through a file)."""
         import torch
 
-        from .judge import encode_output
-        from .timing import TimingPolicy, time_model
+        from .inputs import seeded_inputs
 
-        if msg.get("sets") and not self.timing_sets:
-            self.timing_sets = torch.load(msg["sets"], weights_only=True)
+        try:
+            source = self._inputs_module(msg.get("reference_source"))
+            self.timing_sets = [seeded_inputs(source, seed, self.backend) for seed in msg["seeds"]]
+        except BaseException as exc:  # noqa: BLE001
+            return self._failure(exc, "reference")
+        set_bytes = sum(a.numel() * a.element_size() for a in self.timing_sets[0] if isinstance(a, torch.Tensor))
+        # A fresh copy per call keeps a candidate that writes into its inputs from changing the sets; for
+        # sets too large to copy twice over, the sets are used as they are (verify checks input writes).
+        self.copy_timing_inputs = set_bytes <= _COPIED_SET_BYTES
+        return {"count": len(self.timing_sets), "set_bytes": set_bytes}
+
+    def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time one round of one series ('candidate', 'eager', 'torch.compile'); the server interleaves rounds
+        of the series so drift between them shows in the speedup's interval instead of biasing it."""
+        import torch
+
+        from .timing import ReplaySchedule, TimingPolicy, time_model
+
+        label = msg["label"]
         policy = TimingPolicy(**msg.get("policy", {}))
         fn: Callable[..., Any] = self.model
-        keep = _Reservoir(_REVALIDATED_CALLS) if msg.get("revalidate") else None
+        if label not in self.series:  # the first round of this series: its replay schedule and reservoir
+            self.series[label] = {
+                "schedule": ReplaySchedule(len(self.timing_sets)) if len(self.timing_sets) > 1 else None,
+                "keep": _Reservoir(_REVALIDATED_CALLS, _output_budget(self)) if msg.get("revalidate") else None}
+        series = self.series[label]
+        keep = series["keep"]
         try:
             if msg.get("compile"):
                 if self.compiled is None:
                     self.compiled = torch.compile(self.model)
                 fn = self.compiled
             with torch.no_grad():
-                stats = time_model(msg["label"], fn, self._timing_args, self.backend, policy,
-                                   fresh_sets=len(self.timing_sets) or None,
-                                   on_output=keep.offer if keep else None)
+                timed = time_model(label, fn, self._timing_args, self.backend, policy, schedule=series["schedule"],
+                                   on_output=keep.offer if keep else None, threads=torch.get_num_threads())
+                decoy = self._decoy_output(fn, msg["decoy_shift"]) if msg.get("decoy_shift") is not None else None
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
-        reply: dict[str, Any] = {"timing": stats.model_dump(mode="json"), "integrity": self._integrity()}
-        if keep is not None:
+        reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
+                                 "samples_us": [round(x * 1e6, 4) for x in timed.samples_s], "fresh": timed.fresh,
+                                 "integrity": self._integrity()}
+        if keep is not None and msg.get("outputs"):
             from .compare import flatten_outputs
 
-            torch.save([{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
-                        for c, (s, out) in keep.items()], msg["outputs"])
+            saved = [{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
+                     for c, (s, out) in keep.items()]
+            if decoy is not None:
+                saved.append({"call": -1, "set": 0, "decoy_shift": msg["decoy_shift"], "outputs": decoy})
+            torch.save(saved, msg["outputs"])
             reply["revalidation_file"] = msg["outputs"]
         return reply
 
+    def _decoy_output(self, fn: Callable[..., Any], shift: int) -> list[Any]:
+        """Run set 0 once, then again after it was changed in place where a cheap probe cannot see it."""
+        from .compare import flatten_outputs
+        from .inputs import probe_preserving_
+
+        args = self.timing_sets[0]  # the very tensors (same addresses) the timed calls saw
+        fn(*args)
+        probe_preserving_(args, shift)
+        out = [encode_output(o) for o in flatten_outputs(fn(*args))]
+        self.backend.synchronize()
+        return out
+
     def _timing_args(self, i: int) -> list[Any]:
-        return self._args(i, self.timing_sets)
+        import torch
+
+        raw = self.timing_sets[i % len(self.timing_sets)]
+        if not self.copy_timing_inputs:
+            return list(raw)
+        return [a.clone() if isinstance(a, torch.Tensor) else a for a in raw]
 
     def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -173,11 +239,24 @@ class CandidateOps:
                 "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
 
 
+def _output_budget(worker: Any) -> int:
+    """How many timed outputs the reservoir may copy: at most `_KEPT_OUTPUT_BYTES` of them (at least one)."""
+    import torch
+
+    with torch.no_grad():
+        out = worker.model(*worker._timing_args(0))
+    from .compare import flatten_outputs
+
+    size = sum(o.numel() * o.element_size() for o in flatten_outputs(out) if isinstance(o, torch.Tensor))
+    del out
+    return max(1, _KEPT_OUTPUT_BYTES // max(1, size))
+
+
 class _Reservoir:
     """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last."""
 
-    def __init__(self, k: int) -> None:
-        self.k, self.seen = k, 0
+    def __init__(self, k: int, fits: int | None = None) -> None:
+        self.k, self.seen = min(k, fits or k), 0
         self.kept: dict[int, Any] = {}
         self.last: tuple[int, Any] | None = None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VARIANTS", "apply_variant", "poison_allocator", "to_float64"]
+__all__ = ["VARIANTS", "apply_variant", "probe_preserving_", "poison_allocator", "seeded_inputs", "to_float64"]
 
 # (name, transform of one floating tensor); trial i uses VARIANTS[i % len(VARIANTS)].
 VARIANTS: list[tuple[str, Any]] = [
@@ -55,3 +55,42 @@ def poison_allocator(sizes_bytes: list[int], device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     del blocks
+
+
+def seeded_inputs(module: Any, seed: int, backend: Any) -> list[Any]:
+    """`module.get_inputs()` under `seed`, made on the backend's device.
+
+    Every process that needs a problem's inputs makes them itself from the server's secret seed, so no
+    input travels through a file and none waits in host memory: factory calls without a device
+    (`torch.rand(n)`) run on the device under `torch.device(...)`, whose generator the seed also sets.
+    The same seed gives bit-identical inputs in the judge and in the candidate's process.
+    """
+    import random
+
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    with torch.device(backend.device):
+        made = list(module.get_inputs())
+    return backend.to_device(made)
+
+
+def probe_preserving_(inputs: list[Any], shift: int) -> list[Any]:
+    """Change inputs in place so a cheap probe cannot tell them from before: same tensors (shape, dtype,
+    address), same first and last elements, same values in another order (so the same sum), but the
+    interior rotated by a secret `shift`. A candidate that memoizes answers keyed on such a probe returns
+    the old answer, and the comparison catches it; an honest candidate computes the new one."""
+    import torch
+
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_contiguous() and x.numel() > 3:
+            inner = x.view(-1)[1:-1]
+            inner.copy_(torch.roll(inner, shift % inner.numel() or 1))
+    return inputs

@@ -117,7 +117,21 @@ class JudgeOps:
 
         from .output_contract import same_values
 
+        from .inputs import probe_preserving_
+
         results = torch.load(msg["outputs"], weights_only=True)
+        decoys = [r for r in results if "decoy_shift" in r]
+        results = [r for r in results if "decoy_shift" not in r]
+        decoy = None
+        for d in decoys:  # trial 0's inputs changed where a cheap probe cannot see it
+            if "error" in d:
+                decoy = {"correct": False, "error": d["error"], "problems": []}
+                continue
+            inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in self.sets[0]],
+                                       d["decoy_shift"])
+            checks = self._compare(0, [_decode(o) for o in d["outputs"]], msg,
+                                   expected=self._reference_outputs(self.model, inputs), exact=[])
+            decoy = {"correct": all(c.correct for c in checks), "problems": [p for c in checks for p in c.problems][:2]}
         trials = []
         for i, res in enumerate(results):
             if "error" in res:
@@ -135,7 +149,7 @@ class JudgeOps:
                 trial["repeat_correct"] = all(c.correct for c in rechecks)
                 trial["repeat_problems"] = [p for c in rechecks for p in c.problems][:3]
             trials.append(trial)
-        return {"trials": trials}
+        return {"trials": trials, "decoy": decoy}
 
     def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Would trivial candidates pass this problem's check? Each null is judged like a candidate."""
@@ -211,32 +225,27 @@ class JudgeOps:
         return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
                 "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
 
-    def op_timing_sets(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Fresh native input sets, one per timed call where memory allows, for the candidate and baselines."""
-        import torch
-
-        self.timing_sets = []
-        try:
-            for seed in msg["seeds"]:
-                torch.manual_seed(seed)
-                self.timing_sets.append(list(self.module.get_inputs()))
-        except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "reference")
-        torch.save(self.timing_sets, msg["exchange"])
-        return {"count": len(self.timing_sets)}
-
     def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare outputs saved during timing with the reference on the same timing inputs."""
         import torch
 
+        from .inputs import probe_preserving_
+
         saved = torch.load(msg["outputs"], weights_only=True)
-        wrong = []
+        wrong, decoy = [], None
         for item in saved:
-            expected = self._reference_outputs(self.model, self.timing_sets[item["set"]])
+            inputs = self.timing_sets[item["set"]]
+            if "decoy_shift" in item:  # set 0 changed where a cheap probe cannot see it (see probe_preserving_)
+                inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in inputs],
+                                           item["decoy_shift"])
+            expected = self._reference_outputs(self.model, inputs)
             checks = self._compare(0, [_decode(o) for o in item["outputs"]], msg, expected=expected, exact=[])
-            if not all(c.correct for c in checks):
+            ok = all(c.correct for c in checks)
+            if "decoy_shift" in item:
+                decoy = {"correct": ok, "problems": [p for c in checks for p in c.problems][:2]}
+            elif not ok:
                 wrong.append({"call": item["call"], "problems": [p for c in checks for p in c.problems][:2]})
-        return {"checked": len(saved), "wrong": wrong}
+        return {"checked": len(saved) - (decoy is not None), "wrong": wrong, "decoy": decoy}
 
 
 class _NonTensor:

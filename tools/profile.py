@@ -11,6 +11,7 @@ never disturbs someone else's timing.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import time
 import uuid
@@ -21,13 +22,15 @@ from typing import Any
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
-from kforge.profilers.report import Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats
+from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats, compare_words,
+                                     speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, concurrently, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
 from .static_scan import scan_candidate
+from .timing import merge_rounds
 from .verdict import integrity_checks, static_check, timing_checks
 
 __all__ = ["BASELINES", "profile_kernel"]
@@ -35,7 +38,7 @@ __all__ = ["BASELINES", "profile_kernel"]
 BASELINES = ("eager", "torch.compile")
 _INPUT_SETS = 3  # input sets whose outputs are checked before timing
 _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
-_TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least _INPUT_SETS)
+_TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2)
 _PROFILED_CALLS = 5
 _NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric pass
 _NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
@@ -49,7 +52,7 @@ BASELINE_REUSE_S = 600.0
 
 async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                          baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, precision: str = "strict",
-                         hardware_counters: bool = True, use_store: bool = False, reuse_baselines: bool = True,
+                         hardware_counters: bool = True, use_store: bool = False, fresh_baselines: bool = False,
                          progress: Progress = no_progress) -> ProfileResult:
     avail = await ctx.require_backend(backend)
     if not avail.timing:
@@ -92,54 +95,44 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(failure)
             if worker is None:
                 return failed(compiled.failure)
-            await step("checking the candidate's output while the judge makes the timing inputs")
+            await step("checking the candidate's output while both sides make the timing inputs")
             # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
-            # be replayed from earlier calls, nor computed ahead at import. The correctness run uses the
-            # inputs prepared earlier, so the two go side by side.
-            n_sets = max(_INPUT_SETS, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem["problem_bytes"])))
+            # be replayed from earlier calls, nor computed ahead at import. Each process makes them on its
+            # device from the same secret seeds; the correctness run goes beside the judge's.
+            timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
 
-            async def timing_sets() -> dict[str, Any]:
-                return await judge.call("timing_sets", stage="reference", seeds=_fresh_seeds(n_sets)[1],
-                                        exchange=str(scratch / "timing.pt"))
+            async def judge_sets() -> dict[str, Any]:
+                return await judge.call("timing_sets", stage="reference", seeds=timing_seeds)
 
-            async def run_once() -> dict[str, Any]:
-                return await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                         outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+            async def run_then_sets() -> tuple[dict[str, Any], dict[str, Any]]:
+                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+                if run.get("failure"):
+                    return run, {}
+                return run, await worker.call("timing_sets", stage="timing", seeds=timing_seeds,
+                                              reference_source=reference_code)
 
             try:
-                made, run = await concurrently(timing_sets, run_once)
-                if made.get("failure"):
-                    return failed(Failure(**made["failure"]))
-                if run.get("failure"):
-                    return failed(Failure(**run["failure"]))
+                made, (run, cand_sets) = await concurrently(judge_sets, run_then_sets)
+                for reply in (made, run, cand_sets):
+                    if reply.get("failure"):
+                        return failed(Failure(**reply["failure"]))
                 compiled = with_jit_kernels(compiled, run)
                 compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),
                                             precision=precision)
             except WorkerDied as died:
                 return failed(died.failure)
             check, output_correct = _first_wrong(compared["trials"])
-            measured: dict[str, Any] = {}
             async with ctx.device_lock(avail.device_name or backend):
                 try:
-                    for name in baselines:
-                        key = (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True))
-                        earlier = ctx.baseline_timings.get(key)
-                        if reuse_baselines and earlier and time.monotonic() - earlier[0] < BASELINE_REUSE_S:
-                            await step(f"reusing the reference's {name} timing from {time.monotonic() - earlier[0]:.0f} s ago")
-                            measured[name] = {**earlier[1], "reused_after_s": round(time.monotonic() - earlier[0], 1)}
-                            continue
-                        await step(f"timing the reference ({name})")
-                        measured[name] = await judge.call(
-                            "time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
-                            policy=policy, timeout_s=_COMPILE_TIMEOUT_S if name == "torch.compile" else None)
-                        if not measured[name].get("failure"):
-                            ctx.baseline_timings[key] = (time.monotonic(), measured[name])
-                    await step("timing the candidate")
-                    cand = await worker.call("time", stage="timing", label="candidate", policy=policy,
-                                             sets=str(scratch / "timing.pt"), revalidate=True,
-                                             outputs=str(scratch / "timed-outputs.pt"))
-                    if cand.get("failure"):
-                        return failed(Failure(**cand["failure"]))
+                    series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, scratch,
+                                                   fresh_baselines, step)
+                except _TimingFailed as timing_failed:
+                    return failed(timing_failed.failure)
+                except WorkerDied as died:
+                    return failed(died.failure)
+                cand = series["candidate"]
+                try:
                     revalidated = await judge.call("revalidate", stage="compare", outputs=cand["revalidation_file"],
                                                    precision=precision)
                     await step("profiling the candidate")
@@ -166,20 +159,18 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 if log.exists() and log.stat().st_size:
                     shutil.copy(log, artifacts / f"{role}.log")
 
-    candidate_stats = TimingStats(**cand["timing"])
-    if candidate_stats.unseen_work and candidate_stats.host_median_us:
-        # Work the device timer missed (another stream or thread): the host clock, closed after a
-        # device-wide sync, is the honest time of a call, so speedups use it.
-        candidate_stats = candidate_stats.model_copy(update={"median_us": candidate_stats.host_median_us})
+    candidate_stats = cand["stats"]
     report = ProfileReport(
         backend=backend, device_name=prof["facts"]["device_name"], collector="torch.profiler",
-        candidate=candidate_stats, baselines=tuple(_baseline(n, measured[n], candidate_stats) for n in baselines),
+        candidate=candidate_stats, baselines=tuple(_baseline(n, series[n], cand) for n in baselines),
         ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
         custom_share=custom_share([OpRow(**r) for r in prof["rows"]], prof["total_us"], prof["basis"]),
         counters=tuple(Counter(**c) for c in prof["counters"]) + tuple(counters_for(ncu_kernels)),
         counters_note=_counters_note(avail.hardware_profiler, prof["counters_note"], ncu_kernels, ncu_note),
         ncu=tuple(ncu_kernels),
-        notes=(f"timed with {candidate_stats.samples} samples after warm-up, caches flushed between calls",),
+        notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
+               f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
+               f"({candidate_stats.threads} host threads)",),
         device=device, problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
         **ProfileReport.roofline(device, candidate_stats.median_us, problem["problem_bytes"],
                                  problem["problem_flops"], problem["dtype"]))
@@ -219,13 +210,101 @@ def _first_wrong(trials: list[dict[str, Any]]) -> tuple[OutputCheck | None, bool
     return first, True
 
 
-def _baseline(name: str, reply: dict[str, Any], candidate: TimingStats) -> Baseline:
-    if reply.get("failure"):
-        f = Failure(**reply["failure"])
+def _baseline(name: str, timed: dict[str, Any], candidate: dict[str, Any]) -> Baseline:
+    if timed.get("failure"):
+        f = timed["failure"]
         return Baseline(name=name, error=f"{f.kind}: {f.message}"[:500])
-    stats = TimingStats(**reply["timing"])
-    return Baseline(name=name, timing=stats, speedup=round(stats.median_us / candidate.median_us, 4),
-                    reused_after_s=reply.get("reused_after_s"))
+    ratio, (lo, hi) = speedup_interval(timed["rounds"], candidate["rounds"])
+    if timed.get("reused_after_s") is not None:  # not interleaved with this run: widen by the eager canary's drift
+        drift = abs(timed.get("drift", 0.0))
+        lo, hi = lo * (1 - drift), hi * (1 + drift)
+    return Baseline(name=name, timing=timed["stats"], speedup=round(ratio, 4), speedup_ci=(round(lo, 4), round(hi, 4)),
+                    comparison=compare_words((lo, hi)), reused_after_s=timed.get("reused_after_s"))
+
+
+_ROUNDS = 3  # rounds per series, interleaved: drift between the processes shows in the interval
+_CANARY_TOLERANCE = 0.02  # a stored torch.compile baseline is reused only while eager still times within this
+
+
+class _TimingFailed(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def _timing_set_count(problem_bytes: int) -> int:
+    """Distinct timing input sets: as many as fit in `_TIMING_SET_BYTES`, at least 2 (fresh beside warm-up)."""
+    return max(2, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem_bytes)))
+
+
+async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, worker: WorkerProcess,
+                          baselines: tuple[str, ...], budget_s: float, scratch: Path, fresh_baselines: bool,
+                          step: Any) -> dict[str, dict[str, Any]]:
+    """Time the baselines (judge) and the candidate in `_ROUNDS` interleaved rounds.
+
+    Eager is always timed (it costs no compilation) and goes first: it is the canary that decides whether
+    a torch.compile baseline stored by an earlier profile of this reference still holds. That one is
+    reused only when it is recent, was taken with the same versions and budget, `fresh_baselines` is off,
+    and eager times now within `_CANARY_TOLERANCE` of eager then; otherwise it is timed in this run.
+    """
+    def key(name: str) -> tuple[str, ...]:
+        return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True))
+
+    stored = {n: ctx.baseline_timings.get(key(n)) for n in baselines if n != "eager"}
+    stored = {n: v for n, v in stored.items()
+              if v is not None and not fresh_baselines and time.monotonic() - v[0] < BASELINE_REUSE_S}
+    order = ["eager"] + [n for n in baselines if n != "eager" and n not in stored] + ["candidate"]
+    replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    failures: dict[str, Failure] = {}
+    policy = {"budget_s": budget_s / _ROUNDS}
+    for r in range(_ROUNDS):
+        await step(f"timing round {r + 1} of {_ROUNDS}: {', '.join(order)}")
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            if name in failures:
+                continue
+            if name == "candidate":
+                extra = {"outputs": str(scratch / "timed-outputs.pt"), "decoy_shift": 1 + secrets.randbelow(2**30)} \
+                    if r == _ROUNDS - 1 else {}
+                reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True, **extra)
+                if reply.get("failure"):
+                    raise _TimingFailed(Failure(**reply["failure"]))
+            else:
+                first_compile = name == "torch.compile" and not replies[name]
+                reply = await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
+                                         policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None)
+                if reply.get("failure"):
+                    failures[name] = Failure(**reply["failure"])
+                    continue
+            replies[name].append(reply)
+            if name == "eager" and r == 0:
+                order, stored = _check_canary(order, stored, reply)
+                replies.update({n: [] for n in order if n not in replies})
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in replies.items():
+        if name in failures:
+            out[name] = {"failure": failures[name]}
+            continue
+        stats, rounds = merge_rounds(name, rs)
+        out[name] = {"stats": stats, "rounds": rounds}
+    out["candidate"].update(revalidation_file=replies["candidate"][-1]["revalidation_file"],
+                            integrity=replies["candidate"][-1]["integrity"])
+    eager_now = out["eager"]["stats"].median_us if "stats" in out.get("eager", {}) else None
+    for name in baselines:
+        if name in stored:
+            when, earlier = stored[name]
+            out[name] = {**earlier, "reused_after_s": round(time.monotonic() - when, 1),
+                         "drift": eager_now / earlier["eager_median_us"] - 1}
+        elif name != "eager" and "stats" in out.get(name, {}) and eager_now:
+            ctx.baseline_timings[key(name)] = (time.monotonic(), {**out[name], "eager_median_us": eager_now})
+    return out
+
+
+def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Drop stored baselines whose eager canary moved; they are timed in this run instead."""
+    eager_now = TimingStats(**eager_reply["timing"]).median_us
+    keep = {n: v for n, v in stored.items() if abs(eager_now / v[1]["eager_median_us"] - 1) <= _CANARY_TOLERANCE}
+    redo = [n for n in stored if n not in keep]
+    return order[:1] + redo + order[1:], keep
 
 
 async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,

@@ -61,16 +61,17 @@ class ProfileRequest(_Request):
     result_type: ClassVar[type[BaseModel]] = ProfileResult
     reference_code: str
     baselines: tuple[Literal["eager", "torch.compile"], ...] = BASELINES
-    budget_s: float = 2.0
+    budget_s: float = 1.0
     precision: _Precision = "strict"
     hardware_counters: bool = True
     use_store: bool = False
+    fresh_baselines: bool = False
 
     async def run(self, ctx: ToolContext, progress: Progress) -> ProfileResult:
         return await profile_kernel(ctx, self.backend, self.reference_code, self.candidate_code,
                                     baselines=self.baselines, budget_s=self.budget_s, precision=self.precision,
                                     hardware_counters=self.hardware_counters, use_store=self.use_store,
-                                    progress=progress)
+                                    fresh_baselines=self.fresh_baselines, progress=progress)
 
 
 JobRequest = Annotated[Union[CompileRequest, VerifyRequest, ProfileRequest], Field(discriminator="tool")]

@@ -91,7 +91,10 @@ class Worker(JudgeOps, CandidateOps):
         self.exact: list[list[Any]] = []
         self.distributions: list[str] = []
         self.timing_sets: list[list[Any]] = []
+        self.copy_timing_inputs = True
+        self.series: dict[str, dict[str, Any]] = {}  # per timed series: replay schedule, kept outputs
         self.compiled: Any = None
+        self._reference_inputs: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------
     def _args(self, i: int, sets: list[list[Any]] | None = None) -> list[Any]:
@@ -101,6 +104,23 @@ class Worker(JudgeOps, CandidateOps):
         sets = sets or self.sets
         raw = sets[i % len(sets)]
         return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
+
+    def _inputs_module(self, reference_source: str | None) -> Any:
+        """The module whose `get_inputs()` makes the problem's inputs: the judge's own reference, or in the
+        candidate's process the reference's source loaded beside the candidate (inputs only: the expected
+        outputs stay in the judge)."""
+        if reference_source is None:
+            return self.module
+        if self._reference_inputs is None:
+            from .loader import load_user_module
+
+            outcome = load_user_module(reference_source, path=self.scratch / "reference_inputs.py",
+                                       module_name="kforge_reference_inputs", cache_dir=self.cache_dir,
+                                       backend=self.backend, precompiled_headers=False)
+            if outcome.failure is not None:
+                raise RuntimeError(f"the reference's get_inputs could not be loaded: {outcome.failure.message}")
+            self._reference_inputs = outcome.module
+        return self._reference_inputs
 
     def _failure(self, exc: BaseException, stage: str) -> dict[str, Any]:
         from .loader import python_failure
