@@ -26,9 +26,6 @@ from .verdict import integrity_checks, static_check, verify_checks
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
 
-# Failures that depend only on the code, so a stored answer stays true; crashes and timeouts may not.
-_DETERMINISTIC_FAILURES = {"syntax_error", "build_error", "interface_error"}
-
 
 async def _spec(ctx: ToolContext, tool: str, backend: str, candidate: str, reference: str | None,
                 options: dict[str, Any]) -> JobSpec:
@@ -51,10 +48,6 @@ def _compile_result(spec: JobSpec, reply: dict[str, Any] | None, failure: Failur
                          load_seconds=round(reply.get("seconds", 0.0), 3),
                          from_cache=bool(builds) and all(b.from_cache for b in builds), builds=builds,
                          diagnostics=diagnostics, failure=failure)
-
-
-def _storable(failure: Failure | None) -> bool:
-    return failure is None or failure.kind in _DETERMINISTIC_FAILURES
 
 
 async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str,
@@ -146,8 +139,8 @@ async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *,
             if worker is not None and reference_code is not None:
                 await progress(1, steps, "launching the candidate once on the reference's inputs")
                 result = await _launch_once(stack, ctx, backend, scratch, worker, result, reference_code)
-    if _storable(result.failure):
-        ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
+    # The store keeps it only if it depends on nothing but the code (`verdict.why_not_stored`).
+    ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
     await progress(steps, steps, "built" if result.ok else "build failed")
     return result
 
@@ -267,8 +260,9 @@ def _finish_verify(ctx: ToolContext, spec: JobSpec, t0: float, **fields: Any) ->
                and not any(c.hard and c.status == "fail" for c in checks))
     result = VerifyResult(spec=spec, ok=failure is None, correct=correct, seconds=round(time.perf_counter() - t0, 3),
                           **fields)
-    if _storable(failure):
-        ctx.store.put_result(spec.key, "verify_against_reference", result.model_dump(mode="json"))
+    # Kept only if it depends on nothing but the code and inputs: no timeouts, crashes, failures of the
+    # reference or failed environment checks (`verdict.why_not_stored`, applied by the store).
+    ctx.store.put_result(spec.key, "verify_against_reference", result.model_dump(mode="json"))
     if spec.reference_sha256:
         ctx.store.record_history(reference_sha256=spec.reference_sha256, backend=spec.backend,
                                  candidate_sha256=spec.candidate_sha256, tool=spec.tool, correct=correct)

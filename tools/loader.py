@@ -32,7 +32,8 @@ from .cuda_split import SplitDeclined, split_cuda_sources
 from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
-__all__ = ["LoadOutcome", "load_user_module", "python_failure", "sweep_abandoned_builds"]
+__all__ = ["DEVICE_FAULT_MESSAGES", "OUT_OF_MEMORY_MESSAGES", "LoadOutcome", "load_user_module", "python_failure",
+           "sweep_abandoned_builds"]
 
 _TAIL_LINES = 30
 # A private build directory untouched this long belongs to a killed build (builds write as they go, and a
@@ -44,10 +45,10 @@ _LEAN_HEADER_TO_BLAME = re.compile(r'namespace "(torch|at|c10|py|pybind11)[^"]*"
                                    r"'(py|pybind11|torch|at|c10)' (has not been declared|is not a namespace)|"
                                    r"is not a member of '(torch|at|c10|pybind11)")
 # Messages of allocators that ran out (CUDA's "out of memory", torch CPU's "can't allocate memory").
-_OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
+OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
-_DEVICE_FAULTS = ("illegal memory access", "misaligned address", "unspecified launch failure",
-                  "illegal instruction", "CUDA error", "device-side assert")
+DEVICE_FAULT_MESSAGES = ("illegal memory access", "misaligned address", "unspecified launch failure",
+                         "illegal instruction", "CUDA error", "device-side assert")
 
 
 @dataclass
@@ -125,9 +126,10 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
     line = _deepest_user_line(exc, user_file)
     text = str(exc)
     if kind is None:
-        kind = ("device_fault" if any(m in text for m in _DEVICE_FAULTS)
+        kind = ("device_fault" if any(m in text for m in DEVICE_FAULT_MESSAGES)
                 else "syntax_error" if isinstance(exc, SyntaxError)
-                else "out_of_memory" if isinstance(exc, MemoryError) or any(m in text.lower() for m in _OUT_OF_MEMORY)
+                else "out_of_memory" if isinstance(exc, MemoryError)
+                or any(m in text.lower() for m in OUT_OF_MEMORY_MESSAGES)
                 else "import_error" if isinstance(exc, ImportError) else "exception")
     message = f"{type(exc).__name__}: {exc}".strip()
     tb = "".join(traceback.format_exception(exc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,28 @@ _FROZEN = ConfigDict(frozen=True)
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+_STORED_AT = Field(default=None, description="When the stored answer was computed (Unix time); set with from_store.")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            n = seconds / size
+            return f"{n:.0f} {unit}{'s' if unit == 'day' and round(n) != 1 else ''}"
+    return f"{max(0.0, seconds):.0f} s"
+
+
+def store_note(stored_at: float | None, took_s: float, run_again: str) -> str:
+    """The line that says an answer came from the result store, not from a run now."""
+    if stored_at is None:
+        when = "an earlier run"
+    else:
+        when = (f"the run of {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(stored_at))} "
+                f"({_age(time.time() - stored_at)} ago)")
+    return (f"Answered from the result store, not run now: {when}, which took {took_s:.1f} s. "
+            f"Pass use_store=false to {run_again}.")
 
 
 class JobSpec(BaseModel):
@@ -148,20 +171,26 @@ class CompileResult(BaseModel):
     diagnostics: list[Diagnostic] = Field(default_factory=list, description="Errors first, then warnings.")
     failure: Failure | None = None
     from_store: bool = Field(default=False, description="True when this answer was read from the result store.")
+    stored_at: float | None = _STORED_AT
 
     def __str__(self) -> str:
         warns = sum(d.severity == "warning" for d in self.diagnostics)
+        stored = [store_note(self.stored_at, self.load_seconds, "build it again")] if self.from_store else []
         if self.ok:
-            cache = "from cache" if self.from_cache else "fresh build"
-            lines = [f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
-                     f"{warns} warning(s)."]
+            if self.from_store:  # nothing was built now: no "fresh build", no build time of this call
+                lines = [f"Built OK (stored answer, nothing built now): {len(self.builds)} extension(s), "
+                         f"{warns} warning(s)."] + stored
+            else:
+                cache = "from cache" if self.from_cache else "fresh build"
+                lines = [f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
+                         f"{warns} warning(s)."]
             lines += [f"  {k}" for b in self.builds for k in b.kernels] + [f"  {k}" for k in self.jit_kernels]
             if not self.builds and not self.jit_kernels:
                 lines.append("  No load_inline builds. Kernels compiled at first launch (Triton) are reported when the "
                              "candidate runs: pass problem= or reference_code= to launch it once here.")
             lines.append("Next: verify_against_reference.")
             return "\n".join(lines)
-        lines = [f"Compile failed: {self.failure}"]
+        lines = [f"Compile failed: {self.failure}"] + stored
         lines += [f"  {d}" for d in self.diagnostics if d.severity == "error"][:5]
         return "\n".join(lines)
 
@@ -272,17 +301,19 @@ class VerifyResult(BaseModel):
     failure: Failure | None = None
     warnings: list[str] = Field(default_factory=list)
     seconds: float = 0.0
-    from_store: bool = False
+    from_store: bool = Field(default=False, description="True when this answer was read from the result store.")
+    stored_at: float | None = _STORED_AT
 
     def __str__(self) -> str:
+        stored = [store_note(self.stored_at, self.seconds, "verify it again")] if self.from_store else []
         if self.failure is not None:
-            lines = [f"Not verified: {self.failure}"]
+            lines = [f"Not verified: {self.failure}"] + stored
             lines += [f"  {c}" for c in self.checks if c.status == "fail"]
             return "\n".join(lines)
         passed = sum(t.correct for t in self.trials)
         head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed "
-                f"({self.seconds:.1f} s).")
-        lines = [head]
+                f"({'stored answer' if self.from_store else f'{self.seconds:.1f} s'}).")
+        lines = [head] + stored
         lines += [f"  {c}" for c in self.checks if c.status in ("fail", "warn")]
         for t in self.trials:
             if t.correct:
@@ -321,13 +352,15 @@ class ProfileResult(BaseModel):
     failure: Failure | None = None
     warnings: list[str] = Field(default_factory=list)
     seconds: float = 0.0
-    from_store: bool = False
+    from_store: bool = Field(default=False, description="True when this answer was read from the result store.")
+    stored_at: float | None = _STORED_AT
 
     def __str__(self) -> str:
+        stored = [store_note(self.stored_at, self.seconds, "profile it again")] if self.from_store else []
         if self.failure is not None or self.report is None:
-            return f"Not profiled: {self.failure}"
+            return "\n".join([f"Not profiled: {self.failure}"] + stored)
         r = self.report
-        lines = [f"Profile {self.profile_id} on {r.device_name}:", f"  {r.candidate}"]
+        lines = [f"Profile {self.profile_id} on {r.device_name}:"] + stored + [f"  {r.candidate}"]
         for b in r.baselines:
             if b.timing is not None:
                 reused = f" (timed {b.reused_after_s:.0f} s ago, reused)" if b.reused_after_s is not None else ""

@@ -9,6 +9,10 @@ Layout under the data directory (``KFORGE_HOME``)::
     cache/                       build caches (C++ extensions, inductor, triton)
     jobs/                        scratch directories of running jobs (removed when a job ends)
 
+Only answers that depend on nothing but the code and the inputs are kept and served again
+(`kforge.tools.verdict.why_not_stored`: no timeouts, crashes, failures of the reference or failed
+environment checks); a served answer carries `stored_at`, when it was stored.
+
 One short-lived connection per operation keeps the store safe to use from worker threads and
 from several server processes; WAL mode lets readers proceed while one writer commits.
 """
@@ -22,6 +26,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+
+from .verdict import why_not_stored
 
 __all__ = ["ACTIVE_JOB_STATUSES", "ResultStore"]
 
@@ -66,14 +72,29 @@ class ResultStore:
 
     # -- results ---------------------------------------------------------------------------------
     def get_result(self, key: str) -> dict[str, Any] | None:
-        with closing(self._connect()) as db:
-            row = db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        """The stored answer for `key`, with `stored_at` (Unix time); None when there is none to serve.
 
-    def put_result(self, key: str, tool: str, result: dict[str, Any]) -> None:
+        An answer the rule would not keep (stored before it, or by an older rule) is dropped, not served.
+        """
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT result, created_at FROM results WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        result = json.loads(row[0])
+        if why_not_stored(result) is not None:
+            with closing(self._connect()) as db, db:
+                db.execute("DELETE FROM results WHERE key = ? AND created_at = ?", (key, row[1]))
+            return None
+        return {**result, "stored_at": row[1]}
+
+    def put_result(self, key: str, tool: str, result: dict[str, Any]) -> bool:
+        """Keep `result` as the answer for `key` if it depends only on the code and inputs; True when kept."""
+        if why_not_stored(result) is not None:
+            return False
         with closing(self._connect()) as db, db:
             db.execute("INSERT OR REPLACE INTO results (key, tool, created_at, result) VALUES (?, ?, ?, ?)",
-                       (key, tool, time.time(), json.dumps(result)))
+                       (key, tool, time.time(), json.dumps({k: v for k, v in result.items() if k != "stored_at"})))
+        return True
 
     # -- history of candidates per problem -------------------------------------------------------
     def record_history(self, *, reference_sha256: str, backend: str, candidate_sha256: str, tool: str,
@@ -112,10 +133,20 @@ class ResultStore:
         return json.loads(row[0]) if row else None
 
     def latest_profile_for(self, key: str) -> dict[str, Any] | None:
+        """The newest profile for `key` that may answer the request again (`why_not_stored`), with `stored_at`.
+
+        Every profile is kept under its id (its resource and summarize_profile read it); one whose
+        verdict the environment decided (a failed background-work or timing check) is never served for a
+        repeated request.
+        """
         with closing(self._connect()) as db:
-            row = db.execute("SELECT result FROM profiles WHERE key = ? ORDER BY created_at DESC LIMIT 1",
-                             (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+            rows = db.execute("SELECT result, created_at FROM profiles WHERE key = ? ORDER BY created_at DESC LIMIT 50",
+                              (key,)).fetchall()
+        for text, created_at in rows:
+            result = json.loads(text)
+            if why_not_stored(result) is None:
+                return {**result, "stored_at": created_at}
+        return None
 
     def list_profiles(self, limit: int = 50) -> list[dict[str, Any]]:
         with closing(self._connect()) as db:

@@ -7,12 +7,66 @@ on which a trivial output would pass).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from .loader import DEVICE_FAULT_MESSAGES, OUT_OF_MEMORY_MESSAGES
 from .models import Check, TrialReport
 from .static_scan import Finding
 
-__all__ = ["background_check", "integrity_checks", "static_check", "timing_checks", "verify_checks"]
+__all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
+           "timing_checks", "verify_checks", "why_not_stored"]
+
+# -- what the result store may keep ------------------------------------------------------------------
+# The store answers a repeated request (same code, inputs, options and versions) with the stored result,
+# so it keeps only answers that depend on nothing but the code and the inputs: a correct verdict, a wrong
+# output, a build, syntax or interface error, a check that the candidate's own code failed. What another
+# run on a quieter or healthier machine can change is an answer about that run, never the candidate's
+# verdict: timeouts, crashes (the out-of-memory killer's SIGKILL among them), early exits, device faults,
+# running out of memory, failures of the reference, a compiler the machine stopped, and failed checks
+# that the environment can fail (background work, timing). KForge's own errors raise and store nothing.
+# `why_not_stored` is the rule; the store applies it to every result it writes and every one it serves.
+
+#: Failure kinds that depend only on the candidate's code.
+STORABLE_FAILURES = frozenset({"syntax_error", "build_error", "interface_error"})
+#: Checks whose failure depends only on the code and the inputs. Any other failed check (no_background_work,
+#: fresh_inputs, plausible_speed, visible_work, or a check added later and not listed here) keeps a result
+#: out of the store.
+CODE_CHECKS = frozenset({"static_scan", "harness_intact", "global_state", "outputs_match", "input_distributions",
+                         "output_contract", "inputs_unmodified", "deterministic", "null_calibration", "custom_work",
+                         "timed_outputs"})
+# A build the machine stopped: the compiler killed (out of memory, a signal), a full disk, a quota.
+_MACHINE_STOPPED_BUILD = re.compile(r"Killed signal terminated program|died due to signal|No space left on device|"
+                                    r"Disk quota exceeded|virtual memory exhausted|cannot allocate memory|"
+                                    r"out of memory|Resource temporarily unavailable", re.IGNORECASE)
+
+
+def why_not_stored(result: dict[str, Any]) -> str | None:
+    """Why the store must not keep (or serve) this tool result, or None when it depends only on code and inputs.
+
+    `result`: a CompileResult, VerifyResult or ProfileResult as JSON (`model_dump(mode="json")`).
+    """
+    for part in (result, result.get("compile") or {}):
+        failure = part.get("failure")
+        if not failure:
+            continue
+        kind = failure.get("kind")
+        if failure.get("stage") == "reference":
+            return f"the reference failed ({kind}), not the candidate"
+        if kind not in STORABLE_FAILURES:
+            return f"a {kind} says how this run went, not what the code does"
+        said = " ".join([str(failure.get("message") or ""), str(failure.get("output_tail") or "")]
+                        + [str(d.get("message") or "") for d in failure.get("diagnostics") or []])
+        if kind == "build_error" and (hit := _MACHINE_STOPPED_BUILD.search(said)):
+            return f"the machine stopped the compiler ({hit.group(0)})"
+    for check in result.get("checks") or []:
+        if check.get("status") == "fail" and check.get("name") not in CODE_CHECKS:
+            return f"the {check.get('name')} check failed, and the environment can fail it"
+    for trial in result.get("trials") or []:
+        error = str(trial.get("error") or "")
+        if any(m in error.lower() for m in OUT_OF_MEMORY_MESSAGES) or any(m in error for m in DEVICE_FAULT_MESSAGES):
+            return f"trial {trial.get('trial')} ran out of memory or hit a device fault"
+    return None
 
 
 def static_check(findings: list[Finding]) -> Check:
