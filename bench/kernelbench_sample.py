@@ -1,0 +1,728 @@
+"""KForge on real KernelBench problems: its verdicts, timings and wall time against do_bench, ncu and KernelBench.
+
+The instrument of issue 16. For each problem of a sample of KernelBench level-1/2 problems at their published
+sizes, in one run, with the reference itself as the candidate (`class Model` renamed `ModelNew`):
+
+  a. KForge through a real MCP client (`kforge serve` over stdio): verify_against_reference and profile_kernel
+     (hardware_counters off), their wall times, the verdict, KForge's candidate median/IQR, its eager and
+     torch.compile baselines and the self-speedup (1.00 expected) with whatever confidence fields it carries;
+  b. `triton.testing.do_bench` (median, L2 flushed) of the reference's eager forward, in a helper process of
+     this script (fp32, TF32 off, no_grad; inputs from torch.manual_seed(SEED) and get_inputs());
+  c. Nsight Compute's gpu__time_duration.sum over the kernels of one forward (after warm-up), --cache-control
+     all, --clock-control none (clocks as they run, like do_bench); also base (ncu's default) on the repeat problems;
+  d. KernelBench's own eval_kernel_against_ref (5 correctness, 100 perf trials) timed by wall clock;
+  e. for a few problems, the same candidate profiled in N separate calls: the spread of the medians.
+
+Results (JSON with everything, and a Markdown table) go to $OUT if set, else bench/out/, rewritten after each
+problem. One GPU command may run 10 minutes: --budget-s stops starting problems, --resume continues a sample
+from the state file in bench/out/. --smoke runs 3 shrunken problems on the CPU backend (no do_bench, ncu,
+KernelBench harness). On a GPU host use bench/run_kernelbench_sample.sh (after bench/prepare_kernelbench.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SEED = 0  # seed of the helper's model and inputs (KForge draws its own secret ones)
+
+DEFAULT_PROBLEMS = [
+    "level1/19_ReLU", "level1/26_GELU_",                                           # elementwise
+    "level1/47_Sum_reduction_over_a_dimension", "level1/51_Argmax_over_a_dimension",  # reductions
+    "level1/36_RMSNorm_", "level1/40_LayerNorm", "level1/33_BatchNorm",              # norms
+    "level1/23_Softmax", "level1/24_LogSoftmax",                                     # softmax
+    "level1/1_Square_matrix_multiplication_", "level1/2_Standard_matrix_multiplication_",
+    "level1/3_Batched_matrix_multiplication", "level1/4_Matrix_vector_multiplication_",  # matmul
+    "level1/63_conv_standard_2D__square_input__square_kernel",
+    "level1/57_conv_transposed_2D__square_input__square_kernel",                     # conv
+    "level1/42_Max_Pooling_2D",                                                      # pooling
+    "level2/76_Gemm_Add_ReLU", "level2/12_Gemm_Multiply_LeakyReLU", "level2/80_Gemm_Max_Subtract_GELU",
+    "level2/17_Conv2d_InstanceNorm_Divide", "level2/52_Conv2d_Activation_BatchNorm",  # fused level 2
+]
+# Memory-bound, compute-bound and fused: the run-to-run spread of KForge's median on each kind.
+DEFAULT_REPEAT_ON = ["level1/19_ReLU", "level1/1_Square_matrix_multiplication_", "level2/76_Gemm_Add_ReLU"]
+# --smoke: module-level size constants rewritten in the source text, so a 2-core CPU runs them in seconds.
+SMOKE = {
+    "level1/19_ReLU": {"batch_size": "16", "dim": "1024"},
+    "level1/23_Softmax": {"batch_size": "16", "dim": "1024"},
+    "level2/76_Gemm_Add_ReLU": {"batch_size": "32", "in_features": "64", "out_features": "64"},
+}
+# Modules KernelBench's package imports at load time for its LLM clients, not for eval: stubbed where missing.
+KB_OPTIONAL = ["dotenv", "tqdm", "openai", "litellm", "requests"]
+SERVER_ENV_KEYS = ["PATH", "HOME", "LANG", "PYTHONPATH", "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
+                   "LD_LIBRARY_PATH", "TMPDIR"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- problems
+
+def problem_file(kb: Path, name: str) -> Path:
+    """`level1/19_ReLU` (or `level1/19`) -> its file in the checkout."""
+    level, _, stem = name.removesuffix(".py").partition("/")
+    path = kb / "KernelBench" / level / f"{stem}.py"
+    if not path.exists() and stem.isdigit():
+        path = next(iter(sorted((kb / "KernelBench" / level).glob(f"{stem}_*.py"))), path)
+    if not path.exists():
+        raise FileNotFoundError(f"no KernelBench problem {name!r} under {kb / 'KernelBench'}")
+    return path
+
+
+def canonical(kb: Path, name: str) -> str:
+    """`level1/19` -> `level1/19_ReLU`; an unknown name stays as given (its row will say why)."""
+    try:
+        path = problem_file(kb, name)
+    except FileNotFoundError:
+        return name.removesuffix(".py")
+    return f"{path.parent.name}/{path.stem}"
+
+
+def load_source(kb: Path, name: str, sizes: dict[str, str] | None) -> str:
+    src = problem_file(kb, name).read_text()
+    for key, value in (sizes or {}).items():
+        src, n = re.subn(rf"^{key}\s*=.*$", f"{key} = {value}", src, flags=re.M)
+        if n == 0:
+            raise ValueError(f"{name}: no module-level `{key} = ...` to resize")
+    return src
+
+
+def as_candidate(ref: str) -> str:
+    """The reference as a KernelBench candidate: `Model` (class and every use, e.g. super(Model, ...)) -> ModelNew."""
+    return re.sub(r"\bModel\b", "ModelNew", ref)
+
+
+def _tensor_bytes(obj) -> int:
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    return 0
+
+
+def footprint(src: str) -> dict:
+    """Bytes of inputs, outputs and parameters, from shapes alone (the meta device allocates nothing)."""
+    import torch
+    ns: dict = {}
+    exec(compile(src, "<reference>", "exec"), ns)
+    with torch.device("meta"), torch.no_grad():
+        model = ns["Model"](*ns["get_init_inputs"]())
+        inputs = ns["get_inputs"]()
+        fp = {"inputs_bytes": _tensor_bytes(inputs), "params_bytes": _tensor_bytes(list(model.state_dict().values()))}
+        try:
+            fp["outputs_bytes"] = _tensor_bytes(model(*inputs))
+        except Exception as exc:  # noqa: BLE001 - an op without a meta kernel: count the inputs only
+            fp["outputs_bytes"], fp["note"] = 0, f"outputs not counted (meta forward failed: {exc!r:.200})"
+    fp["bytes"] = fp["inputs_bytes"] + fp["outputs_bytes"]
+    return fp
+
+
+# ---------------------------------------------------------------- helper processes (torch only, no kforge)
+
+def _build(src: str, device: str):
+    import torch
+    ns: dict = {}
+    exec(compile(src, "<reference>", "exec"), ns)
+    torch.manual_seed(SEED)
+    model = ns["Model"](*ns["get_init_inputs"]()).to(device)
+    torch.manual_seed(SEED)
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+    return model, inputs
+
+
+def import_kernelbench(kb_src: str):
+    """KernelBench's eval from the checkout; its package imports LLM clients at load time: stub the missing ones."""
+    import importlib.util
+    import types
+
+    class Stub(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return Stub(f"{self.__name__}.{name}")
+
+        def __call__(self, *args, **kwargs):
+            return None
+
+    stubbed = [m for m in KB_OPTIONAL if importlib.util.find_spec(m) is None]
+    for m in stubbed:
+        sys.modules[m] = Stub(m)
+    sys.path.insert(0, kb_src)
+    from kernelbench.eval import eval_kernel_against_ref  # noqa: PLC0415
+    return eval_kernel_against_ref, stubbed
+
+
+def helper_local(spec: dict) -> dict:
+    """do_bench, then KernelBench's harness, in this fresh process (`dry`, on CPU: load everything, time nothing).
+
+    The result file is rewritten after each step, so a step killed at the deadline leaves the others' numbers.
+    KernelBench runs second, with CUDA and its libraries already warm: the field's harness at its fastest.
+    """
+    import gc
+
+    import torch
+    out: dict = {"seed": SEED}
+    put = lambda: Path(spec["out"]).write_text(json.dumps(out, default=str))  # noqa: E731
+    t = time.perf_counter()
+    try:
+        eval_fn, out["kb_stubbed_modules"] = import_kernelbench(spec["kb_src"])
+        out["kb_import_s"] = round(time.perf_counter() - t, 2)
+    except Exception as exc:  # noqa: BLE001
+        eval_fn, out["kb_error"] = None, f"import kernelbench.eval failed: {exc!r}"[:800]
+    if spec["dry"]:
+        model, inputs = _build(spec["src"], "cpu")
+        with torch.no_grad():
+            model(*inputs)
+        out["dry"] = "built the model and ran one CPU forward; do_bench and the KernelBench harness need a GPU"
+        return out
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        import triton.testing
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        model, inputs = _build(spec["src"], "cuda")
+        with torch.no_grad():
+            ms = triton.testing.do_bench(lambda: model(*inputs), return_mode="median")
+        out["do_bench_median_us"] = round(ms * 1e3, 3)
+        del model, inputs
+    except Exception as exc:  # noqa: BLE001
+        out["do_bench_error"] = f"{exc!r}"[:800]
+    # KernelBench as the field runs it: torch's default precision flags (cuDNN may use TF32 in convolutions).
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    gc.collect()
+    torch.cuda.empty_cache()
+    put()
+    if eval_fn is not None:
+        t = time.perf_counter()
+        try:
+            res = eval_fn(spec["src"], as_candidate(spec["src"]), num_correct_trials=5, num_perf_trials=100,
+                          measure_performance=True, backend="cuda")
+            out["kb_harness_s"] = round(time.perf_counter() - t, 3)
+            if res is None:
+                out["kb_error"] = "eval_kernel_against_ref returned None (a build lock error; retry)"
+            else:
+                r = json.loads(json.dumps(res.model_dump(), default=str))
+                out["kb"] = {k: r.get(k) for k in ("compiled", "correctness", "runtime", "runtime_stats",
+                                                   "ref_runtime", "ref_runtime_stats", "metadata")}
+        except Exception as exc:  # noqa: BLE001
+            out["kb_harness_s"], out["kb_error"] = round(time.perf_counter() - t, 3), f"{exc!r}"[:800]
+    return out
+
+
+def helper_ncu_target(spec: dict) -> None:
+    """Warm up, then exactly one forward between cudaProfilerStart/Stop (ncu runs with --profile-from-start off)."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, inputs = _build(spec["src"], "cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            model(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        model(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+def helper_env() -> dict:
+    import platform
+
+    import torch
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception as exc:  # noqa: BLE001
+        env["triton"] = f"unavailable: {exc!r}"[:200]
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(device=p.name, memory_bytes=p.total_memory, capability=f"{p.major}.{p.minor}")
+        smi = run_cmd(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm", "--format=csv,noheader"], 30)
+        env["driver"] = smi["out"].strip().splitlines()[0] if smi["rc"] == 0 and smi["out"].strip() else smi["out"][-200:]
+    else:
+        env.update(device=f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+                   memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if shutil.which("ncu"):
+        env["ncu"] = (run_cmd(["ncu", "--version"], 60)["out"].strip().splitlines() or ["?"])[-1]
+    return env
+
+
+def run_cmd(cmd: list[str], timeout: float, **kw) -> dict:
+    """Run in its own session; on timeout kill the whole group (ncu and its target, say). Never raises."""
+    t = time.perf_counter()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, **kw)
+    except OSError as exc:
+        return {"rc": None, "out": repr(exc), "s": 0.0}
+    try:
+        out, _ = proc.communicate(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
+        return {"rc": None, "out": (out or "") + f"\n[killed after {timeout:.0f} s]", "s": time.perf_counter() - t}
+    return {"rc": proc.returncode, "out": out or "", "s": round(time.perf_counter() - t, 2)}
+
+
+def run_helper(mode: str, spec: dict, timeout: float) -> dict:
+    """This script in a fresh process (its GPU memory is freed on exit, its time limit enforced)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps({**spec, "out": str(out_path)}))
+        res = run_cmd([sys.executable, str(Path(__file__).resolve()), f"--_{mode}", str(spec_path)], timeout)
+        got = json.loads(out_path.read_text()) if out_path.exists() else {}
+        if res["rc"] != 0:  # killed or crashed: keep what it wrote before, and say why it stopped
+            got["error"] = f"helper {mode} rc={res['rc']}: {res['out'][-1500:]}"
+        return {**got, "process_s": res["s"]}
+
+
+# ---------------------------------------------------------------- Nsight Compute
+
+_UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6,
+            "": 1e-3}  # --print-units base: nanoseconds
+
+
+def parse_ncu_csv(text: str) -> dict:
+    """The sum of gpu__time_duration.sum over the launches in `ncu --import R --csv` output (raw or details page)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = [r for r in csv.reader(io.StringIO("\n".join(lines[start:]))) if r]
+    header = rows[0]
+    name_col = header.index("Kernel Name") if "Kernel Name" in header else None
+    if "gpu__time_duration.sum" in header:  # raw page: a column per metric, a row of units, a row per launch
+        col = header.index("gpu__time_duration.sum")
+        unit = rows[1][col] if len(rows) > 1 and rows[1][0] == "" else "nsecond"
+        launches = [(r, r[col], unit) for r in rows[1:] if r[0] != "" and len(r) > col]
+    else:  # details page: a row per (launch, metric)
+        mn, mu, mv = (header.index(c) for c in ("Metric Name", "Metric Unit", "Metric Value"))
+        launches = [(r, r[mv], r[mu]) for r in rows[1:] if r[mn] in ("gpu__time_duration.sum", "Duration")]
+    if not launches:
+        raise ValueError("no gpu__time_duration.sum values")
+    us = [float(v.replace(",", "")) * _UNIT_US[u.strip()] for _, v, u in launches]
+    return {"sum_us": round(sum(us), 3), "launches": len(us), "unit": launches[0][2],
+            "kernels": [r[name_col][:80] for r, _, _ in launches[:8]] if name_col is not None else []}
+
+
+def ncu_forward(src: str, clock: str, timeout: float) -> dict:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return {"error": "ncu not on PATH"}
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "spec.json"
+        spec.write_text(json.dumps({"src": src}))
+        rep = Path(tmp) / "fwd"
+        res = run_cmd([ncu, "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum", "--cache-control", "all",
+                       "--clock-control", clock, "-o", str(rep), "--force-overwrite", sys.executable,
+                       str(Path(__file__).resolve()), "--_ncu_target", str(spec)], timeout)
+        if not Path(f"{rep}.ncu-rep").exists():
+            return {"error": f"ncu rc={res['rc']}: {res['out'][-1200:]}", "clock_control": clock}
+        for page in ("raw", "details"):
+            csv_out = run_cmd([ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", page, "--print-units", "base"], 120)
+            try:
+                parsed = parse_ncu_csv(csv_out["out"])
+                break
+            except (StopIteration, ValueError, IndexError, KeyError) as exc:
+                parsed = {"error": f"could not read ncu's CSV ({exc!r}): {csv_out['out'][-800:]}"}
+    return {**parsed, "clock_control": clock, "wall_s": round(time.perf_counter() - t, 1)}
+
+
+# ---------------------------------------------------------------- KForge over MCP
+
+class Timeout(Exception):
+    pass
+
+
+async def call_kforge(client, tool: str, args: dict, deadline: float, job: dict) -> tuple[dict, float]:
+    """One tool call as a client sees it: retry while busy, follow a job handle with get_job, cancel at the deadline."""
+    import anyio
+    t0 = time.monotonic()
+
+    def wait_s() -> float:  # leave time to cancel the job before the deadline
+        left = deadline - time.monotonic() - 10
+        if left <= 0:
+            raise Timeout(f"{tool}: deadline reached")
+        return min(60.0, left)
+
+    while True:
+        res = await client.call_tool(tool, {**args, "wait_s": wait_s()})
+        sc = res.structured_content or {}
+        if res.is_error:
+            raise RuntimeError(f"{tool}: {res.content[0].text if res.content else 'error'}"[:1500])
+        if sc.get("status") != "busy":
+            break
+        await anyio.sleep(min(sc.get("retry_after_s") or 2.0, 10.0))
+    while sc.get("status") in ("queued", "running"):
+        job["id"] = sc["job_id"]
+        res = await client.call_tool("get_job", {"job_id": sc["job_id"], "wait_s": wait_s()})
+        sc = res.structured_content or {}
+        if res.is_error:
+            raise RuntimeError(f"{tool} (get_job): {res.content[0].text if res.content else 'error'}"[:1500])
+    job["id"] = None
+    return sc, round(time.monotonic() - t0, 2)
+
+
+def _speedup_fields(b: dict) -> dict:
+    """A baseline's speedup and every other field beside it (confidence intervals included, whatever their names)."""
+    return {k: v for k, v in b.items() if k not in ("name", "timing")}
+
+
+def summarize_profile(sc: dict) -> dict:
+    rep = sc.get("report") or {}
+    cand = rep.get("candidate") or {}
+    base = {b.get("name"): b for b in rep.get("baselines") or []}
+    out = {"ok": sc.get("ok"), "output_correct": sc.get("output_correct"), "speedup_trusted": sc.get("speedup_trusted"),
+           "candidate": cand, "warnings": sc.get("warnings"), "seconds": sc.get("seconds"),
+           "failure": sc.get("failure"),
+           "checks_not_pass": [c for c in sc.get("checks") or [] if c.get("status") != "pass"]}
+    for name, b in base.items():
+        out[name] = {"median_us": (b.get("timing") or {}).get("median_us"), "timing": b.get("timing"),
+                     **_speedup_fields(b)}
+    # Top-level fields the lead may add (speedup_ci, ...), whatever they are called.
+    out["extra"] = {k: v for k, v in sc.items() if k not in {"spec", "report", "checks", "kernel_resources", "artifacts",
+                                                            "output_check", "profile_id", *out}}
+    return out
+
+
+def summarize_verify(sc: dict) -> dict:
+    return {"ok": sc.get("ok"), "correct": sc.get("correct"), "seconds": sc.get("seconds"),
+            "trials": [t.get("correct") for t in sc.get("trials") or []], "warnings": sc.get("warnings"),
+            "failure": sc.get("failure"), "from_store": sc.get("from_store"),
+            "checks_not_pass": [c for c in sc.get("checks") or [] if c.get("status") != "pass"]}
+
+
+# ---------------------------------------------------------------- one problem
+
+async def measure(client, args, name: str, row: dict, deadline: float, job: dict, save) -> None:
+    import anyio
+    src = load_source(args.kernelbench, name, SMOKE.get(name) if args.smoke else None)
+    fp = footprint(src)
+    row["footprint"] = {**fp, "gb": round(fp["bytes"] / 1e9, 3)}
+    limit = args.max_footprint_frac * args.env["memory_bytes"]
+    if fp["bytes"] > limit:
+        row["skipped"] = f"skipped: footprint {fp['bytes'] / 1e9:.1f} GB > {args.max_footprint_frac} x " \
+                         f"{args.env['memory_bytes'] / 1e9:.1f} GB"
+        return
+    cand = as_candidate(src)
+    common = {"backend": args.backend, "reference_code": src, "candidate_code": cand}
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    log(f"{name}: verify ({row['footprint']['gb']} GB)")
+    sc, row["verify_s"] = await call_kforge(client, "verify_against_reference", {**common, "use_store": False}, deadline, job)
+    row["verify"] = summarize_verify(sc)
+    save()
+    log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}; profile")
+    prof = {**common, "hardware_counters": False, "use_store": False}
+    sc, row["profile_s"] = await call_kforge(client, "profile_kernel", prof, deadline, job)
+    row["profile"] = summarize_profile(sc)
+    save()
+    log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
+    if args.repeat_profiles > 1 and name in args.repeat_on:
+        medians = [row["profile"]["candidate"].get("median_us")]
+        for _ in range(args.repeat_profiles - 1):
+            sc, _s = await call_kforge(client, "profile_kernel", prof, deadline, job)
+            medians.append(((sc.get("report") or {}).get("candidate") or {}).get("median_us"))
+        got = [m for m in medians if m]
+        row["repeat"] = {"medians_us": medians, "spread_pct": round(100 * (max(got) - min(got)) / statistics.median(got), 2)
+                         if len(got) > 1 else None}
+        save()
+        log(f"{name}: {len(medians)} profiles, spread {row['repeat']['spread_pct']} %")
+    if args.smoke:
+        reason = "--smoke: no GPU here"
+        row["local"] = await anyio.to_thread.run_sync(
+            run_helper, "local", {"src": src, "kb_src": str(args.kernelbench / "src"), "dry": True}, left())
+        row["local"].update(do_bench_error=reason, kb_error=row["local"].get("kb_error") or reason)
+        row["ncu"] = {c: {"error": reason} for c in args.ncu_clocks}
+        return
+    log(f"{name}: KernelBench harness and do_bench")
+    row["local"] = await anyio.to_thread.run_sync(
+        run_helper, "local", {"src": src, "kb_src": str(args.kernelbench / "src"), "dry": False}, left())
+    save()
+    row["ncu"] = {}
+    # Base clocks (ncu's default) beside free-running ones on the repeat problems only: each ncu pass is a fresh
+    # process, its inputs and the replay, 10-20 s on large problems.
+    for clock in dict.fromkeys(args.ncu_clocks + (["base"] if name in args.repeat_on else [])):
+        log(f"{name}: ncu --clock-control {clock}")
+        row["ncu"][clock] = await anyio.to_thread.run_sync(ncu_forward, src, clock, left())
+        save()
+
+
+# ---------------------------------------------------------------- results
+
+def fmt(x, nd=1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def ci_text(b: dict) -> str:
+    """The confidence interval of a speedup, from whichever field(s) carry it: [lo, hi], {lo, hi} or two scalars."""
+    found: list[float] = []
+    for key, v in b.items():
+        if "ci" in key.lower().split("_") or "interval" in key.lower():
+            vals = list(v.values()) if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
+            found += [x for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return f" [{min(found):.3f}, {max(found):.3f}]" if len(found) == 2 else ""
+
+
+COLS = ["problem", "footprint GB", "KForge median us (IQR)", "KForge eager us", "KForge compile us", "do_bench us",
+        "KF/do_bench",
+        "ncu us (none / base)", "KF/ncu(none)", "self-speedup vs eager (CI)", "verify s", "profile s", "KB harness s",
+        "(v+p)/KB", "verdict", "note"]
+
+
+def table_row(r: dict) -> list[str]:
+    p, loc, ncu = r.get("profile") or {}, r.get("local") or {}, r.get("ncu") or {}
+    c, eager = p.get("candidate") or {}, p.get("eager") or {}
+    med, db = c.get("median_us"), loc.get("do_bench_median_us")
+    n_none, n_base = (ncu.get("none") or {}).get("sum_us"), (ncu.get("base") or {}).get("sum_us")
+    kb = loc.get("kb_harness_s") if not loc.get("kb_error") else None
+    vp = (r.get("verify_s") or 0) + (r.get("profile_s") or 0) if r.get("profile_s") else None
+    iqr = f" ({fmt(c.get('q1_us'))}-{fmt(c.get('q3_us'))})" if med else ""
+    verdict = "-" if not r.get("verify") else ("correct" if r["verify"].get("correct") else "WRONG")
+    if p:
+        verdict += f", trusted={p.get('speedup_trusted')}"
+    note = r.get("skipped") or r.get("error") or loc.get("error") or loc.get("kb_error") or loc.get("do_bench_error") or \
+        (ncu.get("none") or {}).get("error") or ""
+    speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
+    return [r["problem"], fmt((r.get("footprint") or {}).get("gb"), 2), f"{fmt(med)}{iqr}", fmt(eager.get("median_us")),
+            fmt((p.get("torch.compile") or {}).get("median_us")), fmt(db), fmt(ratio(med, db), 3),
+            f"{fmt(n_none)} / {fmt(n_base)}", fmt(ratio(med, n_none), 3), speedup, fmt(r.get("verify_s")),
+            fmt(r.get("profile_s")), fmt(kb, 2), fmt(ratio(vp, kb), 2), verdict,
+            str(note).replace("|", "/").replace("\n", " ")[:160]]
+
+
+def markdown(res: dict) -> str:
+    env = res["env"]
+    lines = [f"# KernelBench sample on {env.get('device')} ({res['mode']}, backend {res['backend']}), {res['date']}", "",
+             "versions: " + ", ".join(f"{k} {env.get(k)}" for k in ("python", "torch", "triton", "cuda", "cudnn",
+                                                                       "driver", "ncu") if env.get(k)),
+             f"KernelBench {res['kernelbench']['revision']}; seed {SEED}; started {res['started']}", "",
+             "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    lines += ["| " + " | ".join(table_row(r)) + " |" for r in res["rows"]]
+    reps = [r for r in res["rows"] if r.get("repeat")]
+    if reps:
+        lines += ["", "| problem | medians of separate profile calls (us) | spread (max-min)/median % |", "|---|---|---|"]
+        lines += [f"| {r['problem']} | {', '.join(fmt(m) for m in r['repeat']['medians_us'])} | "
+                  f"{fmt(r['repeat']['spread_pct'], 2)} |" for r in reps]
+    if res.get("not_started"):
+        lines += ["", f"Not started (budget): {', '.join(res['not_started'])}"]
+    lines += [""] + [f"- {n}" for n in res["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+NOTES = [
+    "Candidate = the reference with Model renamed ModelNew; KForge verify (5 trials) and profile (hardware_counters "
+    "false, use_store false) through the MCP SDK client over stdio; verify s / profile s: wall time of the call as a "
+    "client sees it (job handles followed with get_job).",
+    "KF/do_bench and KF/ncu: KForge's candidate median over do_bench's median (triton.testing.do_bench, "
+    "return_mode='median', L2 flushed, fp32, TF32 off, no_grad, train mode as KernelBench) and over ncu's "
+    "gpu__time_duration.sum summed over the kernels of one forward (--cache-control all). ncu 'base' locks clocks to "
+    "base (ncu's default); 'none' leaves them as they run, like do_bench.",
+    "KB harness s: wall time of eval_kernel_against_ref(5 correctness, 100 perf trials, its default excessive-speedup "
+    "check that also times the reference) in a process where torch and kernelbench are already imported (CUDA "
+    "initialised, do_bench run before it); its own import and process times are in the JSON (local.kb_import_s, "
+    "local.process_s). It runs with torch's default precision flags (cuDNN TF32 allowed), as the field runs it.",
+    "(v+p)/KB: (verify s + profile s) / KB harness s; the issue asks for <= 1. Footprint: inputs + outputs from "
+    "shapes on the meta device.",
+]
+
+
+def write(res: dict, out: Path, state: Path) -> None:
+    text = json.dumps(res, indent=1, default=str)
+    for path in {out / f"{res['stem']}.json", state}:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (out / f"{res['stem']}.md").write_text(markdown(res))
+
+
+# ---------------------------------------------------------------- main
+
+async def run(args) -> dict:
+    import anyio
+    from contextlib import AsyncExitStack
+
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    t_start = args.t0  # the budget counts from the script's start
+    hard_stop = t_start + args.budget_s + args.overrun_s
+    out, state = args.out, args.state
+    res = {"stem": f"kernelbench-sample{'-smoke' if args.smoke else ''}", "mode": "smoke" if args.smoke else "gpu",
+           "backend": args.backend, "date": time.strftime("%Y-%m-%d"), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "argv": sys.argv[1:], "env": args.env, "notes": NOTES, "rows": [], "runs": [],
+           "kernelbench": {"path": str(args.kernelbench), "revision": (args.kernelbench / "REVISION").read_text().strip()
+                           if (args.kernelbench / "REVISION").exists() else None}}
+    if args.resume and state.exists():
+        old = json.loads(state.read_text())
+        if old.get("env", {}).get("device") == args.env.get("device") and old.get("mode") == res["mode"]:
+            keep = [r for r in old["rows"] if not r.get("cut") and (not r.get("error") or not args.retry_errors)]
+            res.update(rows=keep, runs=old.get("runs", []),
+                       started=old.get("started", res["started"]))
+            log(f"resume: {len(res['rows'])} problem(s) done in {state}")
+        else:
+            log(f"resume: {state} is from another device or mode; starting afresh")
+    done = {r["problem"] for r in res["rows"]}
+    todo = [p for p in args.problems if p not in done]
+    save = lambda: write(res, out, state)  # noqa: E731
+
+    home = Path(tempfile.mkdtemp(prefix="kforge-kb-home-"))
+    env = {k: os.environ[k] for k in SERVER_ENV_KEYS if k in os.environ}
+    # No candidate here builds C++: the server's background header prewarm would only load the CPU during timings.
+    env.update(KFORGE_HOME=str(home), KFORGE_PRECOMPILED_HEADERS="true" if args.prewarm else "false")
+    env.update(kv.split("=", 1) for kv in args.server_env)
+    run_info = {"started": time.strftime("%H:%M:%S"), "kforge_home": str(home),
+                "server_env": {k: v for k, v in env.items() if k.startswith("KFORGE_")}}
+    res["runs"].append(run_info)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kforge.server.cli", "serve"], env=env)
+    errlog = open(home / "server-stderr.log", "a")
+    stack, client = AsyncExitStack(), None
+
+    async def connect():
+        nonlocal stack, client
+        try:
+            await stack.aclose()
+        except Exception as exc:  # noqa: BLE001 - the old session is gone either way
+            log(f"closing the broken MCP session: {exc!r}")
+        stack = AsyncExitStack()
+        t = time.monotonic()
+        client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog)))
+        backends = (await client.call_tool("list_backends", {})).structured_content["backends"]
+        mine = next((b for b in backends if b["backend"] == args.backend), {})
+        run_info.setdefault("server_start_s", []).append(round(time.monotonic() - t, 2))
+        run_info["backend"] = {k: mine.get(k) for k in ("ok", "reason", "device_name", "versions", "mode", "timing")}
+        log(f"kforge serve up in {time.monotonic() - t:.1f} s; {args.backend}: {mine.get('reason')}")
+
+    try:
+        await connect()
+        for name in todo:
+            now = time.monotonic()
+            if now - t_start > args.budget_s:
+                res["not_started"] = todo[todo.index(name):]
+                log(f"budget {args.budget_s} s spent: not starting {len(res['not_started'])} problem(s)")
+                break
+            row, job, broken = {"problem": name}, {"id": None}, False
+            res["rows"].append(row)
+            deadline = min(now + args.problem_timeout_s, hard_stop)
+            t = time.monotonic()
+            try:
+                with anyio.fail_after(deadline - now + 30):  # a backstop: each step keeps to the deadline itself
+                    await measure(client, args, name, row, deadline, job, save)
+            except (Timeout, TimeoutError) as exc:
+                row["error"] = f"timeout: {exc or 'problem deadline'} ({deadline - now:.0f} s for this problem)"
+                row["cut"] = deadline == hard_stop  # cut by the run's budget, not its own timeout: --resume reruns it
+            except Exception as exc:  # noqa: BLE001 - one problem's failure is a row, never the end of the run
+                row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
+                broken = isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)) \
+                    or "connection closed" in str(exc).lower()
+            row["wall_s"] = round(time.monotonic() - t, 1)
+            if job["id"]:  # a job left running past the deadline: stop it so the next problem has the GPU
+                with anyio.move_on_after(30):
+                    try:
+                        await client.call_tool("cancel_job", {"job_id": job["id"]})
+                        log(f"{name}: cancelled KForge job {job['id']}")
+                    except Exception as exc:  # noqa: BLE001
+                        log(f"{name}: cancel_job {job['id']} failed: {exc!r}")
+            if row.get("error"):
+                log(f"{name}: ERROR {row['error'][:300]}")
+                if broken:  # (not under a timeout scope: the client's task group must close in the scope it opened in)
+                    log("the MCP connection broke: restarting kforge serve")
+                    await connect()
+            save()
+            log(f"{name}: done in {row['wall_s']} s; total {time.monotonic() - t_start:.0f} s")
+        left = [p for p in args.problems if p not in {r["problem"] for r in res["rows"] if not r.get("cut")}]
+        log("all problems done" if not left else f"{len(left)} problem(s) left: run again with --resume")
+    finally:
+        try:
+            await stack.aclose()  # stops kforge serve (the SDK's stdio client terminates it if it lingers)
+        except Exception as exc:  # noqa: BLE001
+            log(f"closing the MCP session: {exc!r}")
+        errlog.close()
+        tail = (home / "server-stderr.log").read_text(errors="replace")[-20000:]
+        (out / f"{res['stem']}-server-stderr.log").write_text(tail)
+        shutil.rmtree(home, ignore_errors=True)  # its store and caches served this run only
+        save()
+    return res
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] in ("--_local", "--_ncu_target", "--_env"):
+        spec = json.loads(Path(sys.argv[2]).read_text())
+        if sys.argv[1] == "--_ncu_target":
+            return helper_ncu_target(spec)
+        result = helper_local(spec) if sys.argv[1] == "--_local" else helper_env()
+        Path(spec["out"]).write_text(json.dumps(result, default=str))
+        return None
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--kernelbench", type=Path, default=HERE.parent / ".kb",
+                    help="KernelBench checkout holding KernelBench/level1/*.py and src/kernelbench/ (default .kb)")
+    ap.add_argument("--problems", nargs="+", help="e.g. level1/19_ReLU level2/76 (default: a sample of 21)")
+    ap.add_argument("--smoke", action="store_true", help="CPU backend, 3 shrunken problems, no do_bench/ncu/KernelBench")
+    ap.add_argument("--backend", help="KForge backend (default cuda; cpu with --smoke)")
+    ap.add_argument("--max-footprint-frac", type=float, default=0.25, help="skip problems whose inputs+outputs exceed "
+                    "this fraction of device memory (host memory with --smoke)")
+    ap.add_argument("--repeat-profiles", type=int, help="profile calls per problem of --repeat-on (default 5; 2 with --smoke)")
+    ap.add_argument("--repeat-on", nargs="*", help="problems that get the repeated profiles")
+    ap.add_argument("--ncu-clocks", nargs="+", default=["none"], choices=["none", "base"],
+                    help="ncu --clock-control values for every problem; the --repeat-on problems also get base (ncu's "
+                    "default, clocks locked to base)")
+    ap.add_argument("--problem-timeout-s", type=float, default=240)
+    ap.add_argument("--budget-s", type=float, default=480, help="start no problem after this many seconds")
+    ap.add_argument("--overrun-s", type=float, default=90, help="a started problem is cut at budget + this")
+    ap.add_argument("--resume", action="store_true", help="keep the finished problems of the state file; run the rest")
+    ap.add_argument("--retry-errors", action="store_true", help="with --resume, run problems that ended in an error again")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "out")
+    ap.add_argument("--state", type=Path, help="state file for --resume (default bench/out/kernelbench-sample[-smoke].json)")
+    ap.add_argument("--prewarm", action="store_true", help="leave the server's background header prewarm on")
+    ap.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for kforge serve")
+    args = ap.parse_args()
+    args.t0 = time.monotonic()
+    args.backend = args.backend or ("cpu" if args.smoke else "cuda")
+    args.problems = args.problems or (list(SMOKE) if args.smoke else DEFAULT_PROBLEMS)
+    args.kernelbench = args.kernelbench.resolve()
+    if not (args.kernelbench / "KernelBench" / "level1").is_dir():
+        sys.exit(f"{args.kernelbench} holds no KernelBench/level1: run bash bench/prepare_kernelbench.sh")
+    args.problems = [canonical(args.kernelbench, p) for p in args.problems]
+    args.repeat_profiles = args.repeat_profiles if args.repeat_profiles is not None else (2 if args.smoke else 5)
+    args.repeat_on = args.repeat_on if args.repeat_on is not None else ([args.problems[0]] if args.smoke else DEFAULT_REPEAT_ON)
+    args.state = args.state or HERE / "out" / f"kernelbench-sample{'-smoke' if args.smoke else ''}.json"
+    args.repeat_on = [canonical(args.kernelbench, p) for p in args.repeat_on]
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = run_helper("env", {}, 180)
+    if "memory_bytes" not in env:
+        sys.exit(f"could not read the environment: {env.get('error')}")
+    env["ncu"] = env.get("ncu") or "not on PATH"
+    args.env = env
+    log(f"{env.get('device')}: torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
+        f"driver {env.get('driver')}; {len(args.problems)} problem(s); out {args.out}")
+    import anyio
+    import torch  # noqa: F401 - imported once here, not inside the first problem's time (footprints need it)
+    res = anyio.run(run, args)
+    print(markdown(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

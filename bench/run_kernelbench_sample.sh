@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run bench/kernelbench_sample.py on a GPU host from a plain checkout, as scripts/run_gpu_tests.sh runs the tests:
+# the checkout is exposed as the package `kforge` through a symlink, and the wheels the host lacks (mcp,
+# pydantic, ...) come from .whl/ (../shared/gpu/fetch-wheels.sh). Needs .kb/ (bench/prepare_kernelbench.sh),
+# carried beside the checkout. Arguments go to the script; results go to $OUT when set, else bench/out/.
+#
+#   bash bench/run_kernelbench_sample.sh --resume        # again until it prints "all problems done"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+out=${OUT:-$repo/bench/out}
+mkdir -p "$out" /tmp/kforge-pkg
+[ -d .kb/KernelBench ] || { echo "no .kb/KernelBench here: run bash bench/prepare_kernelbench.sh and carry .kb" >&2; exit 2; }
+if [ -d .whl ]; then bash .whl/install.sh && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; fi
+ln -sfn "$repo" /tmp/kforge-pkg/kforge
+export PYTHONPATH=/tmp/kforge-pkg:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+python3 bench/kernelbench_sample.py --kernelbench .kb "$@" 2>&1 | tee -a "$out/kernelbench-sample.log"
+exit "${PIPESTATUS[0]}"
