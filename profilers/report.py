@@ -180,10 +180,10 @@ def speedup_interval(baseline_rounds: Sequence[Sequence[float]], candidate_round
     (b_lo, b_hi), (c_lo, c_hi) = median_interval(base), median_interval(cand)
     lo, hi = b_lo / c_hi, b_hi / c_lo
     pairs = [(b, c) for b, c in zip(baseline_rounds, candidate_rounds) if b and c]
-    if len(pairs) >= 2:
-        per_round = [statistics.median(b) / statistics.median(c) for b, c in pairs]
-        half = _T975.get(len(pairs) - 1, 2.0) * statistics.stdev(per_round) / math.sqrt(len(pairs))
-        lo, hi = min(lo, ratio - half), max(hi, ratio + half)
+    if len(pairs) >= 2:  # a ratio's spread is multiplicative: a t-interval of the per-round log speedups
+        logs = [math.log(statistics.median(b) / statistics.median(c)) for b, c in pairs]
+        half = _T975.get(len(pairs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(pairs))
+        lo, hi = min(lo, ratio * math.exp(-half)), max(hi, ratio * math.exp(half))
     return ratio, (lo, hi)
 
 
