@@ -20,6 +20,7 @@ VERIFY = [
     ("triton", "example_triton", "relu", "strict", True, {"custom_work": "pass", "deterministic": "pass"}),
     ("triton", "triton_matmul_default_dot", "matmul", "strict", False, {"outputs_match": "fail"}),
     ("triton", "triton_matmul_default_dot", "matmul", "tf32", True, {"outputs_match": "pass"}),
+    ("cuda", "a16_memo_probe", "relu", "strict", False, {"outputs_match": "pass", "probe_memo": "fail"}),
 ]
 
 
@@ -47,7 +48,7 @@ async def test_side_stream_is_timed_on_the_host_clock(ctx, backend, name):  # no
     prof = await profile_kernel(ctx, backend, reference("relu"), candidate(name), baselines=("eager",), budget_s=0.5)
     stats = prof.report.candidate
     assert checks(prof)["visible_work"] == "warn" and stats.unseen_work, str(prof)
-    assert stats.median_us == stats.host_median_us  # speedups use the honest (host) time
+    assert stats.clock == "host"  # its samples are host-clock times of synced calls: speedups use the honest time
 
 
 async def test_persisting_l2_is_rejected_when_timed(ctx):  # noqa: F811
@@ -62,3 +63,9 @@ async def test_honest_gpu_profile_is_trusted(ctx):  # noqa: F811
     got = checks(prof)
     assert prof.speedup_trusted, str(prof)
     assert got["timed_outputs"] == "pass" and got["plausible_speed"] == "pass" and got["visible_work"] == "pass"
+
+
+async def test_probe_keyed_memo_loses_its_speedup(ctx):  # noqa: F811
+    prof = await profile_kernel(ctx, "cuda", reference("relu"), candidate("a16_memo_probe"), baselines=("eager",),
+                                budget_s=0.5)
+    assert checks(prof)["probe_memo"] == "fail" and prof.speedup_trusted is False, str(prof)
