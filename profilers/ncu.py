@@ -65,8 +65,10 @@ def ncu_command(report_path: Path, log_path: Path, kernel_names: Iterable[str], 
     ncu = shutil.which("ncu")
     if ncu is None:
         return None
+    # --clock-control none: the kernels run at the clocks the timing loop measured them at (ncu locks them to
+    # base by default, which made its durations incomparable with the timed medians).
     cmd = [ncu, "--log-file", str(log_path), "--export", str(report_path), "--force-overwrite",
-           "--launch-count", str(launches)]
+           "--launch-count", str(launches), "--clock-control", "none"]
     for section in _SECTIONS:
         cmd += ["--section", section]
     names = sorted({kernel_base_name(n) for n in kernel_names if n})

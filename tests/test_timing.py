@@ -115,6 +115,15 @@ def test_sync_overhead_alone_is_not_unseen_work():
     assert timed(backend, TimingPolicy(budget_s=5)).stats.unseen_work
 
 
+def test_hidden_work_shorter_than_the_sync_itself_is_still_seen():
+    """A warm GPU runs a hidden side-stream kernel in ~20 us, less than two syncs cost: the sync's own cost is
+    measured on empty windows and subtracted once, so what remains is the hidden work."""
+    backend = FakeBackend(5e-6)
+    backend.sync_s, backend.hidden_s = 15e-6, 20e-6
+    stats = timed(backend, TimingPolicy(budget_s=5)).stats
+    assert stats.unseen_work and stats.clock == "host" and stats.median_us == pytest.approx(40.0)
+
+
 def test_roofline_fractions_of_measured_ceilings():
     from kforge.backends.base import DeviceFacts
     from kforge.profilers.report import ProfileReport
