@@ -199,8 +199,8 @@ class NcuKernel(BaseModel):
 
     name: str
     is_custom: bool
-    metrics: dict[str, float] = Field(description="By ncu's display names (durations at ncu's locked base clocks, so "
-                                      "longer than the timed median at running clocks): 'Duration [us]', 'Compute (SM) Throughput', "
+    metrics: dict[str, float] = Field(description="By ncu's display names (clocks left running, as in the timing, so "
+                                      "'Duration [us]' compares with the timed median): 'Duration [us]', 'Compute (SM) Throughput', "
                                       "'Memory Throughput', 'DRAM Throughput', 'Achieved Occupancy', ...")
     occupancy_limiter: str | None = Field(default=None, description="What limits blocks per SM: registers, shared memory, warps, blocks.")
     top_stalls: list[tuple[str, float]] = Field(default_factory=list, description="Warp stall reasons, cycles per issued instruction.")
