@@ -217,13 +217,15 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
         problem: _PROBLEM = None,
         baselines: Annotated[list[Literal["eager", "torch.compile"]], Field(
-            description="Reference baselines, timed in this run or reused from a profile of the same reference "
-                        "on this device in the last 10 minutes (see each baseline's reused_after_s).")] = list(BASELINES),
+            description="Reference baselines, timed in rounds interleaved with the candidate's. Eager is always timed "
+                        "in this run; torch.compile is reused from a profile of the same reference on this device in the "
+                        "last 10 minutes while eager still times within 2% of eager then (see reused_after_s).")] = list(BASELINES),
         budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
         precision: _PRECISION = "strict",
         hardware_counters: Annotated[bool, Field(description="Also run the candidate under Nsight Compute on a GPU "
                                                  "(about 10-20 s more); False for timing only.")] = True,
         use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
+        fresh_baselines: Annotated[bool, Field(description="Time every baseline in this run, reusing none.")] = False,
         wait_s: _wait("the profile") = settings.job_wait_s,
     ) -> Annotated[CallToolResult, _or_job(ProfileResult)]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
@@ -233,7 +235,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         return await run_job(ctx, ProfileRequest(
             backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem),
             baselines=tuple(baselines), budget_s=budget_s, precision=precision, hardware_counters=hardware_counters,
-            use_store=use_store), wait_s)
+            use_store=use_store, fresh_baselines=fresh_baselines), wait_s)
 
     @mcp.tool(name="get_job", title="Get a job's result or progress",
               annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))

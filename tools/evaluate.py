@@ -194,10 +194,14 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, while the judge "
                                      "calibrates its check against trivial outputs")
 
+            # Each trial runs twice, then the decoy's two calls: hung after 20x the reference's time for as many.
+            deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2 * trials + 2)
+
             async def run_trials() -> tuple[dict[str, Any] | None, Failure | None]:
                 try:
                     return await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                             outputs=str(scratch / "outputs.pt")), None
+                                             outputs=str(scratch / "outputs.pt"), timeout_s=deadline, timeout_why=why,
+                                             decoy_shift=1 + secrets.randbelow(2**30)), None
                 except WorkerDied as died:
                     return None, died.failure
 
@@ -227,7 +231,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
     weights = WeightSync(**run["weights"])
     checks = run_checks + verify_checks(reports, compared["trials"], prepared, calibration["nulls"],
-                                        run.get("custom_work"), precision)
+                                        run.get("custom_work"), precision, compared.get("decoy"))
     warnings = _verify_warnings(reports, weights)
     avail = await ctx.require_backend(backend)
     if avail.mode:

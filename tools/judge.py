@@ -10,6 +10,7 @@ being timed. The candidate never receives an expected output.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 __all__ = ["JudgeOps"]
@@ -63,12 +64,15 @@ class JudgeOps:
             torch.manual_seed(msg["init_seed"])
             self.model = self.backend.to_device(self.module.Model(*init_inputs))
             self.sets, self.expected, self.distributions = [], [], []
+            call_s = []
             for i, seed in enumerate(msg["seeds"]):
                 torch.manual_seed(seed)
                 native = list(self.module.get_inputs())
                 variant = VARIANTS[i % len(VARIANTS)][0] if msg.get("variants", True) else "native"
                 inputs = apply_variant(native, variant)
+                t0 = time.perf_counter()
                 out = self._reference_outputs(self.model, inputs)
+                call_s.append(time.perf_counter() - t0)
                 if variant != "native" and not _all_finite(out):
                     native_out = self._reference_outputs(self.model, native)
                     if _all_finite(native_out):  # the variant left the reference's domain
@@ -86,7 +90,10 @@ class JudgeOps:
                    msg["exchange"])
         return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]],
                 "distributions": self.distributions, "notes": notes, "exact": exact_note is None,
-                "exact_note": exact_note}
+                "exact_note": exact_note,
+                # The reference's time per call once warm (with its copies to and from the device): what a
+                # candidate's hang deadline is scaled from.
+                "reference_call_s": min(call_s[1:] or call_s)}
 
     def _exact_outputs(self) -> str | None:
         """The reference's outputs in float64 for every trial; None, or why it could not run so."""

@@ -363,8 +363,10 @@ class ProfileResult(BaseModel):
         lines = [f"Profile {self.profile_id} on {r.device_name}:"] + stored + [f"  {r.candidate}"]
         for b in r.baselines:
             if b.timing is not None:
-                reused = f" (timed {b.reused_after_s:.0f} s ago, reused)" if b.reused_after_s is not None else ""
-                lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}")
+                reused = (f" (timed {b.reused_after_s:.0f} s ago and reused: eager still times the same; "
+                          "fresh_baselines=true re-times it)") if b.reused_after_s is not None else ""
+                ci = f" [{b.speedup_ci[0]:.2f}, {b.speedup_ci[1]:.2f}], {b.comparison}" if b.speedup_ci else ""
+                lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}{ci}")
             else:
                 lines.append(f"  {b.name}: not timed ({b.error})")
         if r.custom_share is not None:
@@ -377,7 +379,7 @@ class ProfileResult(BaseModel):
         if (k := hottest_kernel(r.ncu)) is not None:
             m = k.metrics
             stall = f"; top stall {k.top_stalls[0][0]}" if k.top_stalls else ""
-            lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us at base clocks, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "
+            lines.append(f"  ncu {k.name.split('(')[0]}: {m.get('Duration [us]', 0):.2f} us, SM {m.get('Compute (SM) Throughput', 0):.0f}%, "
                          f"memory {m.get('Memory Throughput', 0):.0f}%, occupancy {m.get('Achieved Occupancy', 0):.0f}%"
                          f" (limited by {k.occupancy_limiter}){stall}")
         elif r.counters_note:

@@ -83,11 +83,12 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             await step("running the reference in the judge worker while the candidate builds")
 
             async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
-                judge, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds,
-                                                         init_seed, exact=False)
+                judge, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds,
+                                                                init_seed, exact=False)
                 if judge is None:
                     return judge, failure, {}
-                return judge, None, await judge.call("problem_size", stage="reference")
+                size = await judge.call("problem_size", stage="reference")
+                return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s")}
 
             (judge, failure, problem), (worker, compiled) = await concurrently(
                 judge_side, lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code))
@@ -104,9 +105,12 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             async def judge_sets() -> dict[str, Any]:
                 return await judge.call("timing_sets", stage="reference", seeds=timing_seeds)
 
+            deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], _INPUT_SETS)
+
             async def run_then_sets() -> tuple[dict[str, Any], dict[str, Any]]:
                 run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
-                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False,
+                                        timeout_s=deadline, timeout_why=why)
                 if run.get("failure"):
                     return run, {}
                 return run, await worker.call("timing_sets", stage="timing", seeds=timing_seeds,
@@ -126,7 +130,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             async with ctx.device_lock(avail.device_name or backend):
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, scratch,
-                                                   fresh_baselines, step)
+                                                   fresh_baselines, step, problem["reference_call_s"])
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
                 except WorkerDied as died:
@@ -223,6 +227,7 @@ def _baseline(name: str, timed: dict[str, Any], candidate: dict[str, Any]) -> Ba
 
 
 _ROUNDS = 3  # rounds per series, interleaved: drift between the processes shows in the interval
+_CALLS_OUTSIDE_BUDGET = 24  # warm-up, estimate, the last batch's overrun, cross-check and decoy calls of a round
 _CANARY_TOLERANCE = 0.02  # a stored torch.compile baseline is reused only while eager still times within this
 
 
@@ -239,7 +244,7 @@ def _timing_set_count(problem_bytes: int) -> int:
 
 async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, worker: WorkerProcess,
                           baselines: tuple[str, ...], budget_s: float, scratch: Path, fresh_baselines: bool,
-                          step: Any) -> dict[str, dict[str, Any]]:
+                          step: Any, reference_call_s: float | None) -> dict[str, dict[str, Any]]:
     """Time the baselines (judge) and the candidate in `_ROUNDS` interleaved rounds.
 
     Eager is always timed (it costs no compilation) and goes first: it is the canary that decides whether
@@ -257,6 +262,9 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
     failures: dict[str, Failure] = {}
     policy = {"budget_s": budget_s / _ROUNDS}
+    # A round is its budget plus warm-up, the estimate and the cross-check: ~_CALLS_OUTSIDE_BUDGET calls.
+    deadline, why = ctx.limits.hang_deadline(reference_call_s, _CALLS_OUTSIDE_BUDGET)
+    deadline = deadline and deadline + budget_s / _ROUNDS
     for r in range(_ROUNDS):
         await step(f"timing round {r + 1} of {_ROUNDS}: {', '.join(order)}")
         for name in order[r % len(order):] + order[:r % len(order)]:
@@ -265,7 +273,8 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             if name == "candidate":
                 extra = {"outputs": str(scratch / "timed-outputs.pt"), "decoy_shift": 1 + secrets.randbelow(2**30)} \
                     if r == _ROUNDS - 1 else {}
-                reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True, **extra)
+                reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
+                                          timeout_s=deadline, timeout_why=why, **extra)
                 if reply.get("failure"):
                     raise _TimingFailed(Failure(**reply["failure"]))
             else:

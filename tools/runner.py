@@ -35,6 +35,11 @@ _ENV_ALLOWLIST = (
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "PYTHONPATH", "LD_LIBRARY_PATH",
     "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CXX", "CC", "MAX_JOBS",
     "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET", "SSL_CERT_FILE",
+    # OpenMP's thread count, waiting and binding, as the operator set them for the server: the CPU backend
+    # gives candidate, eager and torch.compile the same team (OMP_NUM_THREADS, else every usable CPU), and
+    # the same knobs make a worker's OpenMP behave as `torch.utils.benchmark` run from the operator's shell.
+    "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME",
+    "KMP_AFFINITY",
 )
 _TRACE = os.environ.get("KFORGE_TRACE")  # a file: one JSON line per worker start and call (where time goes)
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
@@ -60,6 +65,18 @@ class WorkerLimits:
     file_bytes: int | None = None
     isolate_network: bool = True
     precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
+    # A candidate's run is called hung after this many times the reference's time for the same calls, but
+    # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
+    hang_factor: float = 20.0
+    hang_floor_s: float = 30.0
+
+    def hang_deadline(self, reference_call_s: float | None, calls: int) -> tuple[float | None, str]:
+        """The deadline of `calls` calls of a candidate, and the words that say where it came from."""
+        if not reference_call_s:
+            return None, ""
+        deadline = min(self.timeout_s, max(self.hang_floor_s, self.hang_factor * reference_call_s * calls))
+        return deadline, (f" (the deadline is {self.hang_factor:g}x the reference's {reference_call_s * 1e3:.3g} ms "
+                          f"per call for {calls} calls, at least {self.hang_floor_s:g} s)")
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -206,7 +223,8 @@ class WorkerProcess:
         with anyio.CancelScope(shield=True):
             await self.aclose()
 
-    async def call(self, op: str, *, stage: str, timeout_s: float | None = None, **payload: Any) -> dict[str, Any]:
+    async def call(self, op: str, *, stage: str, timeout_s: float | None = None, timeout_why: str = "",
+                   **payload: Any) -> dict[str, Any]:
         """Run one op in the worker and return its reply.
 
         Raises:
@@ -217,7 +235,7 @@ class WorkerProcess:
         nonce = secrets.token_hex(16)
         started = time.perf_counter()
         await self._send({"op": op, "nonce": nonce, **payload})
-        reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s)
+        reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         self._trace(op, started)
         if reply.get("nonce") != nonce:
             await self.kill()
@@ -237,7 +255,7 @@ class WorkerProcess:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, BrokenPipeError):
             raise WorkerDied(await self._death(payload.get("op", "start"))) from None
 
-    async def _receive(self, *, stage: str, timeout_s: float) -> dict[str, Any]:
+    async def _receive(self, *, stage: str, timeout_s: float, why: str = "") -> dict[str, Any]:
         assert self._out is not None
         try:
             with anyio.fail_after(timeout_s):
@@ -246,7 +264,7 @@ class WorkerProcess:
             await self.kill()
             raise WorkerDied(Failure(
                 stage=stage, kind="timeout",
-                message=f"no answer within {timeout_s:g} s; the worker and all its processes were killed "
+                message=f"no answer within {timeout_s:.3g} s{why}; the worker and all its processes were killed "
                         "(an endless loop, a deadlock, or work too large for the time limit)",
                 output_tail=_tail(self.log))) from None
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):

@@ -107,10 +107,24 @@ def background_check(background: list[str]) -> Check:
 
 
 def verify_checks(trials: list[TrialReport], raw_trials: list[dict[str, Any]], prepared: dict[str, Any],
-                  nulls: list[dict[str, Any]], custom: dict[str, Any] | None, precision: str) -> list[Check]:
+                  nulls: list[dict[str, Any]], custom: dict[str, Any] | None, precision: str,
+                  decoy: dict[str, Any] | None = None) -> list[Check]:
     return [_outputs_check(trials, precision), _distribution_check(trials, prepared), _contract_check(trials, raw_trials),
-            _inputs_check(raw_trials), _repeat_check(raw_trials), _calibration_check(nulls),
-            _custom_work_check(custom)]
+            _inputs_check(raw_trials), _repeat_check(raw_trials)] + ([probe_memo_check(decoy)] if decoy else []) + [
+            _calibration_check(nulls), _custom_work_check(custom)]
+
+
+def probe_memo_check(decoy: dict[str, Any]) -> Check:
+    """The candidate ran on inputs it had seen, then on the same tensors changed where a cheap probe cannot see."""
+    if decoy.get("error"):
+        return Check(name="probe_memo", status="fail", hard=True,
+                     evidence=f"the call on inputs changed in place failed: {decoy['error'][:200]}")
+    return Check(
+        name="probe_memo", status="pass" if decoy["correct"] else "fail", hard=True,
+        evidence="inputs changed in place where a cheap probe cannot see it (same tensors and addresses, same "
+        "first and last elements, same values rotated, so the same sum) gave "
+        + ("the new, right answer" if decoy["correct"] else
+           f"a wrong answer ({'; '.join(decoy['problems'])[:200]}): answers are memoized on a probe of the input"))
 
 
 def _outputs_check(trials: list[TrialReport], precision: str) -> Check:
@@ -226,6 +240,9 @@ def timing_checks(stats: Any, revalidated: dict[str, Any], report: Any, precisio
                   f"{wrong[0]['call']}: {'; '.join(wrong[0]['problems'])[:200]}): it behaves differently while timed")
         if wrong else f"{revalidated['checked']} timed calls (a secret random sample and the last) re-validated against "
         "the reference on their own inputs")]
+    if (decoy := revalidated.get("decoy")) is not None:
+        checks.append(probe_memo_check(decoy))
+    checks.append(_stable_timing_check(report))
     sets = f"{stats.input_sets} distinct input sets, a fresh copy per call" if stats.input_sets else "fresh copies"
     checks.append(Check(
         name="fresh_inputs", status="fail" if stats.replay_suspected else "pass", hard=True,
@@ -258,3 +275,21 @@ def _plausibility_check(report: Any, precision: str) -> Check:
                      + ": work was skipped, cached across calls, or not timed")
     return Check(name="plausible_speed", status="pass", hard=True,
                  evidence=f"within the device's measured ceilings ({said} of peak)")
+
+
+# A speedup interval wider than this fraction of the speedup ranks nothing: the comparison is noise.
+_MAX_INTERVAL_WIDTH = 0.25
+
+
+def _stable_timing_check(report: Any) -> Check:
+    timed = [b for b in report.baselines if b.speedup_ci is not None and b.speedup]
+    if not timed:
+        return Check(name="stable_timing", status="skip", hard=True, evidence="no baseline was timed")
+    wide = [b for b in timed if (b.speedup_ci[1] - b.speedup_ci[0]) / b.speedup > _MAX_INTERVAL_WIDTH]
+    said = "; ".join(f"vs {b.name} x{b.speedup:.2f} in [{b.speedup_ci[0]:.2f}, {b.speedup_ci[1]:.2f}]" for b in (wide or timed))
+    if wide:
+        return Check(name="stable_timing", status="fail", hard=True,
+                     evidence=f"too noisy to rank: {said} (wider than {100 * _MAX_INTERVAL_WIDTH:.0f}% of the speedup); "
+                     "the device or host was busy, or the kernel's time varies: profile again with a larger budget_s, "
+                     "on an idle device")
+    return Check(name="stable_timing", status="pass", hard=True, evidence=f"speedups with ~95% intervals: {said}")
