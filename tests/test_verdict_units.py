@@ -74,8 +74,25 @@ def test_plausibility_gate():
     stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
     reval = {"checked": 9, "wrong": []}
     ok = {c.name: c.status for c in timing_checks(stats, reval, _report(0.8, 0.1), "strict")}
-    assert ok == {"timed_outputs": "pass", "fresh_inputs": "pass", "visible_work": "pass", "plausible_speed": "pass"}
+    assert ok == {"timed_outputs": "pass", "fresh_inputs": "pass", "visible_work": "pass", "plausible_speed": "pass",
+                  "stable_timing": "skip"}
     fast = {c.name: c.status for c in timing_checks(stats, reval, _report(3.0, None), "strict")}
     assert fast["plausible_speed"] == "fail"
     mixed = {c.name: c.status for c in timing_checks(stats, reval, _report(0.5, 4.0), "bf16")}
     assert mixed["plausible_speed"] == "pass"  # beyond the fp32 rate is expected of a bf16 kernel
+
+
+def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check():
+    from kforge.profilers.report import Baseline
+
+    stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
+    tight = SimpleNamespace(bandwidth_fraction=0.5, compute_fraction=None,
+                            baselines=(Baseline(name="eager", speedup=1.2, speedup_ci=(1.15, 1.25)),))
+    wide = SimpleNamespace(bandwidth_fraction=0.5, compute_fraction=None,
+                           baselines=(Baseline(name="eager", speedup=1.2, speedup_ci=(0.8, 1.6)),))
+    memo = {"checked": 9, "wrong": [], "decoy": {"correct": False, "problems": ["max abs error 3.1"]}}
+    got = {c.name: c for c in timing_checks(stats, memo, tight, "strict")}
+    assert got["stable_timing"].status == "pass" and "[1.15, 1.25]" in got["stable_timing"].evidence
+    assert got["probe_memo"].status == "fail" and got["probe_memo"].hard and "memoized" in got["probe_memo"].evidence
+    noisy = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, wide, "strict")}
+    assert noisy["stable_timing"].status == "fail" and "budget_s" in noisy["stable_timing"].evidence

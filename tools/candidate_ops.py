@@ -73,7 +73,7 @@ class CandidateOps:
             if msg.get("decoy_shift") is not None:
                 results.append(self._decoy_record(msg["decoy_shift"]))
         torch.save(results, msg["outputs"])
-        return {"weights": sync, "trial_failures": [r.get("failure") for r in results],
+        return {"weights": sync, "trial_failures": [r.get("failure") for r in results if "decoy_shift" not in r],
                 "jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
                 "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
 

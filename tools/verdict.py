@@ -34,7 +34,7 @@ STORABLE_FAILURES = frozenset({"syntax_error", "build_error", "interface_error"}
 #: out of the store.
 CODE_CHECKS = frozenset({"static_scan", "harness_intact", "global_state", "outputs_match", "input_distributions",
                          "output_contract", "inputs_unmodified", "deterministic", "null_calibration", "custom_work",
-                         "timed_outputs"})
+                         "timed_outputs", "probe_memo"})
 # A build the machine stopped: the compiler killed (out of memory, a signal), a full disk, a quota.
 _MACHINE_STOPPED_BUILD = re.compile(r"Killed signal terminated program|died due to signal|No space left on device|"
                                     r"Disk quota exceeded|virtual memory exhausted|cannot allocate memory|"
@@ -282,7 +282,7 @@ _MAX_INTERVAL_WIDTH = 0.25
 
 
 def _stable_timing_check(report: Any) -> Check:
-    timed = [b for b in report.baselines if b.speedup_ci is not None and b.speedup]
+    timed = [b for b in getattr(report, "baselines", ()) if b.speedup_ci is not None and b.speedup]
     if not timed:
         return Check(name="stable_timing", status="skip", hard=True, evidence="no baseline was timed")
     wide = [b for b in timed if (b.speedup_ci[1] - b.speedup_ci[0]) / b.speedup > _MAX_INTERVAL_WIDTH]
