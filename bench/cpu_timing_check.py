@@ -83,14 +83,16 @@ def time_outside(stmt: str, env: dict[str, Any], threads: int, budget_s: float, 
                                  num_threads=threads)
     for _ in range(3):
         cold_timer.timeit(1)  # warm-up
-    samples, preempted = [], 0
+    samples, preempted, faults = [], 0, []
     t_end = time.perf_counter() + budget_s
     while time.perf_counter() < t_end or len(samples) < 10:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+        before = resource.getrusage(resource.RUSAGE_SELF)
         samples.append(cold_timer.timeit(1).median)
-        preempted += resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw > before
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        preempted += after.ru_nivcsw > before.ru_nivcsw
+        faults.append(after.ru_minflt - before.ru_minflt)  # the setup's flush faults nothing: its buffer is reused
     out = {"cold_ms": statistics.median(samples) * 1e3, "cold_samples": len(samples),
-           "cold_preempted": preempted / len(samples)}
+           "cold_preempted": preempted / len(samples), "cold_page_faults": statistics.median(faults)}
     if warm:
         back_to_back = benchmark.Timer(stmt, globals=env, num_threads=threads).blocked_autorange(min_run_time=budget_s / 2)
         out.update(warm_ms=back_to_back.median * 1e3, warm_runs=back_to_back.number_per_run * len(back_to_back.times))
@@ -132,7 +134,7 @@ def outside_all(ext: Any, stmt: str, modelnew: Any, model: Any, x: Any, threads:
 def _average(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if "cold_ms" not in a:
         return {k: _average(a[k], b[k]) for k in a}
-    return {k: (a[k] + b[k]) / 2 if isinstance(a[k], float) else a[k] + b[k] for k in a}
+    return {k: a[k] + b[k] if k.endswith(("_samples", "_runs")) else (a[k] + b[k]) / 2 for k in a}
 
 
 def cpu_busy() -> tuple[int, int]:
@@ -204,6 +206,13 @@ async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
     ctx = ToolContext(home=home)
     avail = await ctx.require_backend("cpu")
+    if not args.default_malloc:
+        # glibc's malloc as KForge's workers have it (kforge.backends.cpu._keep_freed_memory): neither side's
+        # times then include page faults of memory the allocator gave back and maps again. With the default
+        # thresholds this process's eager RMSNorm drifted from 0.35 to 1.7 ms over three rounds.
+        from kforge.backends.cpu import _keep_freed_memory
+
+        _keep_freed_memory()
     baselines = ("eager",) if args.no_compile else ("eager", "torch.compile")
     rows = []
     for name in args.cases:
@@ -269,6 +278,7 @@ async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "machine": {"cpus": os.cpu_count(), "usable_cpus": threads_wanted(), "platform": platform.platform()},
             "versions": {**avail.versions, "python": platform.python_version(), "torch": torch.__version__},
             "rounds": args.rounds, "budget_s": args.budget, "shielded": args.shield, "tag": args.tag,
+            "outside_malloc": "glibc defaults" if args.default_malloc else "as KForge's workers (fixed thresholds)",
             "rows": rows}
 
 
@@ -293,6 +303,7 @@ def summarize(name: str, x: Any, rounds: list[dict[str, Any]]) -> dict[str, Any]
         "kforge_compile_ms": med(lambda r: r["kforge_compile_ms"]),
         "outside_drift": med(lambda r: r["outside_drift"]),
         "outside_preempted": med(lambda r: r["outside"]["function"]["cold_preempted"]),
+        "outside_page_faults": med(lambda r: max(r["outside"][k]["cold_page_faults"] for k in r["outside"])),
         "host_busy_kforge": med(lambda r: r["host_busy_kforge"]),
         "round_ratios_function_cold": [round(r["kforge_candidate_ms"] / r["outside"]["function"]["cold_ms"], 3)
                                        for r in rounds],
@@ -314,6 +325,7 @@ COLUMNS = [  # (header, key)
     ("KForge eager ms", "kforge_eager_ms"), ("ub cold eager ms", "outside_eager_cold_ms"), ("ratio", "ratio_eager_cold"),
     ("ub warm eager ms", "outside_eager_warm_ms"), ("KForge compile ms", "kforge_compile_ms"),
     ("ub after/before", "outside_drift"), ("ub calls preempted", "outside_preempted"),
+    ("ub faults/call", "outside_page_faults"),
     ("host busy", "host_busy_kforge"), ("ratio per round", "round_ratios_function_cold"),
 ]
 
@@ -336,15 +348,17 @@ def table(result: dict[str, Any]) -> str:
              + (f" ({result['tag']})" if result.get("tag") else ""), "",
              "versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
              f"machine: {result['machine']['cpus']} CPUs ({result['machine']['usable_cpus']} usable), "
-             f"{result['machine']['platform']}; shielded from other tenants: {'yes' if result['shielded'] else 'no'}", "",
+             f"{result['machine']['platform']}; shielded from other tenants: {'yes' if result['shielded'] else 'no'}; "
+             f"malloc outside KForge: {result.get('outside_malloc', 'glibc defaults')}", "",
              f"Medians of {result['rounds']} rounds. A round: profile_kernel (budget {result['budget_s']:g} s in 3 "
              "interleaved timing rounds, cold workers), bracketed by the same library and the reference timed with "
              "torch.utils.benchmark (ub) at KForge's thread count. cold: KForge's 64 MiB flush in the Timer's setup, "
              "timeit(1) per call, as KForge times; warm: blocked_autorange. fn: the extension function; ModelNew: "
              "the candidate's module around it, called as KForge calls it. ratio: KForge / ub. threads: KForge "
              "candidate / eager / torch.compile / ub. ub after/before: drift of the host between the two brackets. "
-             "ub calls preempted: outside calls during which another process took a CPU. host busy: all CPUs' busy "
-             "share while KForge timed, its own work included.", "",
+             "ub calls preempted: outside calls during which another process took a CPU; ub faults/call: page faults per "
+             "cold outside call (median; the worst of fn, ModelNew and eager). host busy: all CPUs' busy share while "
+             "KForge timed, its own work included.", "",
              "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r, k) for _, k in COLUMNS) + " |" for r in result["rows"]]
     return "\n".join(lines) + "\n"
@@ -357,6 +371,8 @@ def main() -> None:
     parser.add_argument("--cases", type=lambda s: s.split(","), default=list(CASES))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--shield", action="store_true", help="root only: keep other tenants off this run's CPUs")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc's malloc thresholds at their defaults in this process (KForge's workers fix them)")
     parser.add_argument("--tag", default="", help="added to the output file names")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
