@@ -36,14 +36,27 @@ class CandidateOps:
         from .inputs import poison_allocator
         from .output_contract import aliased_outputs, modified_inputs
 
-        exchange = torch.load(msg["exchange"], weights_only=True)
-        self.sets = exchange["sets"]
+        from .inputs import SeededSets
+
+        # The inputs and the reference's initial weights are made here from the judge's seeds, as the judge
+        # made them: nothing of the problem's size travels between the two processes.
+        init_seed = msg["init_seed"]
         try:
-            torch.manual_seed(exchange["init_seed"])
-            model = self.module.ModelNew(*exchange["init_inputs"])
+            reference = self._inputs_module(msg["reference_source"])
+            self.sets = SeededSets(reference, msg["seeds"], msg["variants"], self.backend)
+            torch.manual_seed(init_seed)
+            init_inputs = list(reference.get_init_inputs())
+            torch.manual_seed(init_seed)
+            reference_state = reference.Model(*init_inputs).state_dict()
+        except BaseException as exc:  # noqa: BLE001 - the judge ran it; here it can only fail for want of memory
+            return self._failure(exc, "reference")
+        try:
+            torch.manual_seed(init_seed)
+            model = self.module.ModelNew(*init_inputs)
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "init")
-        sync = _copy_weights(model, exchange["state_dict"])
+        sync = _copy_weights(model, reference_state)
+        del reference_state
         self.model = self.backend.to_device(model)
         repeat = msg.get("repeat", True)
         results = []

@@ -103,12 +103,14 @@ async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, 
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
             return None, _as_reference_failure(Failure(**reply["failure"])), {}
-        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds,
-                                 exchange=str(scratch / "inputs.pt"), exact=exact)
+        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds, exact=exact)
         if reply.get("failure"):
             return None, _as_reference_failure(Failure(**reply["failure"])), {}
     except WorkerDied as died:
         return None, _as_reference_failure(died.failure), {}
+    # What a candidate's process needs to make the same inputs and initial weights itself (see `run`).
+    reply["inputs"] = {"reference_source": reference, "init_seed": init_seed, "seeds": seeds,
+                       "variants": reply["distributions"]}
     return judge, None, reply
 
 
@@ -148,11 +150,12 @@ async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *,
 async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
     init_seed, seeds = _fresh_seeds(1)
-    _, failure, _ = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed, exact=False)
+    _, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed,
+                                                exact=False)
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
     try:
-        run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+        run = await worker.call("run", stage="forward", **prepared["inputs"],
                                 outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
     except WorkerDied as died:
         return compiled.model_copy(update={"ok": False, "failure": died.failure})
@@ -199,7 +202,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
 
             async def run_trials() -> tuple[dict[str, Any] | None, Failure | None]:
                 try:
-                    return await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                    return await worker.call("run", stage="forward", **prepared["inputs"],
                                              outputs=str(scratch / "outputs.pt"), timeout_s=deadline, timeout_why=why,
                                              decoy_shift=1 + secrets.randbelow(2**30)), None
                 except WorkerDied as died:

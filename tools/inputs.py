@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VARIANTS", "apply_variant", "probe_preserving_", "poison_allocator", "seeded_inputs", "to_float64"]
+__all__ = ["VARIANTS", "SeededSets", "apply_variant", "probe_preserving_", "poison_allocator", "seeded_inputs",
+           "to_float64"]
 
 # (name, transform of one floating tensor); trial i uses VARIANTS[i % len(VARIANTS)].
 VARIANTS: list[tuple[str, Any]] = [
@@ -80,6 +81,30 @@ def seeded_inputs(module: Any, seed: int, backend: Any) -> list[Any]:
     with torch.device(backend.device):
         made = list(module.get_inputs())
     return backend.to_device(made)
+
+
+class SeededSets:
+    """A problem's trial inputs as (seed, distribution) pairs, made on the device when asked for.
+
+    The judge and the candidate's process each hold one, built from the same seeds and the distributions
+    the judge settled on, so no input travels between them and only the set in use occupies memory (the
+    last one made is kept, since a trial asks for its set several times in a row).
+    """
+
+    def __init__(self, module: Any, seeds: list[int], variants: list[str], backend: Any) -> None:
+        self.module, self.seeds, self.variants, self.backend = module, list(seeds), list(variants), backend
+        self._last: tuple[int, list[Any]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def __getitem__(self, i: int) -> list[Any]:
+        if not 0 <= i < len(self.seeds):
+            raise IndexError(i)
+        if self._last is None or self._last[0] != i:
+            self._last = None  # free the previous set before making the next
+            self._last = (i, apply_variant(seeded_inputs(self.module, self.seeds[i], self.backend), self.variants[i]))
+        return self._last[1]
 
 
 def probe_preserving_(inputs: list[Any], shift: int) -> list[Any]:

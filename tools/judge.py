@@ -54,7 +54,7 @@ class JudgeOps:
         import torch
 
         from .compare import tensor_info
-        from .inputs import VARIANTS, apply_variant
+        from .inputs import VARIANTS, SeededSets, apply_variant, seeded_inputs
 
         _reference_numerics()
         notes: list[str] = []
@@ -63,11 +63,10 @@ class JudgeOps:
             init_inputs = list(self.module.get_init_inputs())
             torch.manual_seed(msg["init_seed"])
             self.model = self.backend.to_device(self.module.Model(*init_inputs))
-            self.sets, self.expected, self.distributions = [], [], []
+            self.expected, self.distributions = [], []
             call_s = []
             for i, seed in enumerate(msg["seeds"]):
-                torch.manual_seed(seed)
-                native = list(self.module.get_inputs())
+                native = seeded_inputs(self.module, seed, self.backend)
                 variant = VARIANTS[i % len(VARIANTS)][0] if msg.get("variants", True) else "native"
                 inputs = apply_variant(native, variant)
                 t0 = time.perf_counter()
@@ -79,15 +78,14 @@ class JudgeOps:
                         notes.append(f"trial {i}: the reference is not finite on {variant} inputs, so it used "
                                      "the native distribution")
                         inputs, out, variant = native, native_out, "native"
-                self.sets.append(inputs)
                 self.expected.append(out)
                 self.distributions.append(variant)
+                del native, inputs
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "reference")
+        # The inputs are made again from their seeds when needed, here and in the candidate's process.
+        self.sets = SeededSets(self.module, msg["seeds"], self.distributions, self.backend)
         exact_note = self._exact_outputs() if msg.get("exact", True) else "not requested"
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        torch.save({"init_inputs": init_inputs, "init_seed": msg["init_seed"], "state_dict": state, "sets": self.sets},
-                   msg["exchange"])
         return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]],
                 "distributions": self.distributions, "notes": notes, "exact": exact_note is None,
                 "exact_note": exact_note,

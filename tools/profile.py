@@ -88,7 +88,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 if judge is None:
                     return judge, failure, {}
                 size = await judge.call("problem_size", stage="reference")
-                return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s")}
+                return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s"),
+                                     "inputs": prepared["inputs"]}
 
             (judge, failure, problem), (worker, compiled) = await concurrently(
                 judge_side, lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code))
@@ -108,7 +109,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], _INPUT_SETS)
 
             async def run_then_sets() -> tuple[dict[str, Any], dict[str, Any]]:
-                run = await worker.call("run", stage="forward", exchange=str(scratch / "inputs.pt"),
+                run = await worker.call("run", stage="forward", **problem["inputs"],
                                         outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False,
                                         timeout_s=deadline, timeout_why=why)
                 if run.get("failure"):
@@ -151,7 +152,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     if avail.hardware_profiler == "ncu" and hardware_counters:
                         await step("collecting Nsight Compute metrics of the candidate's kernels")
                         ncu_kernels, ncu_note = await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
-                                                                worker.kernel_names, artifacts)
+                                                                worker.kernel_names, artifacts, problem["inputs"])
                 except WorkerDied as died:
                     return failed(died.failure)
             if prof.get("trace"):
@@ -317,7 +318,7 @@ def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[st
 
 
 async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,
-                    kernel_names: list[str], artifacts: Path) -> tuple[list[NcuKernel], str | None]:
+                    kernel_names: list[str], artifacts: Path, inputs: dict[str, Any]) -> tuple[list[NcuKernel], str | None]:
     """Run the candidate once more under Nsight Compute; the judge reads the report."""
     where = scratch / "ncu"
     where.mkdir(parents=True, exist_ok=True)
@@ -331,7 +332,7 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
                                  prefix=prefix) as w:
             loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
             if loaded.get("failure") is None:
-                await w.call("run", stage="ncu", exchange=str(scratch / "inputs.pt"), outputs=str(where / "outputs.pt"),
+                await w.call("run", stage="ncu", **inputs, outputs=str(where / "outputs.pt"),
                              timeout_s=_NCU_TIMEOUT_S)
     except (WorkerDied, HarnessError) as exc:
         problem = f"the run under ncu failed: {exc}"[:400]
