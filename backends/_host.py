@@ -24,9 +24,6 @@ class WallTimer:
     def elapsed_s(self) -> float:
         return (self._t1 - self._t0) / 1e9
 
-    def host_elapsed_s(self) -> float:
-        return self.elapsed_s()
-
 
 def cpu_name() -> str:
     try:
