@@ -123,7 +123,10 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
     honest = await profile_kernel(ctx, "cpu", reference("relu"), candidate("relu_python"), baselines=("eager",),
                                   budget_s=3.0)
     got = checks(honest)
-    assert honest.speedup_trusted, str(honest)
+    # No cheat check fires on it. On a busy 2-core machine its speedup interval can be honestly too wide to
+    # rank (stable_timing fails, so it is not trusted); that is the only reason allowed.
+    failed = {name for name, status in got.items() if status == "fail"}
+    assert failed <= {"stable_timing"} and honest.speedup_trusted is (not failed), str(honest)
     assert got["timed_outputs"] == "pass" and got["fresh_inputs"] == "pass" and got["plausible_speed"] in ("pass", "skip")
     assert got["probe_memo"] == "pass"
     assert honest.report.candidate.input_sets >= 3

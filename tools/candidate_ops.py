@@ -184,8 +184,11 @@ class CandidateOps:
                     self.compiled = torch.compile(self.model)
                 fn = self.compiled
             with torch.no_grad():
+                threads = getattr(self.backend, "threads", torch.get_num_threads)()
                 timed = time_model(label, fn, self._timing_args, self.backend, policy, schedule=series["schedule"],
-                                   on_output=keep.offer if keep else None, threads=torch.get_num_threads())
+                                   on_output=keep.offer if keep else None, threads=threads)
+                if (odd := getattr(self.backend, "thread_warning", lambda: None)()) is not None:
+                    timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
                 decoy = self._decoy_output(fn, msg["decoy_shift"]) if msg.get("decoy_shift") is not None else None
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")

@@ -175,11 +175,16 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         ncu=tuple(ncu_kernels),
         notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
-               f"({candidate_stats.threads} host threads)",),
+               f"(candidate, eager and torch.compile each with {candidate_stats.threads} host threads: torch's "
+               "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",),
         device=device, problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
         **ProfileReport.roofline(device, candidate_stats.median_us, problem["problem_bytes"],
                                  problem["problem_flops"], problem["dtype"]))
     warnings = list(candidate_stats.warnings)
+    threads = {n: t["stats"].threads for n, t in series.items() if "stats" in t}
+    if len(set(threads.values())) > 1:
+        warnings.append("the series were timed with different thread counts ("
+                        + ", ".join(f"{n} {t}" for n, t in threads.items()) + "): the speedups compare unlike runs")
     if not output_correct:
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")

@@ -85,6 +85,9 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     per_call_s = _warm_up(fn, make_args, backend, policy, schedule)
     batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
 
+    contention = getattr(backend, "contention", None)  # host backends count windows another process preempted
+    if contention:
+        contention()
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
     t_sampling = time.perf_counter()
@@ -113,6 +116,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
             break
 
     extra = []
+    if contention and (busy := contention().get("warning")):
+        extra.append(busy)
     host_med, unseen, gap_note = _cross_check(fn, make_args, backend, policy, next_call, clock)
     if unseen:
         extra.append(gap_note)
