@@ -139,3 +139,11 @@ async def test_leftover_processes_are_named(ctx):
                                                 use_store=False)
         [check] = [c for c in result.checks if c.name == "no_background_work"]
         assert check.status == "fail" and said in check.evidence and "(sleep)" in check.evidence, str(result)
+
+
+async def test_a_reused_output_buffer_is_revalidated_as_returned(ctx):
+    """The last timed output is held by reference: no call (cross-check, decoy) may run before it is saved."""
+    prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate("honest_reused_output"), baselines=("eager",),
+                                budget_s=1.0)
+    got = checks(prof)
+    assert got["timed_outputs"] == "pass" and got["probe_memo"] == "pass", str(prof)

@@ -91,20 +91,23 @@ class CandidateOps:
                 "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
 
     def _decoy_record(self, shift: int) -> dict[str, Any]:
-        """Trial 0's inputs once more, then the same tensors changed where a cheap probe cannot see it."""
+        """Trial 0's inputs (a fresh copy) through `_decoy_outputs`, or why that call failed."""
+        try:
+            return {"decoy_shift": shift, "outputs": self._decoy_outputs(self.model, self._args(0), shift)}
+        except BaseException as exc:  # noqa: BLE001
+            return {"decoy_shift": shift, "error": self._failure(exc, "forward")["failure"]["message"]}
+
+    def _decoy_outputs(self, fn: Callable[..., Any], args: list[Any], shift: int) -> list[Any]:
+        """Run `args` once, then again after they were changed in place where a cheap probe cannot see it
+        (`inputs.probe_preserving_`); the second call's outputs, for the judge."""
         from .compare import flatten_outputs
         from .inputs import probe_preserving_
 
-        try:
-            args = self._args(0)
-            self.model(*args)
-            probe_preserving_(args, shift)
-            out = [encode_output(o) for o in flatten_outputs(self.model(*args))]
-            self.backend.synchronize()
-        except BaseException as exc:  # noqa: BLE001
-            f = self._failure(exc, "forward")["failure"]
-            return {"decoy_shift": shift, "error": f["message"]}
-        return {"decoy_shift": shift, "outputs": out}
+        fn(*args)
+        probe_preserving_(args, shift)
+        out = [encode_output(o) for o in flatten_outputs(fn(*args))]
+        self.backend.synchronize()
+        return out
 
     def _integrity(self) -> dict[str, list[str]]:
         return {"tampering": self.snapshot.tampering(), "flags": self.snapshot.flag_changes(),
@@ -175,7 +178,7 @@ class CandidateOps:
         if label not in self.series:  # the first round of this series: its replay schedule and reservoir
             self.series[label] = {
                 "schedule": ReplaySchedule(len(self.timing_sets)) if len(self.timing_sets) > 1 else None,
-                "keep": _Reservoir(_REVALIDATED_CALLS, _output_budget(self)) if msg.get("revalidate") else None}
+                "keep": _Reservoir(_REVALIDATED_CALLS) if msg.get("revalidate") else None}
         series = self.series[label]
         keep = series["keep"]
         try:
@@ -189,34 +192,25 @@ class CandidateOps:
                                    on_output=keep.offer if keep else None, threads=threads)
                 if (odd := getattr(self.backend, "thread_warning", lambda: None)()) is not None:
                     timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
-                decoy = self._decoy_output(fn, msg["decoy_shift"]) if msg.get("decoy_shift") is not None else None
+                saved = None
+                if keep is not None and msg.get("outputs"):
+                    from .compare import flatten_outputs
+
+                    # Encoded before any further call: a candidate may reuse its output buffer.
+                    saved = [{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
+                             for c, (s, out) in keep.items()]
+                    if msg.get("decoy_shift") is not None:  # on set 0 itself: the tensors the timed calls saw
+                        saved.append({"call": -1, "set": 0, "decoy_shift": msg["decoy_shift"],
+                                      "outputs": self._decoy_outputs(fn, self.timing_sets[0], msg["decoy_shift"])})
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
         reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
                                  "samples_us": [round(x * 1e6, 4) for x in timed.samples_s], "fresh": timed.fresh,
                                  "integrity": self._integrity()}
-        if keep is not None and msg.get("outputs"):
-            from .compare import flatten_outputs
-
-            saved = [{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
-                     for c, (s, out) in keep.items()]
-            if decoy is not None:
-                saved.append({"call": -1, "set": 0, "decoy_shift": msg["decoy_shift"], "outputs": decoy})
+        if saved is not None:
             torch.save(saved, msg["outputs"])
             reply["revalidation_file"] = msg["outputs"]
         return reply
-
-    def _decoy_output(self, fn: Callable[..., Any], shift: int) -> list[Any]:
-        """Run set 0 once, then again after it was changed in place where a cheap probe cannot see it."""
-        from .compare import flatten_outputs
-        from .inputs import probe_preserving_
-
-        args = self.timing_sets[0]  # the very tensors (same addresses) the timed calls saw
-        fn(*args)
-        probe_preserving_(args, shift)
-        out = [encode_output(o) for o in flatten_outputs(fn(*args))]
-        self.backend.synchronize()
-        return out
 
     def _timing_args(self, i: int) -> list[Any]:
         import torch
@@ -255,24 +249,14 @@ class CandidateOps:
                 "perf_calls": i, "facts": self.backend.facts().model_dump(mode="json")}
 
 
-def _output_budget(worker: Any) -> int:
-    """How many timed outputs the reservoir may copy: at most `_KEPT_OUTPUT_BYTES` of them (at least one)."""
-    import torch
-
-    with torch.no_grad():
-        out = worker.model(*worker._timing_args(0))
-    from .compare import flatten_outputs
-
-    size = sum(o.numel() * o.element_size() for o in flatten_outputs(out) if isinstance(o, torch.Tensor))
-    del out
-    return max(1, _KEPT_OUTPUT_BYTES // max(1, size))
-
-
 class _Reservoir:
-    """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last."""
+    """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last.
 
-    def __init__(self, k: int, fits: int | None = None) -> None:
-        self.k, self.seen = min(k, fits or k), 0
+    Kept across a series' rounds; the last call's output is held by reference, so nothing may call the
+    model between the last timed call and the encoding of the sample (see `op_time`)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.seen = k, 0
         self.kept: dict[int, Any] = {}
         self.last: tuple[int, Any] | None = None
 
@@ -281,6 +265,10 @@ class _Reservoir:
 
         from .compare import flatten_outputs
 
+        outputs = flatten_outputs(out)
+        if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (at least one)
+            size = sum(o.numel() * o.element_size() for o in outputs if type(o) is torch.Tensor)
+            self.k = min(self.k, max(1, _KEPT_OUTPUT_BYTES // max(1, size)))
         call = self.seen
         self.seen += 1
         self.last = (call, (set_index, out))  # no later call runs before the sample is saved: no copy needed
@@ -289,8 +277,7 @@ class _Reservoir:
             if len(self.kept) >= self.k:
                 del self.kept[sorted(self.kept)[slot]]
             # Copied now: a candidate may reuse its output buffer on the next call.
-            self.kept[call] = (set_index, [o.detach().clone() if type(o) is torch.Tensor else o
-                                           for o in flatten_outputs(out)])
+            self.kept[call] = (set_index, [o.detach().clone() if type(o) is torch.Tensor else o for o in outputs])
 
     def items(self) -> list[tuple[int, Any]]:
         items = dict(self.kept)

@@ -122,8 +122,6 @@ class JudgeOps:
 
         from .output_contract import same_values
 
-        from .inputs import probe_preserving_
-
         results = torch.load(msg["outputs"], weights_only=True)
         decoys = [r for r in results if "decoy_shift" in r]
         results = [r for r in results if "decoy_shift" not in r]
@@ -132,11 +130,8 @@ class JudgeOps:
             if "error" in d:
                 decoy = {"correct": False, "error": d["error"], "problems": []}
                 continue
-            inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in self.sets[0]],
-                                       d["decoy_shift"])
-            checks = self._compare(0, [_decode(o) for o in d["outputs"]], msg,
-                                   expected=self._reference_outputs(self.model, inputs), exact=[])
-            decoy = {"correct": all(c.correct for c in checks), "problems": [p for c in checks for p in c.problems][:2]}
+            ok, problems = self._judge_on(self.sets[0], d, msg)
+            decoy = {"correct": ok, "problems": problems}
         trials = []
         for i, res in enumerate(results):
             if "error" in res:
@@ -230,26 +225,32 @@ class JudgeOps:
         return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
                 "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
 
-    def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Compare outputs saved during timing with the reference on the same timing inputs."""
+    def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
+        """Judge a candidate's saved outputs (`item["outputs"]`) against the reference run now on `inputs`,
+        or, for a decoy (`item["decoy_shift"]`), on a copy of them changed as the candidate's were."""
         import torch
 
         from .inputs import probe_preserving_
 
+        if "decoy_shift" in item:
+            inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in inputs],
+                                       item["decoy_shift"])
+        checks = self._compare(0, [_decode(o) for o in item["outputs"]], msg,
+                               expected=self._reference_outputs(self.model, inputs), exact=[])
+        return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
+
+    def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare outputs saved during timing with the reference on the same timing inputs."""
+        import torch
+
         saved = torch.load(msg["outputs"], weights_only=True)
         wrong, decoy = [], None
         for item in saved:
-            inputs = self.timing_sets[item["set"]]
-            if "decoy_shift" in item:  # set 0 changed where a cheap probe cannot see it (see probe_preserving_)
-                inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in inputs],
-                                           item["decoy_shift"])
-            expected = self._reference_outputs(self.model, inputs)
-            checks = self._compare(0, [_decode(o) for o in item["outputs"]], msg, expected=expected, exact=[])
-            ok = all(c.correct for c in checks)
+            ok, problems = self._judge_on(self.timing_sets[item["set"]], item, msg)
             if "decoy_shift" in item:
-                decoy = {"correct": ok, "problems": [p for c in checks for p in c.problems][:2]}
+                decoy = {"correct": ok, "problems": problems}
             elif not ok:
-                wrong.append({"call": item["call"], "problems": [p for c in checks for p in c.problems][:2]})
+                wrong.append({"call": item["call"], "problems": problems})
         return {"checked": len(saved) - (decoy is not None), "wrong": wrong, "decoy": decoy}
 
 

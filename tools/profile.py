@@ -287,13 +287,13 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
                 first_compile = name == "torch.compile" and not replies[name]
                 reply = await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
                                          policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None)
+                if name == "eager" and r == 0:  # the canary: decides which stored baselines still hold
+                    order, stored = _check_canary(order, stored, reply)
+                    replies.update({n: [] for n in order if n not in replies})
                 if reply.get("failure"):
                     failures[name] = Failure(**reply["failure"])
                     continue
             replies[name].append(reply)
-            if name == "eager" and r == 0:
-                order, stored = _check_canary(order, stored, reply)
-                replies.update({n: [] for n in order if n not in replies})
     out: dict[str, dict[str, Any]] = {}
     for name, rs in replies.items():
         if name in failures:
@@ -315,9 +315,10 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
 
 
 def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """Drop stored baselines whose eager canary moved; they are timed in this run instead."""
-    eager_now = TimingStats(**eager_reply["timing"]).median_us
-    keep = {n: v for n, v in stored.items() if abs(eager_now / v[1]["eager_median_us"] - 1) <= _CANARY_TOLERANCE}
+    """Drop stored baselines whose eager canary moved (or could not be timed); they are timed in this run instead."""
+    eager_now = TimingStats(**eager_reply["timing"]).median_us if not eager_reply.get("failure") else None
+    keep = {n: v for n, v in stored.items()
+            if eager_now is not None and abs(eager_now / v[1]["eager_median_us"] - 1) <= _CANARY_TOLERANCE}
     redo = [n for n in stored if n not in keep]
     return order[:1] + redo + order[1:], keep
 

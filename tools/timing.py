@@ -3,17 +3,18 @@
 Algorithm (`time_model`), the one `triton.testing.do_bench` uses, plus checks a judge needs:
   1. Warm up: call until both `warmup_calls` calls and `warmup_s` seconds have passed, so JIT
      compilation, autotuning, allocator growth and the device's clocks settle before timing.
-  2. Sample in batches: queue `flush cache, start timer, call, stop timer` for a batch of calls
+  2. Cross-check, before sampling: a few calls each closed by a device-wide synchronize on the host
+     clock, against the device timer on the same calls. When the host saw much more time than the
+     device timer (beyond what a synchronize costs by itself), work ran where the timer could not see
+     it (another stream, a thread): the candidate is then timed call by call on the host clock, and
+     those are its samples. Otherwise:
+  3. Sample in batches: queue `flush cache, start timer, call, stop timer` for a batch of calls
      back to back, each on its own input set, then synchronize once and read every timer. The
      device never idles between calls, so it stays at its running clocks: a synchronize and host
      work between calls lets an idle GPU drop its clocks (345 vs 1980 MHz was read on an H100) and
      made single-call medians 1.4-3x longer than do_bench's. Cache flushes stay outside the window.
-  3. Stop once there are `min_samples` samples and the relative standard error of the mean is
+  4. Stop once there are `min_samples` samples and the relative standard error of the mean is
      below `target_rel_sem`, or the time budget or `max_samples` is reached.
-  4. Cross-check, in a phase of its own: a few calls each closed by a device-wide synchronize on the
-     host clock. When the host saw much more time than the device timer, work ran where the timer
-     could not see it (another stream, a thread): the candidate is then timed call by call on the
-     host clock, and those are its samples.
 Trade-off: a cold cache per call measures what one call costs from DRAM, which is what a
 kernel in a real model usually sees; warm-cache numbers would flatter small kernels.
 """
@@ -83,47 +84,24 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     schedule = schedule or (ReplaySchedule(fresh_sets) if fresh_sets else None)
     next_call = _call_picker(schedule)
     per_call_s = _warm_up(fn, make_args, backend, policy, schedule)
-    batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
-
+    # The cross-check runs before sampling: it decides how the samples are taken, and no call may follow the
+    # last timed one before its output is saved (a candidate may reuse its output buffer).
+    host_med, unseen, gap_note = _cross_check(fn, make_args, backend, policy, clock)
     contention = getattr(backend, "contention", None)  # host backends count windows another process preempted
     if contention:
         contention()
-    samples: list[float] = []
-    picks: list[tuple[int, bool]] = []
-    t_sampling = time.perf_counter()
-    hit_budget = False
-    while len(samples) < policy.max_samples:
-        timers = []
-        for _ in range(min(batch, policy.max_samples - len(samples))):
-            set_index, fresh = next_call(len(picks) + len(timers))
-            args = make_args(set_index)
-            backend.flush_cache()
-            timer = backend.timer()
-            timer.start()
-            out = fn(*args)
-            timer.stop()
-            timers.append(timer)
-            picks.append((set_index, fresh))
-            if on_output is not None:
-                on_output(set_index, out)
-            del out, args
-        backend.synchronize()
-        samples += [t.elapsed_s() for t in timers]
-        if len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem:
-            break
-        if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
-            hit_budget = len(samples) < policy.min_samples or _rel_sem(samples) > policy.target_rel_sem
-            break
-
+    if unseen:
+        # The device timer misses work: the host clock, closed after a device-wide sync, is the honest time
+        # of a call. Time it that way, call by call, and let those be the samples.
+        samples, picks, hit_budget = _host_samples(fn, make_args, backend, policy, next_call, on_output, clock)
+    else:
+        batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
+        samples, picks, hit_budget = _device_samples(fn, make_args, backend, policy, next_call, on_output, batch)
     extra = []
     if contention and (busy := contention().get("warning")):
         extra.append(busy)
-    host_med, unseen, gap_note = _cross_check(fn, make_args, backend, policy, next_call, clock)
     if unseen:
         extra.append(gap_note)
-        # The device timer missed work: the host clock, closed after a device-wide sync, is the honest
-        # time of a call. Time it that way, call by call, and let those be the samples.
-        samples, picks, hit_budget = _host_samples(fn, make_args, backend, policy, next_call, clock)
     if hit_budget:
         extra.append(f"time budget of {policy.budget_s:g} s reached before the standard error fell below "
                      f"{100 * policy.target_rel_sem:g}% of the mean")
@@ -135,6 +113,17 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
                                        input_sets=schedule.sets if schedule else None, threads=threads,
                                        clock="host" if unseen else "device")
     return Timed(stats, samples, [f for _, f in picks])
+
+
+def _enough(samples: list[float], t_sampling: float, policy: TimingPolicy) -> tuple[bool, bool]:
+    """Stop sampling? (enough samples with a small standard error, or the budget spent); and was it the budget
+    that stopped it before the standard error got small."""
+    steady = len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem
+    if steady:
+        return True, False
+    if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
+        return True, True
+    return False, False
 
 
 def _call_picker(schedule: ReplaySchedule | None) -> Callable[[int], tuple[int, bool]]:
@@ -165,15 +154,15 @@ def _warm_up(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], 
 
 
 def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
-                 policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]], clock: Callable[[], float],
-                 ) -> tuple[float | None, bool, str]:
-    """Host clock (closed after a device-wide sync) against the device timer on the same calls."""
+                 policy: TimingPolicy, clock: Callable[[], float]) -> tuple[float | None, bool, str]:
+    """Host clock (closed after a device-wide sync) against the device timer on the same calls, on set 0
+    (the warm-up's, so no fresh set is spent before the replay check can use it)."""
     if policy.checked_calls < 1:
         return None, False, ""
     overhead = _timer_overhead_s(backend, clock)
     host, device = [], []
-    for i in range(policy.checked_calls):
-        args = make_args(next_call(i)[0])
+    for _ in range(policy.checked_calls):
+        args = make_args(0)
         backend.flush_cache()
         backend.synchronize()
         timer = backend.timer()
@@ -197,8 +186,40 @@ def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any
     return host_med, unseen, note
 
 
+def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
+                    policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
+                    on_output: Callable[[int, Any], None] | None, batch: int,
+                    ) -> tuple[list[float], list[tuple[int, bool]], bool]:
+    """Batches of calls queued back to back on the device timer, one synchronize per batch."""
+    samples: list[float] = []
+    picks: list[tuple[int, bool]] = []
+    t_sampling = time.perf_counter()
+    while len(samples) < policy.max_samples:
+        timers = []
+        for _ in range(min(batch, policy.max_samples - len(samples))):
+            set_index, fresh = next_call(len(picks))
+            args = make_args(set_index)
+            backend.flush_cache()
+            timer = backend.timer()
+            timer.start()
+            out = fn(*args)
+            timer.stop()
+            timers.append(timer)
+            picks.append((set_index, fresh))
+            if on_output is not None:
+                on_output(set_index, out)
+            del out, args
+        backend.synchronize()
+        samples += [t.elapsed_s() for t in timers]
+        done, hit_budget = _enough(samples, t_sampling, policy)
+        if done:
+            return samples, picks, hit_budget
+    return samples, picks, False
+
+
 def _host_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
-                  policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]], clock: Callable[[], float],
+                  policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
+                  on_output: Callable[[int, Any], None] | None, clock: Callable[[], float],
                   ) -> tuple[list[float], list[tuple[int, bool]], bool]:
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
@@ -213,11 +234,12 @@ def _host_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[An
         backend.synchronize()
         samples.append(clock() - h0)
         picks.append(pick)
+        if on_output is not None:
+            on_output(pick[0], out)
         del out, args
-        if len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem:
-            return samples, picks, False
-        if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
-            return samples, picks, len(samples) < policy.min_samples or _rel_sem(samples) > policy.target_rel_sem
+        done, hit_budget = _enough(samples, t_sampling, policy)
+        if done:
+            return samples, picks, hit_budget
     return samples, picks, False
 
 
