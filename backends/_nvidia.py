@@ -7,11 +7,18 @@ from typing import Any
 
 from .base import DeviceFacts
 
-__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "measure_gpu_ceilings", "setup_gpu"]
+__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu"]
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
 _FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether this host has an NVIDIA GPU, asked of the driver rather than of torch (a CPU build of torch
+    cannot tell): the kernel driver lists its GPUs under /proc/driver/nvidia/gpus, and makes /dev/nvidia0."""
+    gpus = "/proc/driver/nvidia/gpus"
+    return (os.path.isdir(gpus) and bool(os.listdir(gpus))) or os.path.exists("/dev/nvidia0")
 
 
 class EventTimer:

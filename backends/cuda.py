@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, setup_gpu
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, nvidia_gpu_present, setup_gpu
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["CudaBackend"]
@@ -46,12 +46,17 @@ class CudaBackend:
                                 reason=f"torch cannot be imported ({exc})")
         versions["torch"] = torch.__version__
         if torch.version.cuda is None:
-            return Availability(backend=self.name, ok=False, versions=versions,
-                                reason="torch is a CPU-only build; install a CUDA build of torch")
+            # Advice that fits the host: a CUDA build of torch helps only where there is a GPU to run it.
+            reason = ("torch is a CPU-only build and this host has an NVIDIA GPU: install a CUDA build of torch "
+                      "(`pip install torch`)" if nvidia_gpu_present() else
+                      "no NVIDIA GPU on this host: the cuda backend needs one (the cpu backend runs here)")
+            return Availability(backend=self.name, ok=False, versions=versions, reason=reason)
         versions["torch_cuda"] = torch.version.cuda
         if not torch.cuda.is_available():
             return Availability(backend=self.name, ok=False, versions=versions,
-                                reason="no NVIDIA GPU visible (torch.cuda.is_available() is False)")
+                                reason="torch.cuda.is_available() is False although this host has an NVIDIA GPU: check "
+                                       "the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES" if nvidia_gpu_present() else
+                                       "no NVIDIA GPU on this host: the cuda backend needs one")
         home = cpp_extension.CUDA_HOME
         nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
         if not nvcc or not os.path.exists(nvcc):

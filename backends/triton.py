@@ -48,12 +48,20 @@ class TritonBackend:
             import triton
         except Exception as exc:  # noqa: BLE001
             return Availability(backend=self.name, ok=False, versions=versions,
-                                reason=f"triton cannot be imported ({exc}); `pip install triton`")
+                                reason=f"triton cannot be imported ({exc}); `pip install triton`"
+                                       + ("" if self._gpu else " (without an NVIDIA GPU it runs under its interpreter: "
+                                                               "verified, not timed)"))
         versions["triton"] = triton.__version__
         if self._gpu:
             return Availability(backend=self.name, ok=True, versions=versions, device_name=torch.cuda.get_device_name(0),
                                 hardware_profiler="ncu",
                                 reason="GPU present: kernels are JIT-compiled by Triton and timed")
+        try:  # the interpreter has needs of its own (numpy) that `import triton` does not reveal
+            import triton.runtime.interpreter  # noqa: F401
+        except Exception as exc:  # noqa: BLE001
+            return Availability(backend=self.name, ok=False, versions=versions,
+                                reason=f"no GPU, and Triton's interpreter (which runs Triton candidates without one) "
+                                       f"cannot load: {exc}; `pip install numpy` (timing Triton kernels needs an NVIDIA GPU)")
         return Availability(backend=self.name, ok=True, timing=False, mode="interpreter", versions=versions,
                             device_name=cpu_name(),
                             reason="no GPU: candidates run under Triton's interpreter (TRITON_INTERPRET=1) on CPU "

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 from kforge.tools.models import sha256_text
 
-__all__ = ["candidate_format", "example", "example_backends", "inline_build_examples", "problem_names",
+from .kernelbench import PREFIX as KERNELBENCH_PREFIX
+from .kernelbench import KernelBench, KernelBenchError
+
+__all__ = ["Problems", "UnknownProblem", "candidate_format", "example", "example_backends", "inline_build_examples", "problem_names",
            "problem_names_by_sha256", "problem_reference"]
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
@@ -31,6 +35,40 @@ def problem_reference(name: str) -> str | None:
 def problem_names_by_sha256() -> dict[str, str]:
     """{sha256 of a pack problem's reference text: its name} (results' specs carry the sha256)."""
     return {sha256_text(problem_reference(n) or ""): n for n in problem_names()}
+
+
+class UnknownProblem(LookupError):
+    """A `problem=` name that names nothing; the message lists what there is or says what to configure."""
+
+
+class Problems:
+    """The names `problem=` accepts: the server's pack, plus KernelBench's when a checkout is configured."""
+
+    def __init__(self, kernelbench_dir: Path | None = None) -> None:
+        self.kernelbench = KernelBench(kernelbench_dir)
+
+    def names(self) -> list[str]:
+        return problem_names() + self.kernelbench.names()
+
+    def reference(self, name: str) -> str:
+        """The reference source named `name`; UnknownProblem says why there is none."""
+        if name.startswith(KERNELBENCH_PREFIX):
+            try:
+                return self.kernelbench.reference(name)
+            except KernelBenchError as exc:
+                raise UnknownProblem(str(exc)) from None
+        code = problem_reference(name)
+        if code is None:
+            more = (f", and KernelBench's as '{KERNELBENCH_PREFIX}level1/23_Softmax'" if self.kernelbench.configured
+                    else f" (KernelBench's too, as '{KERNELBENCH_PREFIX}level1/23_Softmax', once KFORGE_KERNELBENCH_DIR "
+                         "names a checkout)")
+            raise UnknownProblem(f"unknown problem {name!r}; the pack has: {', '.join(problem_names())}{more}")
+        return code
+
+    def by_sha256(self) -> dict[str, str]:
+        """{sha256 of a problem's reference text: its name} (results' specs carry the sha256)."""
+        found = {sha256_text(self.reference(n)): n for n in self.kernelbench.names()}
+        return {**found, **problem_names_by_sha256()}
 
 
 def example_backends() -> list[str]:

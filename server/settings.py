@@ -7,12 +7,15 @@ the server token) are read from the environment only, never from this file.
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
+import tomllib
 from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from kforge.profilers.analyst.http import ModelConfig
@@ -20,11 +23,39 @@ from kforge.tools.context import ToolContext
 from kforge.tools.runner import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
 
-__all__ = ["Settings", "analyst_config", "config_file", "tool_context"]
+from .kernelbench import REPOSITORY, problems_dir
+
+__all__ = ["ConfigError", "Settings", "analyst_config", "config_file", "load_settings", "tool_context"]
+
+
+class ConfigError(ValueError):
+    """A configuration the server cannot start with; the message names the file or variable and the key."""
 
 
 def config_file() -> Path:
     return Path(os.environ.get("KFORGE_CONFIG") or Path(platformdirs.user_config_dir("kforge")) / "config.toml")
+
+
+def _near(name: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _TomlFile(TomlConfigSettingsSource):
+    """The config file, refusing what would otherwise be dropped without a word: syntax errors and unknown keys."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot be read: {exc}") from None
+        known = set(settings_cls.model_fields)
+        for key in self.toml_data:
+            if key not in known:
+                raise ConfigError(f"{path}: unknown key {key!r}{_near(key, known)}; the keys are the KFORGE_* "
+                                  "variables in lower case without the prefix (README: Commands and configuration)")
 
 
 def _default_memory_mb() -> int:
@@ -69,6 +100,11 @@ class Settings(BaseSettings):
     warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "
                               "ready) per available backend, so a job does not wait for start-up; 0: every worker starts cold.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
+    cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
+                                "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "
+                                "`kforge serve` and `kforge prune` delete the least recently used beyond it; 0: no cap.")
+    kernelbench_dir: Path | None = Field(default=None, description="A KernelBench checkout (its root, or its "
+                                         "KernelBench/ folder), so tools accept problem='kernelbench:level1/23_Softmax'.")
     # HTTP (the token itself is read from KFORGE_TOKEN or a token file, never from the config file).
     token_file: Path | None = Field(default=None, description="File holding the bearer token (instead of KFORGE_TOKEN).")
     allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host header values to accept (the "
@@ -78,11 +114,59 @@ class Settings(BaseSettings):
     certfile: Path | None = Field(default=None, description="TLS certificate (PEM) for HTTP; with keyfile, serves HTTPS.")
     keyfile: Path | None = Field(default=None, description="TLS private key (PEM).")
 
+    @field_validator("home", "kernelbench_dir")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("kernelbench_dir")
+    @classmethod
+    def _is_kernelbench(cls, value: Path | None) -> Path | None:
+        # Said at start, not at the first `problem="kernelbench:..."` an agent sends.
+        if value is not None and problems_dir(value) is None:
+            raise ValueError(f"{value} is not a KernelBench checkout (no KernelBench/level1/ in it); clone {REPOSITORY}")
+        return value
+
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        return init_settings, env_settings, _TomlFile(settings_cls, config_file())
+
+
+# KFORGE_* variables that are read elsewhere, not settings: no "unknown variable" warning for them.
+_OTHER_VARIABLES = {"KFORGE_CONFIG", "KFORGE_TOKEN", "KFORGE_TRACE", "KFORGE_CI_VENV"}
+
+
+def load_settings(*, flags: dict[str, str] | None = None, **overrides: object) -> Settings:
+    """Settings from the command line's `overrides`, the environment and the config file, in that order.
+
+    Raises ConfigError saying where a bad value came from (the variable, the file or the option; `flags`
+    maps a setting to its option's name), and warns on stderr about a KFORGE_* variable that looks like a
+    misspelt setting (the environment holds other programs' variables too, so it is not refused)."""
+    known = sorted(Settings.model_fields)
+    for name in os.environ:
+        key = name.removeprefix("KFORGE_").lower()
+        if not name.startswith("KFORGE_") or name in _OTHER_VARIABLES or key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        if close:
+            print(f"kforge: warning: {name} is not a setting (did you mean KFORGE_{close[0].upper()}?)", file=sys.stderr)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_where(err, overrides, flags or {}) for err in exc.errors())) from None
+
+
+def _where(err: dict, overrides: dict[str, object], flags: dict[str, str]) -> str:
+    key = str(err["loc"][0]) if err["loc"] else ""
+    if key in overrides:
+        origin = flags.get(key, key)
+    elif f"KFORGE_{key.upper()}" in os.environ:
+        origin = f"KFORGE_{key.upper()}"
+    else:
+        origin = f"{config_file()}: {key}"
+    return f"{origin}: {err['msg']} (got {err.get('input')!r})"
 
 
 def analyst_config(settings: Settings) -> AnalystConfig:

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
 from .cuda_split import SplitDeclined, split_cuda_sources
+from .disk import mark_used
 from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
@@ -225,6 +226,7 @@ class _InlineBuilder:
         t0 = time.perf_counter()
         if _built_library_exists(final, name):
             module = _import_built(name, final, kwargs.get("is_python_module", True))
+            mark_used(final)  # `kforge prune` removes the least recently used builds first
             if self.precompiled_headers:  # e.g. the header build of an earlier run was killed with its server
                 pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
                 if not ready:
@@ -287,6 +289,7 @@ class _InlineBuilder:
         if self.precompiled_headers:
             pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
             if ready:
+                mark_used(pch_dir)
                 build["extra_include_paths"] = [str(pch_dir), *(build.get("extra_include_paths") or [])]
                 how.append("precompiled header")
         capture = build_dir / "kforge-build.log"

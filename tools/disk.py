@@ -1,0 +1,158 @@
+"""The disk a data directory takes, and pruning its rebuildable caches to a size cap.
+
+Under `KFORGE_HOME` the store (`kforge.db`, `artifacts/`) holds answers and profiles, which cannot be
+made again; `cache/` holds what can: built extensions, precompiled headers (about 0.8 GB each for
+torch/extension.h on CPU), torch.compile's and Triton's caches. Only the caches are pruned, least
+recently used first, and never an entry used in the last `KEEP_RECENT_S` (a server may be about to load it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["CACHES", "KEEP_RECENT_S", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_used", "prune_caches"]
+
+# cache/<name>: what it holds. Entries of the first three are pruned one by one; the compilers' own caches whole.
+CACHES = {
+    "builds": "built extensions",
+    "pch": "precompiled headers",
+    "torch_extensions": "torch's extension builds",
+    "inductor": "torch.compile (inductor) cache",
+    "triton": "Triton's kernel cache",
+}
+_PER_ENTRY = ("builds", "pch", "torch_extensions")
+# An entry used this recently may be loaded by a running job: pruning it then could fail that job's build.
+KEEP_RECENT_S = 600.0
+
+
+def _size(path: Path) -> int:
+    """Bytes on disk (allocated blocks, as `du` counts) under `path`; links are not followed."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass  # removed while we walked
+    return total
+
+
+def _last_used(path: Path) -> float:
+    """The newest access or change time of `path` or anything in it (a cache hit touches the entry: mark_used)."""
+    newest = 0.0
+    for root, _dirs, files in os.walk(path):
+        for p in (root, *(os.path.join(root, f) for f in files)):
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            newest = max(newest, st.st_mtime, st.st_atime)
+    return newest
+
+
+def mark_used(path: Path) -> None:
+    """Record that a cache entry was used just now, for least-recently-used pruning."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # read-only or gone: pruning then goes by the files' own times
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    home: Path
+    store_bytes: int  # kforge.db and artifacts: answers and profiles (not pruned)
+    caches: dict[str, int]  # cache name -> bytes
+    other_bytes: int  # job scratch and the rest
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(self.caches.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.store_bytes + self.cache_bytes + self.other_bytes
+
+
+def disk_usage(home: Path) -> DiskUsage:
+    """What the data directory `home` takes on disk, split into store, caches and the rest."""
+    caches = {name: _size(home / "cache" / name) for name in CACHES}
+    store = _size(home / "artifacts") + sum(_size(p) for p in home.glob("kforge.db*"))
+    total = _size(home)
+    return DiskUsage(home=home, store_bytes=store, caches=caches, other_bytes=max(0, total - store - sum(caches.values())))
+
+
+@dataclass
+class PruneReport:
+    removed: list[str] = field(default_factory=list)  # cache/<name>/<entry>
+    freed_bytes: int = 0
+    kept_recent: int = 0  # entries over the cap but used too recently to remove
+    cache_bytes_after: int = 0
+
+    def __str__(self) -> str:
+        text = f"removed {len(self.removed)} cache entries, freed {format_bytes(self.freed_bytes)}; caches now take " \
+               f"{format_bytes(self.cache_bytes_after)}"
+        if self.kept_recent:
+            text += f" ({self.kept_recent} entries used in the last {KEEP_RECENT_S / 60:g} min were kept)"
+        return text
+
+
+def _entries(home: Path) -> list[tuple[float, int, Path]]:
+    """(last used, bytes, path) of every prunable cache entry."""
+    found = []
+    for name in CACHES:
+        base = home / "cache" / name
+        if not base.is_dir():
+            continue
+        if name in _PER_ENTRY:
+            # A build publishes itself with one rename from .building-*; a header being built has a 'building' marker.
+            paths = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".building-")
+                     and not (p / "building").exists()]
+        else:
+            paths = [base]
+        found += [(_last_used(p), _size(p), p) for p in paths]
+    return sorted(found, key=lambda e: e[0])
+
+
+def prune_caches(home: Path, *, max_bytes: int | None, now: float | None = None) -> PruneReport:
+    """Delete cache entries, least recently used first, until the caches take at most `max_bytes`.
+
+    Args:
+        home: the data directory.
+        max_bytes: the cap; None removes every entry not used in the last KEEP_RECENT_S.
+        now: the current time (seconds since the epoch), for tests.
+
+    Returns:
+        What was removed and what the caches take afterwards.
+    """
+    now = time.time() if now is None else now
+    entries = _entries(home)
+    total = sum(size for _, size, _ in entries)
+    report = PruneReport()
+    for used, size, path in entries:
+        if max_bytes is not None and total <= max_bytes:
+            break
+        if now - used < KEEP_RECENT_S:
+            report.kept_recent += 1
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        report.removed.append(str(path.relative_to(home)))
+        report.freed_bytes += size
+        total -= size
+    report.cache_bytes_after = total
+    return report
+
+
+def format_bytes(n: float) -> str:
+    """Bytes for people: 512 B, 1.3 MB, 790.2 MB, 2.3 GB (powers of 1000, as `du --si`)."""
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
