@@ -49,7 +49,7 @@ class CudaBackend:
             # Advice that fits the host: a CUDA build of torch helps only where there is a GPU to run it.
             reason = ("torch is a CPU-only build and this host has an NVIDIA GPU: install a CUDA build of torch "
                       "(`pip install torch`)" if nvidia_gpu_present() else
-                      "no NVIDIA GPU on this host: the cuda backend needs one (the cpu backend runs here)")
+                      "no NVIDIA GPU on this host: the cuda backend needs one")
             return Availability(backend=self.name, ok=False, versions=versions, reason=reason)
         versions["torch_cuda"] = torch.version.cuda
         if not torch.cuda.is_available():

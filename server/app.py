@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import asynccontextmanager, contextmanager
-from typing import Annotated, Any, AsyncIterator, Iterator, Literal, Union
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Union
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
@@ -52,8 +52,9 @@ _PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(
     description="strict: the candidate must match the reference's own precision (TF32 off in the reference). "
     "tf32/fp16/bf16: the candidate declares it computes in that lower precision; tolerances widen to what "
     "that precision implies, and the result states them.")]
-_PROBLEM = Annotated[str | None, Field(description="Name of a problem in the server's pack (resource kforge://problems) "
-                                                   "instead of reference_code.")]
+_PROBLEM = Annotated[str | None, Field(description="Name of a problem (resource kforge://problems) instead of reference_code: "
+                                                   "one of the server's pack, e.g. 'softmax', or a KernelBench problem, e.g. "
+                                                   "'kernelbench:level1/23_Softmax', where the server has a KernelBench checkout.")]
 _USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
 _JOB_ID = Annotated[str, Field(description="A job_id from a job handle (or resource kforge://jobs).")]
 _RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -85,15 +86,15 @@ def _request_errors() -> Iterator[None]:
         raise ToolError(str(exc)) from None
 
 
-def _reference(reference_code: str | None, problem: str | None) -> str:
+def _reference(reference_code: str | None, problem: str | None, problems: catalog.Problems) -> str:
     if (reference_code is None) == (problem is None):
         raise ToolError("pass exactly one of reference_code (KernelBench Model source) or problem "
-                        f"(one of: {', '.join(catalog.problem_names())})")
+                        f"(e.g. one of: {', '.join(catalog.problem_names())}; resource kforge://problems lists all)")
     if problem is not None:
-        code = catalog.problem_reference(problem)
-        if code is None:
-            raise ToolError(f"unknown problem {problem!r}; the pack has: {', '.join(catalog.problem_names())}")
-        return code
+        try:
+            return problems.reference(problem)
+        except catalog.UnknownProblem as exc:
+            raise ToolError(str(exc)) from None
     return reference_code or ""
 
 
@@ -144,11 +145,14 @@ def _job_answer(answer: BaseModel) -> CallToolResult:
     return _result(answer)
 
 
-def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: dict[str, Any] | None = None) -> MCPServer:
+def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: dict[str, Any] | None = None,
+                 on_start: Callable[[ToolContext], Awaitable[None]] | None = None) -> MCPServer:
     """The KForge MCP server for `settings` (all state lives in the returned server's ToolContext).
 
-    `auth`: the SDK's `token_verifier` and `auth` arguments (HTTP only; see `kforge.server.auth`)."""
+    `auth`: the SDK's `token_verifier` and `auth` arguments (HTTP only; see `kforge.server.auth`).
+    `on_start`: run in the background once the server starts (the command line's banner)."""
     tools = tools or tool_context(settings)
+    problems = catalog.Problems(settings.kernelbench_dir)
     jobs = JobManager(tools, parallel=settings.parallel_jobs, queue_limit=settings.queue_limit,
                       max_wait_s=settings.job_max_wait_s)
 
@@ -156,6 +160,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
         # Jobs live as long as the server, not as long as a request; warm workers wait for them.
         async with tools.warm_workers(settings.warm_workers), jobs.running(), anyio.create_task_group() as tg:
+            if on_start is not None:
+                tg.start_soon(on_start, tools)
             if settings.precompiled_headers:
                 tg.start_soon(prewarm_builds, tools)
             yield {}
@@ -187,7 +193,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         seconds and whether the build came from cache. Triton compiles at first launch: give a reference or
         problem (optional) to launch the candidate once on its inputs and get the Triton kernels' resources.
         Long builds return a job handle: fetch the result with get_job."""
-        ref = _reference(reference_code, problem) if (reference_code or problem) else None
+        ref = _reference(reference_code, problem, problems) if (reference_code or problem) else None
         return await run_job(ctx, CompileRequest(backend=backend, candidate_code=candidate_code, reference_code=ref,
                                                  use_store=use_store), wait_s)
 
@@ -209,7 +215,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         ran; and whether trivial outputs would pass this problem. `checks` lists each with its evidence.
         Long runs return a job handle: fetch the result with get_job."""
         return await run_job(ctx, VerifyRequest(
-            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem),
+            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
             trials=trials, atol=atol, rtol=rtol, precision=precision, use_store=use_store), wait_s)
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
@@ -233,7 +239,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         perf counters where allowed), store it and return its profile_id. Long runs return a job handle:
         fetch the result with get_job."""
         return await run_job(ctx, ProfileRequest(
-            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem),
+            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
             baselines=tuple(baselines), budget_s=budget_s, precision=precision, hardware_counters=hardware_counters,
             use_store=use_store, fresh_baselines=fresh_baselines), wait_s)
 
@@ -315,12 +321,12 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     mcp.tool(name="summarize_profile", title="Summarize a profile",
              annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
 
-    _register_resources(mcp, tools, jobs)
-    _register_prompts(mcp, tools, analyst)
+    _register_resources(mcp, tools, jobs, problems)
+    _register_prompts(mcp, tools, analyst, problems)
     return mcp
 
 
-def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager) -> None:
+def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, problems: catalog.Problems) -> None:
     @mcp.resource("kforge://jobs", mime_type="application/json", title="Recent jobs")
     def recent_jobs() -> str:
         """The latest compile, verify and profile jobs, newest first, with their status: find a job whose handle
@@ -346,17 +352,19 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager) ->
         return f"# ---- reference.py ----\n{pair['reference']}\n# ---- candidate.py ----\n{pair['candidate']}"
 
     @mcp.resource("kforge://problems", mime_type="application/json", title="Problem pack")
-    def problems() -> str:
-        """Names of the problems that tools accept as `problem=`."""
-        return json.dumps(catalog.problem_names())
+    def problem_names() -> str:
+        """Names of the problems that tools accept as `problem=`: the pack's, and KernelBench's
+        ('kernelbench:level1/23_Softmax') where the server has a KernelBench checkout (KFORGE_KERNELBENCH_DIR)."""
+        return json.dumps(problems.names())
 
-    @mcp.resource("kforge://problems/{name}", mime_type="text/x-python", title="A problem's reference")
+    # {+name}: KernelBench names hold '/' and ':' (kforge://problems/kernelbench:level1/23_Softmax).
+    @mcp.resource("kforge://problems/{+name}", mime_type="text/x-python", title="A problem's reference")
     def problem(name: str) -> str:
-        """The reference (Model, get_inputs, get_init_inputs) of a problem in the pack."""
-        code = catalog.problem_reference(name)
-        if code is None:
-            raise ResourceNotFoundError(f"no problem {name!r}; have: {', '.join(catalog.problem_names())}")
-        return code
+        """The reference (Model, get_inputs, get_init_inputs) of a problem (kforge://problems lists them)."""
+        try:
+            return problems.reference(name)
+        except catalog.UnknownProblem as exc:
+            raise ResourceNotFoundError(str(exc)) from None
 
     @mcp.resource("kforge://profiles", mime_type="application/json", title="Stored profiles")
     def profiles() -> str:
@@ -396,15 +404,15 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager) ->
     def history_index() -> str:
         """Problems that candidates were verified or profiled against, newest first; read
         kforge://history/{problem} (a pack name or the reference's sha256) for one problem's history."""
-        names = catalog.problem_names_by_sha256()
+        names = problems.by_sha256()
         rows = tools.store.problems_with_history()
         return json.dumps([{**r, "problem": names.get(r["reference_sha256"])} for r in rows], indent=1)
 
-    @mcp.resource("kforge://history/{problem}", mime_type="application/json", title="A problem's candidates")
+    @mcp.resource("kforge://history/{+problem}", mime_type="application/json", title="A problem's candidates")
     def problem_history(problem: str) -> str:
         """Every verify and profile of candidates for one problem (a pack name, or the reference's sha256 as in
         a result's spec), oldest first, with the best trusted speedup so far: resume and compare passes."""
-        sha = {v: k for k, v in catalog.problem_names_by_sha256().items()}.get(problem, problem)
+        sha = {v: k for k, v in problems.by_sha256().items()}.get(problem, problem)
         entries = tools.store.history(sha)
         if not entries:
             raise ResourceNotFoundError(f"no history for problem {problem!r}: verify or profile a candidate for it first")
@@ -413,14 +421,19 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager) ->
         return json.dumps({"reference_sha256": sha, "entries": entries, "best": best}, indent=1)
 
 
-def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig) -> None:
+def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig, problems: catalog.Problems) -> None:
     """The generation agent's two passes, rendered from resources/prompts/*.md.j2."""
 
     async def common(backend: str, problem: str) -> dict[str, str]:
         pair = catalog.example(backend)
         if pair is None:
             raise ValueError(f"no example for backend {backend!r}; have: {', '.join(catalog.example_backends())}")
-        named = catalog.problem_reference(problem) if "\n" not in problem else None
+        named = None
+        if "\n" not in problem:  # a name, not a reference's source
+            try:
+                named = problems.reference(problem)
+            except catalog.UnknownProblem as exc:
+                raise ValueError(str(exc)) from None
         found = {a.backend: a for a in await tools.availability()}.get(backend)
         return {"backend": backend, "device": (found.device_name or "") if found else "",
                 "problem_name": problem if named else "", "reference": named or problem,

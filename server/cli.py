@@ -1,4 +1,4 @@
-"""The `kforge` command line: `kforge serve` (MCP over stdio or HTTP) and `kforge doctor`."""
+"""The `kforge` command line: `kforge serve` (MCP over stdio or HTTP), `doctor`, `config <client>` and `prune`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,38 @@ import anyio
 
 from kforge import __version__
 
+from kforge.backends import Availability
+from kforge.tools.disk import disk_usage, format_bytes, prune_caches
+
 from .auth import MAKE_TOKEN
-from .settings import Settings, analyst_config
+from .clients import CLIENTS, client_config, where_it_goes
+from .settings import Settings, analyst_config, config_file, load_settings
 
 __all__ = ["main"]
+
+def _backends_line(found: list[Availability]) -> str:
+    offered = [a.backend + (f" ({a.mode}, not timed)" if a.mode and not a.timing else "") for a in found if a.ok]
+    missing = [f"{a.backend} ({a.reason})" for a in found if not a.ok]
+    return f"backends {', '.join(offered) or 'none'}" + (f"; not here: {'; '.join(missing)}" if missing else "")
+
+
+def _on_start(settings: Settings, where: str):
+    """The banner (one line on stderr once the backends are probed), then the cache cap enforced in the background."""
+    async def announce(tools) -> None:
+        try:
+            backends = _backends_line(await tools.availability())
+        except Exception as exc:  # noqa: BLE001 - the banner must not take the server down; tools report it too
+            backends = f"backends could not be probed ({type(exc).__name__}: {exc})"
+        print(f"kforge {__version__}: serving MCP {where}; data directory {settings.home}; {backends}",
+              file=sys.stderr, flush=True)
+        if settings.cache_max_gb:
+            report = await anyio.to_thread.run_sync(
+                lambda: prune_caches(settings.home, max_bytes=int(settings.cache_max_gb * 1e9)))
+            if report.removed:
+                print(f"kforge: caches were over KFORGE_CACHE_MAX_GB={settings.cache_max_gb:g}: {report}",
+                      file=sys.stderr, flush=True)
+    return announce
+
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from .app import build_server
@@ -27,7 +55,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kforge %(levelname)s %(message)s")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     if args.transport == "stdio":
-        build_server(settings).run("stdio")
+        build_server(settings, on_start=_on_start(settings, "over stdio")).run("stdio")
         return 0
     try:
         token, source = load_token(settings.token_file)
@@ -46,8 +74,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
               "or put a TLS reverse proxy in front (README: Remote GPU hosts)", file=sys.stderr)
     if token is not None:
         print(f"kforge: bearer token read from {source}", file=sys.stderr)
-    serve_http(build_server(settings, auth=auth_arguments(token)), settings, host=args.host, port=args.port,
-               has_token=token is not None)
+    scheme = "https" if settings.certfile else "http"
+    where = f"over streamable HTTP at {scheme}://{args.host}:{args.port}/mcp" + (" (bearer token)" if token else "")
+    serve_http(build_server(settings, auth=auth_arguments(token), on_start=_on_start(settings, where)), settings,
+               host=args.host, port=args.port, has_token=token is not None)
     return 0
 
 
@@ -71,10 +101,14 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         return found, facts
 
     found, facts = anyio.run(gather)
+    disk = disk_usage(settings.home)
     if args.json:
         print(json.dumps({"kforge": __version__, "home": str(settings.home), "worker_network": tools.worker_network,
                           "backends": [a.model_dump(mode="json") for a in found],
-                          "devices": {k: v.model_dump(mode="json") for k, v in facts.items()}}, indent=1))
+                          "devices": {k: v.model_dump(mode="json") for k, v in facts.items()},
+                          "disk": {"total_bytes": disk.total_bytes, "store_bytes": disk.store_bytes,
+                                   "cache_bytes": disk.cache_bytes, "caches": disk.caches,
+                                   "cache_max_bytes": int(settings.cache_max_gb * 1e9) or None}}, indent=1))
         return 0 if any(a.ok for a in found) else 1
     print(f"kforge {__version__}; data directory {settings.home}")
     print(f"workers: network {tools.worker_network}")
@@ -87,15 +121,45 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
             f = facts[a.backend]
             rates = ", ".join(f"{dtype} {rate:g} TFLOP/s" for dtype, rate in f.peak_tflops.items())
             print(f"       measured ceilings: copy {f.peak_bandwidth_gbs:g} GB/s; matmul {rates}")
+    cap = f"cap {settings.cache_max_gb:g} GB (KFORGE_CACHE_MAX_GB)" if settings.cache_max_gb else "no cap"
+    parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in disk.caches.items() if n)
+    print(f"disk: {format_bytes(disk.total_bytes)} in {settings.home}: store {format_bytes(disk.store_bytes)}; "
+          f"caches {format_bytes(disk.cache_bytes)}{f' ({parts})' if parts else ''}, {cap}; `kforge prune` trims them")
+    if settings.kernelbench_dir:
+        print(f"KernelBench problems from {settings.kernelbench_dir}")
+    print("next: `kforge config claude-desktop` (or claude-code, vscode, cursor) prints a client configuration")
     return 0 if any(a.ok for a in found) else 1
 
 
+def _config(args: argparse.Namespace, settings: Settings) -> int:
+    print(client_config(args.client, set(Settings.model_fields)))
+    print(f"kforge: {where_it_goes(args.client)}", file=sys.stderr)
+    return 0
+
+
+def _prune(args: argparse.Namespace, settings: Settings) -> int:
+    if args.all:
+        limit = None
+    elif args.max_gb is not None:
+        limit = int(args.max_gb * 1e9)
+    elif settings.cache_max_gb:
+        limit = int(settings.cache_max_gb * 1e9)
+    else:
+        return _refuse("no cap to prune to: KFORGE_CACHE_MAX_GB is 0; give --max-gb N or --all")
+    print(prune_caches(settings.home, max_bytes=limit))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kforge", description="KForge: an MCP server for kernel generation agents.")
+    parser = argparse.ArgumentParser(prog="kforge", description="KForge: an MCP server for kernel generation agents.",
+                                     epilog=f"Settings: KFORGE_* environment variables, or {config_file()} "
+                                            "(README: Commands and configuration).")
     parser.add_argument("--version", action="version", version=f"kforge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve MCP (stdio by default, for desktop clients)")
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                       help="stdio (default): for a client that starts the server itself (Claude Desktop, IDEs); "
+                            "http: streamable HTTP at /mcp, for remote or several clients")
     serve.add_argument("--host", default="127.0.0.1",
                        help="HTTP: address to bind (default 127.0.0.1; any other needs KFORGE_TOKEN)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
@@ -110,17 +174,25 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--no-measure", dest="measure", action="store_false",
                         help="skip the device ceilings (copy bandwidth, matmul rates; measured once per device)")
     doctor.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of reading the cache")
+    config = sub.add_parser("config", help="print an MCP client's configuration that starts this install's server")
+    config.add_argument("client", choices=CLIENTS, help="claude-desktop, cursor: their JSON config; claude-code: the "
+                        "`claude mcp add` command; mcp-json: a project's .mcp.json (Claude Code); vscode: .vscode/mcp.json")
+    prune = sub.add_parser("prune", help="delete the least recently used build caches (precompiled headers, builds, "
+                           "compiler caches); results and profiles are kept")
+    prune.add_argument("--max-gb", type=float, metavar="GB", help="prune to this size (default: KFORGE_CACHE_MAX_GB)")
+    prune.add_argument("--all", action="store_true", help="remove every cache entry not used in the last 10 minutes")
     args = parser.parse_args(argv)
     overrides = {k: v for k in ("token_file", "certfile", "keyfile") if (v := getattr(args, k, None)) is not None}
     if getattr(args, "allowed_host", None):
         overrides["allowed_hosts"] = args.allowed_host
+    flags = {"token_file": "--token-file", "certfile": "--certfile", "keyfile": "--keyfile", "allowed_hosts": "--allowed-host"}
     try:
-        settings = Settings(**overrides)
+        settings = load_settings(flags=flags, **overrides)
         analyst_config(settings)  # a misconfigured analyst stops here, with what to set
-    except ValueError as exc:  # pydantic's ValidationError included
+    except ValueError as exc:  # ConfigError, and the analyst's
         print(f"kforge: configuration error: {exc}", file=sys.stderr)
         return 2
-    handler = {"serve": _serve, "doctor": _doctor}[args.command]
+    handler = {"serve": _serve, "doctor": _doctor, "config": _config, "prune": _prune}[args.command]
     return handler(args, settings)
 
 
