@@ -3,7 +3,8 @@
 Thin on purpose: each tool validates its arguments (pydantic, from the signature), resolves a
 named problem to its reference, forwards progress, and calls the plain function in
 `kforge.tools`. Results go out as structured content (the model's JSON schema is the tool's
-output schema) plus the result's human summary as text.
+output schema), the result's human summary as text (its next step fitted to this host), a compact
+JSON copy for clients that read only text (`compact.py`), and for profiles, charts (`pictures.py`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Union
 
 import anyio
+from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-from mcp.types import CallToolResult, CreateMessageResult, ImageContent, SamplingMessage, TextContent, ToolAnnotations
+from mcp.server.mcpserver.prompts.base import Prompt
+from mcp.types import (INVALID_PARAMS, CallToolResult, CreateMessageResult, ImageContent, SamplingMessage, TextContent,
+                       ToolAnnotations)
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from kforge import __version__
@@ -30,6 +34,8 @@ from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
 from . import catalog
+from .compact import compact_copy
+from .pictures import artifact_uris, comparison_picture, profile_pictures
 from .prewarm import prewarm_builds
 from .settings import Settings, analyst_config, tool_context
 
@@ -66,15 +72,21 @@ class BackendList(BaseModel):
     backends: list[Availability]
 
     def __str__(self) -> str:
-        return "\n".join(f"{a.backend}: {'available' if a.ok else 'unavailable'} ({a.reason})" for a in self.backends)
+        lines = [f"{a.backend}: {'available' if a.ok else 'unavailable'} ({a.reason})" for a in self.backends]
+        usable = [a.backend for a in self.backends if a.ok]
+        if usable:
+            lines.append(f"Next: read kforge://examples/{usable[0]} (a verified reference and candidate), then "
+                         f"write your candidate and compile_kernel it with backend='{usable[0]}'.")
+        return "\n".join(lines)
 
 
-def _result(model: BaseModel) -> CallToolResult:
-    """Summary text first, then the full JSON (for clients that ignore structured content)."""
-    data = model.model_dump(mode="json", exclude_none=True)
-    return CallToolResult(content=[TextContent(type="text", text=str(model)),
-                                   TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
-                          structured_content=data)
+def _result(model: BaseModel, *, text: str | None = None, images: list[ImageContent] | tuple[()] = ()) -> CallToolResult:
+    """Summary text first, then any images, then a compact JSON copy (for clients that ignore structured content;
+    the MCP specification advises one); the structured content has every field."""
+    copy = json.dumps(compact_copy(model), separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=str(model) if text is None else text), *images,
+                                   TextContent(type="text", text=copy)],
+                          structured_content=model.model_dump(mode="json", exclude_none=True))
 
 
 @contextmanager
@@ -138,13 +150,6 @@ def _or_job(*models: type[BaseModel]) -> type[RootModel]:
     return type(name, (RootModel[union],), {"model_config": ConfigDict(json_schema_extra={"type": "object"})})
 
 
-def _job_answer(answer: BaseModel) -> CallToolResult:
-    """A finished job's result, its status while it runs, or the tool error it failed with."""
-    if isinstance(answer, JobStatus) and answer.status == "failed":
-        raise ToolError(f"job {answer.job_id} failed: {answer.error}")
-    return _result(answer)
-
-
 def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: dict[str, Any] | None = None,
                  on_start: Callable[[ToolContext], Awaitable[None]] | None = None) -> MCPServer:
     """The KForge MCP server for `settings` (all state lives in the returned server's ToolContext).
@@ -170,6 +175,20 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,
                     **(auth or {}))
 
+    async def answer(model: BaseModel) -> CallToolResult:
+        """A finished job's result, its status while it runs, or the tool error it failed with."""
+        if isinstance(model, JobStatus) and model.status == "failed":
+            raise ToolError(f"job {model.job_id} failed: {model.error}")
+        if isinstance(model, VerifyResult):  # its next step: profile_kernel only where this host can time it
+            found = {a.backend: a for a in await tools.availability()}.get(model.spec.backend)
+            timing_here = found is not None and found.ok and found.timing
+            why = "" if timing_here or found is None else found.reason
+            return _result(model, text=model.summary(timing_here=timing_here, why_not_timed=why))
+        if isinstance(model, ProfileResult):  # drawing takes a few hundred ms of CPU: off the event loop
+            model, images = await anyio.to_thread.run_sync(profile_pictures, tools.store, model)
+            return _result(model, images=images)
+        return _result(model)
+
     @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
         """Which backends this host offers, and for each one that it does not, why."""
@@ -180,7 +199,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
             job = await jobs.submit(request, _client_key(ctx))
             if isinstance(job, JobStatus):  # busy
                 return _result(job)
-            return _job_answer(await jobs.wait(job, wait_s, _progress(ctx)))
+            return await answer(await jobs.wait(job, wait_s, _progress(ctx)))
 
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
@@ -251,16 +270,17 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         it runs, its status and progress after waiting up to wait_s. Works from any connection: a job goes on
         when the client that started it disconnects."""
         with _request_errors():
-            return _job_answer(await jobs.wait_for(job_id, wait_s, _progress(ctx)))
+            return await answer(await jobs.wait_for(job_id, wait_s, _progress(ctx)))
 
     @mcp.tool(name="cancel_job", title="Cancel a job",
               annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
                                           open_world_hint=False))
     async def cancel_job(job_id: _JOB_ID) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
-        """Stop a queued or running job; its worker processes are killed with everything they started. A job
-        that already finished is left as it is (its result is returned)."""
+        """Stop a queued or running job; its worker processes are killed with everything they started, and the
+        answer comes once they are gone ('cancelled'). A job that already finished is left as it is (its result
+        is returned)."""
         with _request_errors():
-            return _job_answer(jobs.cancel(job_id))
+            return await answer(await jobs.cancel_and_wait(job_id))
 
     analyst = analyst_config(settings)
 
@@ -305,15 +325,21 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         the rules and say so when they fail."""
         with _request_errors():
             if analyst.provider != "sampling":
-                return _result(await summarize_profile(tools, analyst=analyst, profile_id=profile_id,
-                                                       profile_text=profile_text, screenshots=screenshots,
-                                                       code=candidate_code, previous_profile_id=previous_profile_id))
-            prepared = _prepare(profile_id, profile_text, screenshots, candidate_code, previous_profile_id)
-            if sampled is None:
-                analysis = from_reply(prepared, "sampling", None, "this client offers no sampling")
+                summary = await summarize_profile(tools, analyst=analyst, profile_id=profile_id,
+                                                  profile_text=profile_text, screenshots=screenshots,
+                                                  code=candidate_code, previous_profile_id=previous_profile_id)
             else:
-                analysis = from_reply(prepared, f"sampling:{sampled.model}", _sampled_text(sampled))
-            return _result(finish_summary(prepared, analysis))
+                prepared = _prepare(profile_id, profile_text, screenshots, candidate_code, previous_profile_id)
+                if sampled is None:
+                    analysis = from_reply(prepared, "sampling", None, "this client offers no sampling")
+                else:
+                    analysis = from_reply(prepared, f"sampling:{sampled.model}", _sampled_text(sampled))
+                summary = finish_summary(prepared, analysis)
+        images = []
+        if previous_profile_id and profile_id:  # the change, as a picture
+            image = await anyio.to_thread.run_sync(comparison_picture, tools.store, previous_profile_id, profile_id)
+            images = [image] if image is not None else []
+        return _result(summary, images=images)
 
     # The resolver is local to this server, and string annotations (PEP 563) are evaluated in the
     # module's globals: hand the SDK the real annotation object.
@@ -377,7 +403,19 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, pr
         found = tools.store.get_profile(profile_id)
         if found is None:
             raise ResourceNotFoundError(f"no stored profile {profile_id!r}")
-        return json.dumps(found, indent=1)
+        return json.dumps({**found, "artifacts": artifact_uris(tools.store, profile_id)}, indent=1)
+
+    # Registered first: the SDK serves the first template that matches, and a chart is an image, not text.
+    @mcp.resource("kforge://profiles/{profile_id}/artifacts/{name}.png", mime_type="image/png",
+                  title="A profile's chart")
+    def chart(profile_id: str, name: str) -> bytes:
+        """A chart of a profile (PNG): timings.png (candidate against baselines, with intervals), roofline.png
+        (against the device's measured ceilings), vs-{previous_profile_id}.png (summarize_profile's before/after)."""
+        path = tools.store.artifact_path(profile_id, f"{name}.png")
+        if path is None:
+            raise ResourceNotFoundError(f"profile {profile_id!r} has no chart {name + '.png'!r}; "
+                                        f"it has: {', '.join(tools.store.artifact_names(profile_id)) or 'none'}")
+        return path.read_bytes()
 
     @mcp.resource("kforge://profiles/{profile_id}/artifacts/{name}", title="A profile's raw artifact")
     def artifact(profile_id: str, name: str) -> str | bytes:
@@ -421,25 +459,51 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, pr
         return json.dumps({"reference_sha256": sha, "entries": entries, "best": best}, indent=1)
 
 
+class _NamedArgumentsPrompt(Prompt):
+    """A prompt whose argument errors reach the client: the SDK answers a missing argument with a bare
+    "Internal server error" (the reason stays in the server log), so check first and say which."""
+
+    async def render(self, arguments: dict[str, Any] | None, context: Any) -> Any:
+        required = [a.name for a in self.arguments or [] if a.required]
+        missing = [name for name in required if name not in (arguments or {})]
+        if missing:
+            raise _prompt_error(f"prompt {self.name} needs the argument(s) {', '.join(missing)} "
+                                f"(required: {', '.join(required)})")
+        return await super().render(arguments, context)
+
+
+def _prompt_error(message: str) -> MCPError:
+    """A bad prompt argument, said to the client: prompts have no error result, so a JSON-RPC error (invalid
+    params) whose message the client shows."""
+    return MCPError(INVALID_PARAMS, message)
+
+
 def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig, problems: catalog.Problems) -> None:
     """The generation agent's two passes, rendered from resources/prompts/*.md.j2."""
+
+    def prompt(name: str, title: str) -> Any:
+        def register(fn: Any) -> Any:
+            mcp.add_prompt(_NamedArgumentsPrompt.from_function(fn, name=name, title=title))
+            return fn
+        return register
 
     async def common(backend: str, problem: str) -> dict[str, str]:
         pair = catalog.example(backend)
         if pair is None:
-            raise ValueError(f"no example for backend {backend!r}; have: {', '.join(catalog.example_backends())}")
+            raise _prompt_error(f"argument backend: no example for backend {backend!r}; have: "
+                                f"{', '.join(catalog.example_backends())}")
         named = None
         if "\n" not in problem:  # a name, not a reference's source
             try:
                 named = problems.reference(problem)
             except catalog.UnknownProblem as exc:
-                raise ValueError(str(exc)) from None
+                raise _prompt_error(f"argument problem: {exc}") from None
         found = {a.backend: a for a in await tools.availability()}.get(backend)
         return {"backend": backend, "device": (found.device_name or "") if found else "",
                 "problem_name": problem if named else "", "reference": named or problem,
                 "example_reference": pair["reference"], "example_candidate": pair["candidate"]}
 
-    @mcp.prompt(name="functional_pass", title="Functional pass: make a candidate build and match its reference")
+    @prompt(name="functional_pass", title="Functional pass: make a candidate build and match its reference")
     async def functional_pass(
         backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
         problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],
@@ -452,7 +516,7 @@ def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig
         return templates.render("functional_pass.md.j2", **await common(backend, problem), candidate=candidate_code,
                                 feedback=feedback, transfer_backend=transfer_backend, transfer_code=transfer_code)
 
-    @mcp.prompt(name="optimization_pass", title="Optimization pass: make a correct candidate faster")
+    @prompt(name="optimization_pass", title="Optimization pass: make a correct candidate faster")
     async def optimization_pass(
         backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
         problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],

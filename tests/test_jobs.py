@@ -135,6 +135,24 @@ async def test_cancel_stops_a_running_job_and_drops_a_queued_one(tmp_path):
     assert tools.store.get_job(queued.id)["status"] == "cancelled"
 
 
+async def test_cancel_job_answers_cancelled_once_the_workers_are_gone(tmp_path):
+    tools = FakeTools(tmp_path)
+    manager = JobManager(tools, parallel=1)
+    async with manager.running():
+        running = await manager.submit(SleepRequest(candidate_code="slow", seconds=30), "a")
+        await anyio.sleep(0.05)
+        with anyio.fail_after(5):
+            answer = await manager.cancel_and_wait(running.id)
+        assert answer.status == "cancelled" and tools.cancelled == ["slow"]
+        text = str(answer)
+        assert "cancelled" in text and "is running" not in text and "Next: call compile_kernel again" in text
+        stuck = await manager.submit(SleepRequest(candidate_code="stuck", seconds=30), "a")
+        await anyio.sleep(0.05)
+        stuck.scope = None  # as if its workers had not been reached yet: the answer says it is on its way
+        assert (await manager.cancel_and_wait(stuck.id, wait_s=0.1)).status == "cancelling"
+        assert "is being cancelled" in str(manager.view(stuck.id))
+
+
 async def test_a_short_wait_returns_a_handle_with_progress_then_the_result(tmp_path):
     tools = FakeTools(tmp_path)
     manager = JobManager(tools, parallel=1)

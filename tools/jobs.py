@@ -40,6 +40,7 @@ log = logging.getLogger("kforge.jobs")
 
 _KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetchable this long
 _DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
+_CANCEL_WAIT_S = 20.0  # cancel_job waits this long for a running job's workers to be killed
 
 
 class JobStatus(BaseModel):
@@ -47,7 +48,8 @@ class JobStatus(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    status: Literal["queued", "running", "failed", "cancelled", "busy"]
+    status: Literal["queued", "running", "cancelling", "failed", "cancelled", "busy"] = Field(description=(
+        "'cancelling': cancel_job was called and the job's workers are being killed."))
     job_id: str | None = Field(default=None, description="Pass to get_job or cancel_job; none when busy.")
     tool: str
     progress: float | None = None
@@ -62,12 +64,18 @@ class JobStatus(BaseModel):
 
     def __str__(self) -> str:
         if self.status == "busy":
-            return f"Busy: {self.message} Retry in about {self.retry_after_s:g} s."
+            return f"Busy: {self.message} Retry in about {self.retry_after_s:g} s.\nNext: call {self.tool} again then."
+        if self.status == "cancelling":
+            return (f"Job {self.job_id} ({self.tool}) is being cancelled: {self.message}.\n"
+                    f"Next: get_job(job_id=\"{self.job_id}\") confirms it stopped.")
         if self.status in ACTIVE:
             step = f" ({self.progress:g}/{self.total:g})" if self.progress is not None and self.total else ""
             ahead = f", {self.queue_position} job(s) ahead" if self.queue_position else ""
             return (f"Job {self.job_id} ({self.tool}) is {self.status}{ahead}: {self.message}{step}.\n"
-                    f"Its result is kept: call get_job(job_id=\"{self.job_id}\") to wait for it (or cancel_job).")
+                    f"Its result is kept.\nNext: get_job(job_id=\"{self.job_id}\") waits for it.")
+        if self.status == "cancelled":
+            return (f"Job {self.job_id} ({self.tool}) cancelled: {self.message}.\n"
+                    f"Next: call {self.tool} again to run it anew.")
         return f"Job {self.job_id} ({self.tool}) {self.status}: {self.error or self.message}"
 
 
@@ -214,6 +222,8 @@ class JobManager:
         if row["status"] == "done":
             return result_model(row["tool"]).model_validate(row["result"])
         position = self._ahead(job) if job is not None and job.status == "queued" else None
+        if job is not None and job.cancel_requested and row["status"] in ACTIVE:
+            row = {**row, "status": "cancelling", "message": "cancel requested; its worker processes are being killed"}
         return JobStatus(status=row["status"], job_id=row["job_id"], tool=row["tool"], progress=row["done"],
                          total=row["total"], message=row["message"] or "", queue_position=position,
                          error=row["error"], created_at=row["created_at"], started_at=row["started_at"],
@@ -229,6 +239,18 @@ class JobManager:
             self._finish(job, "cancelled", message="cancelled before it started")
         elif job.scope is not None:
             job.scope.cancel()  # _execute records it once the workers are killed
+        return self.view(job_id)
+
+    async def cancel_and_wait(self, job_id: str, wait_s: float = _CANCEL_WAIT_S) -> BaseModel:
+        """`cancel_job`: cancel, then wait (up to `wait_s`) until the workers are gone, so the answer says
+        'cancelled' (or the result, when the job finished first), not 'running'."""
+        answer = self.cancel(job_id)
+        job = self._jobs.get(job_id)
+        if job is None:
+            return answer
+        with anyio.move_on_after(wait_s):
+            while job.status in ACTIVE:
+                await job.changed.wait()
         return self.view(job_id)
 
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:

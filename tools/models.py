@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import Any, Literal
 
@@ -50,6 +51,76 @@ def store_note(stored_at: float | None, took_s: float, run_again: str) -> str:
                 f"({_age(time.time() - stored_at)} ago)")
     return (f"Answered from the result store, not run now: {when}, which took {took_s:.1f} s. "
             f"Pass use_store=false to {run_again}.")
+
+
+# Failure kinds the candidate's own code causes: fix the code where the failure points.
+_CODE_FAILURES = frozenset({"syntax_error", "import_error", "build_error", "interface_error", "exception"})
+# Checks that run the candidate again on inputs like the trials' (a repeat after NaN-poisoning, the in-place
+# decoy, re-validated timed calls): once the trials' outputs are wrong these fail for the same reason.
+_RERUN_CHECKS = frozenset({"deterministic", "probe_memo", "timed_outputs"})
+# Reduced precision (tf32, fp16, bf16) errs by about 1e-3 to 1e-2 relative; an error far above this is a
+# wrong result, and the hint that reduced precision explains it is noise.
+_REDUCED_PRECISION_MAX_REL = 0.05
+_PRECISION_HINT = re.compile(r"relative L2 error (?P<rel>[-+0-9.e]+) exceeds(?P<rest>[^()]*?)"
+                             r" \(reduced-precision arithmetic\?[^)]*\)")
+_TRIAL_LIST = re.compile(r"trial\(s\) \[([0-9, ]*)\]")
+
+
+def plausible_hints(text: str) -> str:
+    """`text` without the reduced-precision hint where the relative error is too large for it to explain."""
+    def keep_or_drop(m: re.Match[str]) -> str:
+        try:
+            too_large = float(m["rel"]) > _REDUCED_PRECISION_MAX_REL
+        except ValueError:
+            return m[0]
+        return f"relative L2 error {m['rel']} exceeds{m['rest']}" if too_large else m[0]
+    return _PRECISION_HINT.sub(keep_or_drop, text)
+
+
+def failure_next_step(failure: Failure, tool: str) -> str:
+    """The one thing to do about a failed run, and the call that follows it."""
+    again = f"then call {tool} again"
+    if failure.stage == "reference":
+        return f"Next: fix the reference (it failed by itself, before the candidate was judged), {again}."
+    where = f"line {failure.line}" if failure.line else "the error above"
+    steps = {
+        "timeout": f"make the candidate finish sooner (an endless loop or a wait on work that never comes?), {again}",
+        "out_of_memory": f"allocate less (outputs and buffers of the reference's size, freed each call), {again}",
+        "tampering": f"remove the code that changes the harness (timers, synchronize, comparisons), {again}",
+    }
+    if failure.kind in _CODE_FAILURES:
+        return f"Next: fix {where}, {again}."
+    if failure.kind in steps:
+        return f"Next: {steps[failure.kind]}."
+    # crashed, exited, device_fault: the candidate's process died; its output tail says where
+    return (f"Next: find the out-of-bounds access or exit in the candidate (see the output tail in `failure`), "
+            f"{again}.")
+
+
+def split_consequences(checks: list[Check], wrong_trials: set[int] | None) -> tuple[list[Check], list[Check]]:
+    """Failed checks that are findings of their own, and those that only follow from wrong outputs.
+
+    `wrong_trials`: the trials whose outputs were wrong (None: the output was not right, trial unknown);
+    empty when every output matched, so nothing follows from it.
+    """
+    failed = [c for c in checks if c.status == "fail"]
+    if wrong_trials is not None and not wrong_trials:
+        return failed, []
+    findings, consequences = [], []
+    for c in failed:
+        follows = c.name in _RERUN_CHECKS
+        named = _TRIAL_LIST.search(c.evidence)
+        if follows and named and wrong_trials is not None:  # a rerun fails as a consequence only where the trial did
+            follows = {int(i) for i in named[1].split(",") if i.strip()} <= wrong_trials
+        (consequences if follows else findings).append(c)
+    return findings, consequences
+
+
+def _consequence_line(consequences: list[Check]) -> list[str]:
+    if not consequences:
+        return []
+    return [f"  also failed, as a consequence of the wrong output (not separate findings): "
+            f"{', '.join(c.name for c in consequences)}"]
 
 
 class JobSpec(BaseModel):
@@ -192,6 +263,8 @@ class CompileResult(BaseModel):
             return "\n".join(lines)
         lines = [f"Compile failed: {self.failure}"] + stored
         lines += [f"  {d}" for d in self.diagnostics if d.severity == "error"][:5]
+        if self.failure is not None:
+            lines.append(failure_next_step(self.failure, "compile_kernel"))
         return "\n".join(lines)
 
 
@@ -305,33 +378,66 @@ class VerifyResult(BaseModel):
     stored_at: float | None = _STORED_AT
 
     def __str__(self) -> str:
+        return self.summary()
+
+    def summary(self, *, timing_here: bool = True, why_not_timed: str = "") -> str:
+        """The verdict in a few lines, ending with the one next step that works on this host.
+
+        Args:
+            timing_here: whether this host can time the backend (False: Triton in its interpreter on a host
+                without a GPU), so profile_kernel is no next step here.
+            why_not_timed: the backend's own reason, said when `timing_here` is False.
+        """
         stored = [store_note(self.stored_at, self.seconds, "verify it again")] if self.from_store else []
         if self.failure is not None:
             lines = [f"Not verified: {self.failure}"] + stored
             lines += [f"  {c}" for c in self.checks if c.status == "fail"]
-            return "\n".join(lines)
+            return "\n".join(lines + [failure_next_step(self.failure, "verify_against_reference")])
         passed = sum(t.correct for t in self.trials)
         head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed "
                 f"({'stored answer' if self.from_store else f'{self.seconds:.1f} s'}).")
-        lines = [head] + stored
-        lines += [f"  {c}" for c in self.checks if c.status in ("fail", "warn")]
-        for t in self.trials:
-            if t.correct:
-                continue
+        wrong = {t.trial for t in self.trials if not t.correct}
+        findings, consequences = split_consequences(self.checks, wrong)
+        lines = [head] + stored + [f"  {plausible_hints(str(c))}" for c in findings]
+        lines += _consequence_line(consequences) + [f"  {c}" for c in self.checks if c.status == "warn"]
+        lines += self._wrong_trial_lines(quoted_first=any(c.name == "outputs_match" for c in findings))
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines.append(self._next_step(findings, timing_here, why_not_timed))
+        return "\n".join(lines)
+
+    def _wrong_trial_lines(self, *, quoted_first: bool, most: int = 3) -> list[str]:
+        """Where the first wrong trials went wrong; their problems in words only where not said already
+        (`quoted_first`: the outputs_match check quoted the first wrong trial's)."""
+        lines: list[str] = []
+        said: set[str] = set()
+        for t in (t for t in self.trials if not t.correct):
+            if len(lines) >= most:
+                break
             if t.error:
                 lines.append(f"  trial {t.trial}: {t.error}")
                 continue
-            for o in t.outputs:
-                if not o.correct:
-                    first = o.first_mismatches[0] if o.first_mismatches else None
-                    at = f"; first at {first.index}: got {first.got:.6g}, expected {first.expected:.6g}" if first else ""
-                    lines.append(f"  trial {t.trial} output {o.output}: {'; '.join(o.problems)}{at}")
-            if len(lines) > 4:
-                break
-        lines += [f"  warning: {w}" for w in self.warnings]
-        if self.correct:
-            lines.append("Next: profile_kernel to time it against eager and torch.compile.")
-        return "\n".join(lines)
+            for o in (o for o in t.outputs if not o.correct):
+                first = o.first_mismatches[0] if o.first_mismatches else None
+                at = f"first wrong at {first.index}: got {first.got:.6g}, expected {first.expected:.6g}" if first else ""
+                words = plausible_hints("; ".join(o.problems))
+                shape = re.sub(r"[-+]?\d[\d.e+-]*", "#", words)
+                told = shape in said or not words or (quoted_first and not lines)
+                said.add(shape)
+                lines.append(f"  trial {t.trial} ({t.distribution}) output {o.output}: "
+                             + "; ".join(x for x in ("" if told and at else words, at) if x))
+        return lines
+
+    def _next_step(self, findings: list[Check], timing_here: bool, why_not_timed: str) -> str:
+        if not self.correct:
+            if any(c.name == "outputs_match" for c in findings):
+                return "Next: fix the output where it first goes wrong (above), then call verify_against_reference again."
+            names = ", ".join(c.name for c in findings) or "the check above"
+            return f"Next: change what {names} found, then call verify_against_reference again."
+        if not timing_here:
+            why = f" ({why_not_timed})" if why_not_timed else ""
+            return (f"Next: nothing more on this host, which cannot time {self.spec.backend}{why}: call profile_kernel "
+                    f"with this candidate on a host whose list_backends shows {self.spec.backend} with timing.")
+        return "Next: profile_kernel to time it against eager and torch.compile."
 
 
 class ProfileResult(BaseModel):
@@ -358,7 +464,8 @@ class ProfileResult(BaseModel):
     def __str__(self) -> str:
         stored = [store_note(self.stored_at, self.seconds, "profile it again")] if self.from_store else []
         if self.failure is not None or self.report is None:
-            return "\n".join([f"Not profiled: {self.failure}"] + stored)
+            tail = [failure_next_step(self.failure, "profile_kernel")] if self.failure is not None else []
+            return "\n".join([f"Not profiled: {self.failure}"] + stored + tail)
         r = self.report
         lines = [f"Profile {self.profile_id} on {r.device_name}:"] + stored + [f"  {r.candidate}"]
         for b in r.baselines:
@@ -386,12 +493,25 @@ class ProfileResult(BaseModel):
             lines.append(f"  hardware counters: {r.counters_note}")
         if self.output_correct is False:
             lines.append("  WARNING: the timed output did not match the reference; speedups are meaningless")
-        lines += [f"  {c}" for c in self.checks if c.status in ("fail", "warn")]
+        findings, consequences = split_consequences(self.checks, None if self.output_correct is False else set())
+        lines += [f"  {c}" for c in findings] + _consequence_line(consequences)
+        lines += [f"  {c}" for c in self.checks if c.status == "warn"]
         if self.speedup_trusted is False:
             lines.append("  SPEEDUP NOT TRUSTED: see the failed checks above")
-        lines += [f"  warning: {w}" for w in self.warnings]
-        lines.append(f"Next: summarize_profile with profile_id='{self.profile_id}'.")
+        lines += [f"  warning: {w}" for w in self.warnings if not (self.output_correct is False and "fix correctness" in w)]
+        lines.append(self._next_step(findings))
         return "\n".join(lines)
+
+    def _next_step(self, findings: list[Check]) -> str:
+        if self.output_correct is False:
+            return "Next: verify_against_reference to see where the output goes wrong, and fix it before timing again."
+        if findings and all(c.name == "stable_timing" for c in findings):
+            budget = float(self.spec.options.get("budget_s") or 2.0)
+            return (f"Next: profile_kernel again with budget_s={min(60.0, 2 * budget):g} on an idle machine: these "
+                    "speedups are too noisy to quote.")
+        if findings:
+            return f"Next: change what {', '.join(c.name for c in findings)} found, then profile_kernel again."
+        return f"Next: summarize_profile with profile_id='{self.profile_id}' for the bottleneck and what to change."
 
 
 def speedup_line(base: Baseline) -> str:

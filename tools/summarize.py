@@ -66,7 +66,15 @@ class ProfileSummary(BaseModel):
 
     def __str__(self) -> str:
         head = f"Profile {self.profile_id}" if self.profile_id else f"Pasted {self.source}"
-        return f"{head}, analysed by the '{self.analysis.provider}' analyst:\n{self.analysis}"
+        return f"{head}, analysed by the '{self.analysis.provider}' analyst:\n{self.analysis}\n{self._next_step()}"
+
+    def _next_step(self) -> str:
+        first = self.analysis.recommendations[0].title if self.analysis.recommendations else "the change above"
+        if self.profile_id is None:  # pasted output: nothing of KForge's to compare against yet
+            return (f"Next: make change 1 ({first}), verify_against_reference, then profile_kernel it here to "
+                    "measure the effect.")
+        return (f"Next: make change 1 ({first}), verify_against_reference, then profile_kernel and summarize_profile "
+                f"with previous_profile_id='{self.profile_id}' to see the before/after.")
 
 
 @dataclass(frozen=True)
