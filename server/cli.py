@@ -20,7 +20,7 @@ from .auth import MAKE_TOKEN
 from .clients import CLIENTS, client_config, where_it_goes
 from .settings import Settings, analyst_config, config_file, load_settings
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 def _backends_line(found: list[Availability]) -> str:
     offered = [a.backend + (f" ({a.mode}, not timed)" if a.mode and not a.timing else "") for a in found if a.ok]
@@ -150,7 +150,8 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser: every command and option with its help."""
     parser = argparse.ArgumentParser(prog="kforge", description="KForge: an MCP server for kernel generation agents.",
                                      epilog=f"Settings: KFORGE_* environment variables, or {config_file()} "
                                             "(README: Commands and configuration).")
@@ -181,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                            "compiler caches); results and profiles are kept")
     prune.add_argument("--max-gb", type=float, metavar="GB", help="prune to this size (default: KFORGE_CACHE_MAX_GB)")
     prune.add_argument("--all", action="store_true", help="remove every cache entry not used in the last 10 minutes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     overrides = {k: v for k in ("token_file", "certfile", "keyfile") if (v := getattr(args, k, None)) is not None}
     if getattr(args, "allowed_host", None):
         overrides["allowed_hosts"] = args.allowed_host

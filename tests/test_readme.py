@@ -77,14 +77,17 @@ def test_install_and_serve_on_a_fresh_venv(tmp_path):
     assert "python3 -m venv" in (ROOT / ".ci" / "run").read_text()
 
     src = tmp_path / "kforge"
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     env = _venv(tmp_path / "venv")
-    env["HOME"] = str(tmp_path / "home")  # a fresh data directory: the embedded defaults
-    env.pop("KFORGE_HOME", None)
+    # A fresh data directory where the embedded default puts it (platformdirs reads XDG_DATA_HOME; HOME stays,
+    # for pip's own configuration).
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    for name in [k for k in env if k.startswith("KFORGE_")]:
+        del env[name]
     log = tmp_path / "install.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(["bash", "-c", install], cwd=src, env=env, stdin=subprocess.PIPE,
@@ -99,7 +102,7 @@ def test_install_and_serve_on_a_fresh_venv(tmp_path):
             proc.stdin.close()  # end of input: the stdio server stops
             proc.wait(timeout=60)
     banner = next(l for l in log.read_text().splitlines() if "serving MCP" in l)
-    assert f"data directory {tmp_path / 'home'}" in banner and "backends cpu" in banner, banner
+    assert f"data directory {tmp_path / 'data' / 'kforge'}" in banner and "backends cpu" in banner, banner
 
 
 def _config(client: str, **env: str) -> str:
@@ -155,7 +158,10 @@ def test_scripted_client_verifies_the_candidate_format_pair(tmp_path):
     (tmp_path / "reference.py").write_text(block("python", "# reference.py"))
     (tmp_path / "candidate.py").write_text(block("python", "# candidate.py"))
     (tmp_path / "client.py").write_text(block("python", "import anyio\nfrom mcp import Client, StdioServerParameters"))
-    env = {**os.environ, "HOME": str(tmp_path / "home")}  # the client passes HOME and PATH on: a fresh data dir
+    # The client passes on only HOME, PATH and a few more: a fresh HOME is a fresh data directory. `kforge` is
+    # this Python's (a version manager's shim would look for its root under HOME).
+    env = {**os.environ, "HOME": str(tmp_path / "home"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("KFORGE_HOME", None)
     out = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=1200)

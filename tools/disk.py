@@ -30,7 +30,9 @@ KEEP_RECENT_S = 600.0
 
 
 def _size(path: Path) -> int:
-    """Bytes on disk (allocated blocks, as `du` counts) under `path`; links are not followed."""
+    """Bytes on disk (allocated blocks, as `du` counts) of a file, or under a folder; links are not followed."""
+    if path.is_file():
+        return path.lstat().st_blocks * 512
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
@@ -42,7 +44,8 @@ def _size(path: Path) -> int:
 
 
 def _last_used(path: Path) -> float:
-    """The newest access or change time of `path` or anything in it (a cache hit touches the entry: mark_used)."""
+    """The newest change time of `path` or anything in it: a cache hit marks its entry (mark_used). Access times
+    say nothing here: merely walking a folder to size it updates them."""
     newest = 0.0
     for root, _dirs, files in os.walk(path):
         for p in (root, *(os.path.join(root, f) for f in files)):
@@ -50,7 +53,7 @@ def _last_used(path: Path) -> float:
                 st = os.lstat(p)
             except OSError:
                 continue
-            newest = max(newest, st.st_mtime, st.st_atime)
+            newest = max(newest, st.st_mtime)
     return newest
 
 
