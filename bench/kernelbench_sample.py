@@ -412,6 +412,58 @@ def summarize_verify(sc: dict) -> dict:
 
 # ---------------------------------------------------------------- one problem
 
+class GpuMemory:
+    """Peak device memory in use during a block, from `nvidia-smi` polled every 100 ms (an independent reading:
+    every process on the GPU counts, KForge's workers included), above what was in use when it started."""
+
+    def __enter__(self):
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                          "-lms", "100", "-i", "0"], stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.mib = []
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=10)
+            self.mib = [int(x) for x in out.split() if x.strip().isdigit()]
+
+    def summary(self, footprint_bytes: int) -> dict:
+        if not self.mib:
+            return {"error": "nvidia-smi not available"}
+        peak = (max(self.mib) - self.mib[0]) * 2**20
+        return {"peak_above_start_gb": round(peak / 1e9, 3), "x_footprint": round(peak / footprint_bytes, 2)
+                if footprint_bytes else None, "samples": len(self.mib)}
+
+
+class TraceSpan:
+    """Seconds per worker op (KFORGE_TRACE lines the server wrote during the block): where the time went."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def __enter__(self):
+        self.start = self.path.stat().st_size if self.path and self.path.exists() else 0
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def summary(self) -> dict:
+        if not self.path or not self.path.exists():
+            return {}
+        with open(self.path) as f:
+            f.seek(self.start)
+            lines = [json.loads(x) for x in f if x.strip()]
+        ops: dict[str, float] = {}
+        for e in lines:
+            key = f"{e['role']}.{e['op']}"
+            ops[key] = round(ops.get(key, 0.0) + e["s"], 3)
+        return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
 async def measure(client, args, name: str, row: dict, deadline: float, job: dict, save) -> None:
     import anyio
     src = load_source(args.kernelbench, name, SMOKE.get(name) if args.smoke else None)
@@ -429,15 +481,29 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
         return deadline - time.monotonic()
 
     log(f"{name}: verify ({row['footprint']['gb']} GB)")
-    sc, row["verify_s"] = await call_kforge(client, "verify_against_reference", {**common, "use_store": False}, deadline, job)
+    with GpuMemory() as mem, TraceSpan(args.trace) as span:
+        sc, row["verify_s"] = await call_kforge(client, "verify_against_reference", {**common, "use_store": False},
+                                                deadline, job)
     row["verify"] = summarize_verify(sc)
+    row["verify_memory"], row["verify_ops"] = mem.summary(fp["bytes"]), span.summary()
     save()
-    log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}; profile")
+    log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}, device memory {row['verify_memory']}; profile")
     prof = {**common, "hardware_counters": False, "use_store": False}
-    sc, row["profile_s"] = await call_kforge(client, "profile_kernel", prof, deadline, job)
+    with GpuMemory() as mem, TraceSpan(args.trace) as span:
+        sc, row["profile_s"] = await call_kforge(client, "profile_kernel", prof, deadline, job)
     row["profile"] = summarize_profile(sc)
+    row["profile_memory"], row["profile_ops"] = mem.summary(fp["bytes"]), span.summary()
     save()
     log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
+    # An agent's next candidate for the same problem: new code (nothing from the store), same reference, so
+    # a torch.compile baseline timed minutes ago is reused if the eager canary still agrees.
+    again = {**common, "candidate_code": cand + "\n# the agent's next candidate\n", "use_store": False}
+    _sc, row["next_verify_s"] = await call_kforge(client, "verify_against_reference", again, deadline, job)
+    sc, row["next_profile_s"] = await call_kforge(client, "profile_kernel", {**again, "hardware_counters": False},
+                                                  deadline, job)
+    row["next_profile"] = summarize_profile(sc)
+    save()
+    log(f"{name}: next candidate: verify {row['next_verify_s']} s, profile {row['next_profile_s']} s")
     if args.repeat_profiles > 1 and name in args.repeat_on:
         medians = [row["profile"]["candidate"].get("median_us")]
         for _ in range(args.repeat_profiles - 1):
@@ -491,7 +557,7 @@ def ci_text(b: dict) -> str:
 COLS = ["problem", "footprint GB", "KForge median us (IQR)", "KForge eager us", "KForge compile us", "do_bench us",
         "KF/do_bench",
         "ncu us (none / base)", "KF/ncu(none)", "self-speedup vs eager (CI)", "verify s", "profile s", "KB harness s",
-        "(v+p)/KB", "verdict", "note"]
+        "(v+p)/KB", "next candidate v+p s (/KB)", "GPU mem x footprint (verify / profile)", "verdict", "note"]
 
 
 def table_row(r: dict) -> list[str]:
@@ -501,6 +567,7 @@ def table_row(r: dict) -> list[str]:
     n_none, n_base = (ncu.get("none") or {}).get("sum_us"), (ncu.get("base") or {}).get("sum_us")
     kb = loc.get("kb_harness_s") if not loc.get("kb_error") else None
     vp = (r.get("verify_s") or 0) + (r.get("profile_s") or 0) if r.get("profile_s") else None
+    nvp = (r.get("next_verify_s") or 0) + (r.get("next_profile_s") or 0) if r.get("next_profile_s") else None
     iqr = f" ({fmt(c.get('q1_us'))}-{fmt(c.get('q3_us'))})" if med else ""
     verdict = "-" if not r.get("verify") else ("correct" if r["verify"].get("correct") else "WRONG")
     if p:
@@ -511,7 +578,10 @@ def table_row(r: dict) -> list[str]:
     return [r["problem"], fmt((r.get("footprint") or {}).get("gb"), 2), f"{fmt(med)}{iqr}", fmt(eager.get("median_us")),
             fmt((p.get("torch.compile") or {}).get("median_us")), fmt(db), fmt(ratio(med, db), 3),
             f"{fmt(n_none)} / {fmt(n_base)}", fmt(ratio(med, n_none), 3), speedup, fmt(r.get("verify_s")),
-            fmt(r.get("profile_s")), fmt(kb, 2), fmt(ratio(vp, kb), 2), verdict,
+            fmt(r.get("profile_s")), fmt(kb, 2), fmt(ratio(vp, kb), 2),
+            f"{fmt(nvp)} ({fmt(ratio(nvp, kb), 2)})",
+            f"{fmt((r.get('verify_memory') or {}).get('x_footprint'), 2)} / "
+            f"{fmt((r.get('profile_memory') or {}).get('x_footprint'), 2)}", verdict,
             str(note).replace("|", "/").replace("\n", " ")[:160]]
 
 
@@ -530,11 +600,23 @@ def markdown(res: dict) -> str:
                   f"{fmt(r['repeat']['spread_pct'], 2)} |" for r in reps]
     if res.get("not_started"):
         lines += ["", f"Not started (budget): {', '.join(res['not_started'])}"]
+    ops = [r for r in res["rows"] if r.get("verify_ops") or r.get("profile_ops")]
+    if ops:
+        lines += ["", "| problem | verify: seconds per worker op (top 6) | profile: seconds per worker op (top 6) |",
+                  "|---|---|---|"]
+        lines += [f"| {r['problem']} | " + " | ".join(
+            ", ".join(f"{k} {v:.2f}" for k, v in list((r.get(key) or {}).items())[:6]) for key in ("verify_ops", "profile_ops"))
+            + " |" for r in ops]
     lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 
 
 NOTES = [
+    "next candidate: a second, new candidate for the same problem (the same code plus a comment, so nothing comes "
+    "from the store) verified and profiled right after: an agent's loop, where the torch.compile baseline timed "
+    "minutes earlier is reused while the eager canary agrees within 2%.",
+    "GPU mem x footprint: the peak of nvidia-smi's memory.used (polled every 100 ms) during the call, above its value "
+    "when the call started, over the problem's footprint (its inputs and outputs); every process on the GPU counts.",
     "Candidate = the reference with Model renamed ModelNew; KForge verify (5 trials) and profile (hardware_counters "
     "false, use_store false) through the MCP SDK client over stdio; verify s / profile s: wall time of the call as a "
     "client sees it (job handles followed with get_job).",
@@ -593,6 +675,8 @@ async def run(args) -> dict:
     # No candidate here builds C++: the server's background header prewarm would only load the CPU during timings.
     env.update(KFORGE_HOME=str(home), KFORGE_PRECOMPILED_HEADERS="true" if args.prewarm else "false")
     env.update(kv.split("=", 1) for kv in args.server_env)
+    args.trace = out / "kforge-trace.jsonl"
+    env["KFORGE_TRACE"] = str(args.trace)
     run_info = {"started": time.strftime("%H:%M:%S"), "kforge_home": str(home),
                 "server_env": {k: v for k, v in env.items() if k.startswith("KFORGE_")}}
     res["runs"].append(run_info)

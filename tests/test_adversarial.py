@@ -61,8 +61,9 @@ CASES = [
     ("a7_zero_inputs", "relu", "strict", False, {"inputs_unmodified": "fail", "outputs_match": "pass"}),
     ("a8_alias_inplace", "relu", "strict", False, {"output_contract": "fail", "inputs_unmodified": "fail"}),
     ("a9_gc_walk", "relu", "strict", False, {"static_scan": "fail"}),
-    # Replay keyed on input addresses is right on every new input; the same tensor changed in place catches it.
-    ("a10_replay_ptr", "relu", "strict", False, {"outputs_match": "pass", "probe_memo": "fail"}),
+    # Replay keyed on input addresses: the same tensor changed in place catches it (and a trial's fresh inputs
+    # often land at an address an earlier trial used, which catches it too).
+    ("a10_replay_ptr", "relu", "strict", False, {"probe_memo": "fail"}),
     ("a16_memo_probe", "relu", "strict", False, {"outputs_match": "pass", "probe_memo": "fail"}),
     ("a17_memo_checksum", "relu", "strict", False, {"outputs_match": "pass", "probe_memo": "fail"}),
     ("a13_lazy_subclass", "relu", "strict", False, {"output_contract": "fail", "static_scan": "fail"}),

@@ -55,3 +55,27 @@ def test_output_on_the_wrong_device_fails():
     assert check.got.device == "cpu" and check.expected.device == "cuda:0"
     [same] = compare_outputs([e], [e.clone()], expected_devices=["cuda:0"], got_devices=["cuda:0"])
     assert same.correct and same.got.device == "cuda:0"
+
+
+def test_a_chunked_pass_finds_what_one_pass_finds(monkeypatch):
+    """Large outputs are compared chunk by chunk; the counts, maxima, first mismatches (with their
+    indices in the output's shape) and relative errors do not depend on where the chunks fall."""
+    import kforge.tools.compare as compare
+
+    torch.manual_seed(0)
+    e = torch.randn(7, 13)
+    g = e.clone()
+    g[0, 3] += 1.0
+    g[4, 0] = float("nan")
+    g[6, 12] = float("inf")
+    g[2, 5] += 1e-3
+    exact = e.double() + 1e-9
+    whole = compare_outputs([e], [g], exact=[exact])[0]
+    monkeypatch.setattr(compare, "_CHUNK", 5)
+    chunked = compare_outputs([e], [g], exact=[exact])[0]
+    assert chunked.mismatches == whole.mismatches == 4
+    assert [m.index for m in chunked.first_mismatches] == [[0, 3], [2, 5], [4, 0], [6, 12]]
+    assert (chunked.nan_count, chunked.inf_count) == (1, 1)
+    assert chunked.max_abs_error == whole.max_abs_error == pytest.approx(1.0)
+    assert chunked.rel_error == pytest.approx(whole.rel_error)
+    assert chunked.reference_rel_error == pytest.approx(whole.reference_rel_error)

@@ -82,6 +82,28 @@ def test_plausibility_gate():
     assert mixed["plausible_speed"] == "pass"  # beyond the fp32 rate is expected of a bf16 kernel
 
 
+def test_plausibility_counts_what_the_baselines_reached():
+    """A ceiling measured at a busy moment (or a cache the flush does not empty) must not fail a candidate no
+    faster than torch's own eager call; one far beyond what the baselines reach still fails."""
+    from kforge.profilers.report import Baseline, TimingStats
+
+    stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
+    reval = {"checked": 9, "wrong": []}
+
+    def report(candidate_us, bandwidth_fraction):
+        timing = TimingStats(label="eager", samples=99, median_us=156.0, mean_us=156.0, std_us=1.0, min_us=150.0,
+                             max_us=160.0, q1_us=155.0, q3_us=157.0, rel_sem=0.001)
+        eager = Baseline(name="eager", timing=timing, speedup=156.0 / candidate_us)
+        return SimpleNamespace(bandwidth_fraction=bandwidth_fraction, compute_fraction=None, baselines=(eager,),
+                               candidate=SimpleNamespace(median_us=candidate_us))
+
+    # eager at 156 us reached 3.2x the measured bandwidth; the candidate, slower at 204 us, 2.44x
+    honest = {c.name: c for c in timing_checks(stats, reval, report(204.0, 2.44), "strict")}
+    assert honest["plausible_speed"].status == "pass" and "fastest baseline" in honest["plausible_speed"].evidence
+    skipped = {c.name: c for c in timing_checks(stats, reval, report(10.0, 49.8), "strict")}
+    assert skipped["plausible_speed"].status == "fail"
+
+
 def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check():
     from kforge.profilers.report import Baseline
 

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .judge import encode_output
 
 __all__ = ["CandidateOps"]
 
@@ -28,22 +27,19 @@ _COPIED_SET_BYTES = 256 * 2**20  # timing input sets up to this size get a fresh
 class CandidateOps:
     # State (set by Worker.__init__): module, model, backend, sets, extensions, kernel_names, snapshot.
 
-    def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Build ModelNew with the reference's weights, run every input set twice, save outputs and evidence."""
-        import torch
+    def op_setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Build ModelNew with the reference's initial weights; the trial inputs are made from the seeds.
 
-        from .compare import flatten_outputs
-        from .inputs import poison_allocator
-        from .output_contract import aliased_outputs, modified_inputs
+        The inputs and the reference's initial weights are made here from the judge's seeds, as the judge
+        made them: nothing of the problem's size travels between the two processes."""
+        import torch
 
         from .inputs import SeededSets
 
-        # The inputs and the reference's initial weights are made here from the judge's seeds, as the judge
-        # made them: nothing of the problem's size travels between the two processes.
         init_seed = msg["init_seed"]
         try:
             reference = self._inputs_module(msg["reference_source"])
-            self.sets = SeededSets(reference, msg["seeds"], msg["variants"], self.backend)
+            self.sets = SeededSets(reference, msg["seeds"], ["native"] * len(msg["seeds"]), self.backend)
             torch.manual_seed(init_seed)
             init_inputs = list(reference.get_init_inputs())
             torch.manual_seed(init_seed)
@@ -58,56 +54,79 @@ class CandidateOps:
         sync = _copy_weights(model, reference_state)
         del reference_state
         self.model = self.backend.to_device(model)
-        repeat = msg.get("repeat", True)
-        results = []
-        with torch.no_grad():
-            for i in range(len(self.sets)):
-                record: dict[str, Any] = {}
-                try:
-                    args = self._args(i)
-                    out = flatten_outputs(self.model(*args))
-                    self.backend.synchronize()
-                    # The judge sees CPU copies, so record where each output lived for the device check.
-                    record = {"outputs": [encode_output(o) for o in out],
-                              "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
-                              "aliases": aliased_outputs(out, args),
-                              "inputs_modified": modified_inputs(args, self.sets[i])}
-                    if repeat:
-                        sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
-                        del out, args
-                        poison_allocator(sizes, self.backend.device)
-                        again = flatten_outputs(self.model(*self._args(i)))
-                        self.backend.synchronize()
-                        record["repeat"] = [encode_output(o) for o in again]
-                except BaseException as exc:  # noqa: BLE001
-                    f = self._failure(exc, "forward")["failure"]
-                    record = {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
-                results.append(record)
-            if msg.get("decoy_shift") is not None:
-                results.append(self._decoy_record(msg["decoy_shift"]))
-        torch.save(results, msg["outputs"])
-        return {"weights": sync, "trial_failures": [r.get("failure") for r in results if "decoy_shift" not in r],
-                "jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
-                "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
+        return {"weights": sync}
 
-    def _decoy_record(self, shift: int) -> dict[str, Any]:
-        """Trial 0's inputs (a fresh copy) through `_decoy_outputs`, or why that call failed."""
+    def op_trial(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run trial i on fresh inputs of the judge's distribution; hold the outputs for the judge.
+
+        Beside the outputs: where they live, whether they alias an input, which inputs the call wrote
+        into, and (`repeat`) the same inputs run again after the allocator was poisoned with NaN."""
+        import torch
+
+        from .compare import flatten_outputs
+        from .inputs import poison_allocator
+        from .output_contract import aliased_outputs, modified_inputs
+
+        i, handoff = msg["i"], msg.get("handoff")
+        self.shelf.clear()
+        self.sets.variants[i] = msg.get("variant", "native")
         try:
-            return {"decoy_shift": shift, "outputs": self._decoy_outputs(self.model, self._args(0), shift)}
+            with torch.no_grad():
+                args = self.sets.fresh(i)
+                out = flatten_outputs(self.model(*args))
+                self.backend.synchronize()
+                record: dict[str, Any] = {
+                    "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
+                    "aliases": aliased_outputs(out, args), "inputs_modified": modified_inputs(args, self.sets.fresh(i))}
+                record["outputs"] = self.shelf.put(out, handoff) if msg.get("share", True) else []
+                if msg.get("repeat", True):
+                    sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
+                    del out, args  # (the shelf may still hold the outputs: the judge reads them)
+                    poison_allocator(sizes, self.backend.device)
+                    again = flatten_outputs(self.model(*self.sets.fresh(i)))
+                    self.backend.synchronize()
+                    record["repeat"] = self.shelf.put(again, handoff)
         except BaseException as exc:  # noqa: BLE001
-            return {"decoy_shift": shift, "error": self._failure(exc, "forward")["failure"]["message"]}
+            self.shelf.clear()
+            f = self._failure(exc, "forward")["failure"]
+            return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
+        return record
 
-    def _decoy_outputs(self, fn: Callable[..., Any], args: list[Any], shift: int) -> list[Any]:
+    def op_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Trial 0's inputs (a fresh copy) through `_decoy_outputs`, or why that call failed."""
+        import torch
+
+        self.shelf.clear()
+        try:
+            with torch.no_grad():
+                return {"decoy_shift": msg["shift"],
+                        "outputs": self._decoy_outputs(self.model, self.sets.fresh(0), msg["shift"], msg.get("handoff"))}
+        except BaseException as exc:  # noqa: BLE001
+            self.shelf.clear()
+            return {"decoy_shift": msg["shift"], "error": self._failure(exc, "forward")["failure"]["message"]}
+
+    def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The judge is done with the held outputs."""
+        self.shelf.clear()
+        return {}
+
+    def op_evidence(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """What the verdict needs beside the outputs, gathered after the trials."""
+        return {"jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
+                "custom_work": self._custom_work() if msg.get("custom_work", True) else None,
+                "peak_device_bytes": _peak_device_bytes(self.backend.device)}
+
+    def _decoy_outputs(self, fn: Callable[..., Any], args: list[Any], shift: int, handoff: str | None) -> list[Any]:
         """Run `args` once, then again after they were changed in place where a cheap probe cannot see it
-        (`inputs.probe_preserving_`); the second call's outputs, for the judge."""
+        (`inputs.probe_preserving_`); the second call's outputs, held for the judge."""
         from .compare import flatten_outputs
         from .inputs import probe_preserving_
 
         fn(*args)
         probe_preserving_(args, shift)
-        out = [encode_output(o) for o in flatten_outputs(fn(*args))]
+        out = flatten_outputs(fn(*args))
         self.backend.synchronize()
-        return out
+        return self.shelf.put(out, handoff)
 
     def _integrity(self) -> dict[str, list[str]]:
         return {"tampering": self.snapshot.tampering(), "flags": self.snapshot.flag_changes(),
@@ -154,6 +173,11 @@ class CandidateOps:
 
         from .inputs import seeded_inputs
 
+        # The trials are over: free their inputs and outputs before the timing sets take their place.
+        self.shelf.clear()
+        self.expected, self.exact, self.expected_index = [], [], None
+        if hasattr(self.sets, "drop"):
+            self.sets.drop()
         try:
             source = self._inputs_module(msg.get("reference_source"))
             self.timing_sets = [seeded_inputs(source, seed, self.backend) for seed in msg["seeds"]]
@@ -193,23 +217,28 @@ class CandidateOps:
                 if (odd := getattr(self.backend, "thread_warning", lambda: None)()) is not None:
                     timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
                 saved = None
-                if keep is not None and msg.get("outputs"):
+                if keep is not None and msg.get("share_outputs"):
                     from .compare import flatten_outputs
 
-                    # Encoded before any further call: a candidate may reuse its output buffer.
-                    saved = [{"call": c, "set": s, "outputs": [encode_output(o) for o in flatten_outputs(out)]}
-                             for c, (s, out) in keep.items()]
+                    # The last call's outputs are still the candidate's own buffers, which the decoy's calls may
+                    # reuse: copied before they run (the sampled ones were copied when kept).
+                    self.shelf.clear()
+                    last = keep.last[0] if keep.last else None
+                    saved = [{"call": c, "set": s, "outputs": self.shelf.put(
+                        [o.clone() if c == last and isinstance(o, torch.Tensor) else o for o in flatten_outputs(out)],
+                        msg.get("handoff"))} for c, (s, out) in keep.items()]
                     if msg.get("decoy_shift") is not None:  # on set 0 itself: the tensors the timed calls saw
                         saved.append({"call": -1, "set": 0, "decoy_shift": msg["decoy_shift"],
-                                      "outputs": self._decoy_outputs(fn, self.timing_sets[0], msg["decoy_shift"])})
+                                      "outputs": self._decoy_outputs(fn, self.timing_sets[0], msg["decoy_shift"],
+                                                                     msg.get("handoff"))})
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
         reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
                                  "samples_us": [round(x * 1e6, 4) for x in timed.samples_s], "fresh": timed.fresh,
                                  "integrity": self._integrity()}
         if saved is not None:
-            torch.save(saved, msg["outputs"])
-            reply["revalidation_file"] = msg["outputs"]
+            reply["revalidation"] = saved
+            reply["peak_device_bytes"] = _peak_device_bytes(self.backend.device)
         return reply
 
     def _timing_args(self, i: int) -> list[Any]:
@@ -284,6 +313,13 @@ class _Reservoir:
         if self.last is not None:
             items[self.last[0]] = self.last[1]
         return sorted(items.items())
+
+
+def _peak_device_bytes(device: str) -> int | None:
+    """The most device memory this process's allocator held (GPUs), for the memory bound's evidence."""
+    import torch
+
+    return torch.cuda.max_memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else None
 
 
 def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .models import Mismatch, OutputCheck, TensorInfo, Tolerance
 
-__all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "relative_error", "tensor_info", "tolerance_for"]
+__all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
 
 _FIRST_MISMATCHES = 5
 
@@ -80,18 +80,6 @@ def error_bound(dtype: Any, precision: str, reference_error: float | None) -> tu
                    "errors measured against the reference run in float64")
 
 
-def relative_error(got: Any, exact: Any, device: str = "cpu") -> float | None:
-    """||got - exact|| / ||exact|| over finite elements (None when the exact output is all zero)."""
-    import torch
-
-    g, e = got.detach().to(device, torch.float64), exact.detach().to(device, torch.float64)  # no copy if already so
-    finite = torch.isfinite(e) & torch.isfinite(g)
-    norm = float(torch.linalg.vector_norm(e[finite]))
-    if norm == 0.0:
-        return None
-    return float(torch.linalg.vector_norm((g - e)[finite])) / norm
-
-
 def flatten_outputs(out: Any) -> list[Any]:
     """A model's output as a flat list (a single tensor becomes a one-element list)."""
     if isinstance(out, (list, tuple)):
@@ -109,6 +97,11 @@ def tensor_info(value: Any) -> TensorInfo:
         return TensorInfo(kind="tensor", shape=list(value.shape), dtype=str(value.dtype).removeprefix("torch."),
                           device=str(value.device))
     return TensorInfo(kind=type(value).__name__)
+
+
+# Elements compared per pass: the float64 temporaries of a pass stay near 128 MB each however large the
+# output (a multi-GB output compared whole would need several times its size again on the device).
+_CHUNK = 1 << 24
 
 
 def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None,
@@ -131,49 +124,105 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         problems.append(f"shape {list(got.shape)} != expected {list(expected.shape)}")
     if got.dtype != expected.dtype:
         problems.append(f"dtype {got_info.dtype} != expected {exp_info.dtype}")
-    e = expected.detach().to(device, torch.float64)
-    rms = float(e.pow(2).mean().sqrt()) if expected.is_floating_point() and expected.numel() else 0.0
+    e_all = expected.detach().reshape(-1)
+    rms = _rms(e_all, device) if expected.is_floating_point() and expected.numel() else 0.0
     tol = tolerance_for(expected.dtype, atol=atol, rtol=rtol, precision=precision, expected_rms=rms)
     if problems:
         return OutputCheck(output=index, correct=False, expected=exp_info, got=got_info, problems=problems, tolerance=tol)
-    g = got.detach().to(device, torch.float64)
-
-    both_nan = torch.isnan(e) & torch.isnan(g)
-    diff = (g - e).abs()
-    # Same-signed infinities compare equal; inf - inf is NaN, so handle them before the tolerance test.
-    same_inf = torch.isinf(e) & (g == e)
-    within = (diff <= tol.atol + tol.rtol * e.abs()) | both_nan | same_inf
-    bad = ~within
-    mismatches = int(bad.sum())
-    finite = torch.isfinite(e) & torch.isfinite(g)
-    max_abs = float(diff[finite].max()) if bool(finite.any()) else 0.0
-    big = finite & (e.abs() > max(tol.atol, 1e-12))
-    max_rel = float((diff[big] / e.abs()[big]).max()) if bool(big.any()) else 0.0
-    nan_count = int((torch.isnan(g) & ~torch.isnan(e)).sum())
-    inf_count = int((torch.isinf(g) & ~torch.isinf(e)).sum())
-    first = []
-    if mismatches:
-        for flat_idx in torch.nonzero(bad.flatten()).flatten()[:_FIRST_MISMATCHES].tolist():
-            idx = list(torch.unravel_index(torch.tensor(flat_idx), e.shape)) if e.dim() else []
-            first.append(Mismatch(index=[int(i) for i in idx], got=float(g.flatten()[flat_idx]),
-                                  expected=float(e.flatten()[flat_idx])))
-        problems.append(f"{mismatches} of {e.numel()} elements differ beyond atol={tol.atol:g}, rtol={tol.rtol:g} "
-                        f"(max abs error {max_abs:.3g})")
-    if nan_count:
-        problems.append(f"{nan_count} NaN where the reference is not NaN")
-    if inf_count:
-        problems.append(f"{inf_count} Inf where the reference is finite")
-    rel, ref_rel, norm_ok = _norm_check(expected, e, g, exact, precision, problems, device)
+    truth = exact if exact is not None and exact.shape == expected.shape else None
+    acc = _Pass(tol.atol, tol.rtol, expected.is_floating_point(), truth is not None)
+    g_all, t_all = got.detach().reshape(-1), truth.detach().reshape(-1) if truth is not None else None
+    for lo in range(0, e_all.numel(), _CHUNK):
+        hi = lo + _CHUNK
+        acc.add(lo, e_all[lo:hi].to(device, torch.float64), g_all[lo:hi].to(device, torch.float64),
+                t_all[lo:hi].to(device, torch.float64) if t_all is not None else None)
+    first = [Mismatch(index=_unravel(i, expected.shape), got=g, expected=e) for i, g, e in acc.first]
+    if acc.mismatches:
+        problems.append(f"{acc.mismatches} of {e_all.numel()} elements differ beyond atol={tol.atol:g}, rtol={tol.rtol:g} "
+                        f"(max abs error {acc.max_abs:.3g})")
+    if acc.nan_count:
+        problems.append(f"{acc.nan_count} NaN where the reference is not NaN")
+    if acc.inf_count:
+        problems.append(f"{acc.inf_count} Inf where the reference is finite")
+    rel, ref_rel, norm_ok = _norm_check(expected, acc, precision, problems)
     bound, bound_why = error_bound(expected.dtype, precision, ref_rel)
     tol = tol.model_copy(update={"rel_error_bound": bound, "bound_why": bound_why})
-    return OutputCheck(output=index, correct=mismatches == 0 and norm_ok, expected=exp_info, got=got_info,
-                       problems=problems, max_abs_error=max_abs, max_rel_error=max_rel, mismatches=mismatches,
-                       numel=e.numel(), first_mismatches=first, nan_count=nan_count, inf_count=inf_count,
-                       rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
+    return OutputCheck(output=index, correct=acc.mismatches == 0 and norm_ok, expected=exp_info, got=got_info,
+                       problems=problems, max_abs_error=acc.max_abs, max_rel_error=acc.max_rel,
+                       mismatches=acc.mismatches, numel=e_all.numel(), first_mismatches=first, nan_count=acc.nan_count,
+                       inf_count=acc.inf_count, rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
 
 
-def _norm_check(expected: Any, e: Any, g: Any, exact: Any, precision: str,
-                problems: list[str], device: str = "cpu") -> tuple[float | None, float | None, bool]:
+def _rms(flat: Any, device: str) -> float:
+    import torch
+
+    total = 0.0
+    for lo in range(0, flat.numel(), _CHUNK):
+        total += float(flat[lo:lo + _CHUNK].to(device, torch.float64).pow(2).sum())
+    return (total / flat.numel()) ** 0.5
+
+
+def _unravel(flat_index: int, shape: Any) -> list[int]:
+    index = []
+    for size in reversed(list(shape)):
+        index.append(flat_index % size)
+        flat_index //= size
+    return index[::-1]
+
+
+class _Pass:
+    """One streaming pass over an output, chunk by chunk: the element-wise test and the sums that the
+    relative L2 errors need (candidate against the truth, and the reference against the float64 run)."""
+
+    def __init__(self, atol: float, rtol: float, floating: bool, has_exact: bool) -> None:
+        self.atol, self.rtol, self.floating, self.has_exact = atol, rtol, floating, has_exact
+        self.mismatches = self.nan_count = self.inf_count = 0
+        self.max_abs = self.max_rel = 0.0
+        self.first: list[tuple[int, float, float]] = []
+        self.sq = {"got": [0.0, 0.0], "reference": [0.0, 0.0]}  # [sum (x - truth)^2, sum truth^2] over finite pairs
+
+    def add(self, start: int, e: Any, g: Any, exact: Any) -> None:
+        import torch
+
+        both_nan = torch.isnan(e) & torch.isnan(g)
+        diff = (g - e).abs()
+        # Same-signed infinities compare equal; inf - inf is NaN, so handle them before the tolerance test.
+        same_inf = torch.isinf(e) & (g == e)
+        bad = ~((diff <= self.atol + self.rtol * e.abs()) | both_nan | same_inf)
+        mismatches = int(bad.sum())
+        self.mismatches += mismatches
+        finite = torch.isfinite(e) & torch.isfinite(g)
+        if bool(finite.any()):
+            self.max_abs = max(self.max_abs, float(diff[finite].max()))
+        big = finite & (e.abs() > max(self.atol, 1e-12))
+        if bool(big.any()):
+            self.max_rel = max(self.max_rel, float((diff[big] / e.abs()[big]).max()))
+        self.nan_count += int((torch.isnan(g) & ~torch.isnan(e)).sum())
+        self.inf_count += int((torch.isinf(g) & ~torch.isinf(e)).sum())
+        if mismatches and len(self.first) < _FIRST_MISMATCHES:
+            for i in torch.nonzero(bad).flatten()[:_FIRST_MISMATCHES - len(self.first)].tolist():
+                self.first.append((start + i, float(g[i]), float(e[i])))
+        if self.floating:
+            truth = exact if exact is not None else e
+            self._square_sums("got", g, truth)
+            if exact is not None:
+                self._square_sums("reference", e, exact)
+
+    def _square_sums(self, key: str, x: Any, truth: Any) -> None:
+        import torch
+
+        finite = torch.isfinite(truth) & torch.isfinite(x)
+        t = truth[finite]
+        self.sq[key][0] += float((x[finite] - t).pow(2).sum())
+        self.sq[key][1] += float(t.pow(2).sum())
+
+    def relative_error(self, key: str) -> float | None:
+        """||x - truth|| / ||truth|| over finite pairs (None when the truth is all zero)."""
+        num, den = self.sq[key]
+        return None if den == 0.0 else (num / den) ** 0.5
+
+
+def _norm_check(expected: Any, acc: _Pass, precision: str, problems: list[str]) -> tuple[float | None, float | None, bool]:
     """The relative L2 error against the float64 result (or the reference) and whether it is in bounds.
 
     Element-wise tolerances are loose where outputs are small or positive (zeros pass a softmax over
@@ -181,10 +230,8 @@ def _norm_check(expected: Any, e: Any, g: Any, exact: Any, precision: str,
     """
     if not expected.is_floating_point():
         return None, None, True
-    # e and g: the expected and candidate outputs already in float64 on `device`.
-    truth = exact if exact is not None and exact.shape == expected.shape else None
-    ref_rel = relative_error(e, truth, device) if truth is not None else None
-    rel = relative_error(g, truth if truth is not None else e, device)
+    ref_rel = acc.relative_error("reference") if acc.has_exact else None
+    rel = acc.relative_error("got")
     bound, _ = error_bound(expected.dtype, precision, ref_rel)
     if rel is None or bound is None or rel <= bound:
         return rel, ref_rel, True

@@ -21,7 +21,9 @@ from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_prog
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerProcess
+from .handoff import handoff_directory
 from .static_scan import scan_candidate
+from .trials import judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
@@ -95,22 +97,23 @@ def _as_reference_failure(failure: Failure) -> Failure:
 
 
 async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
-                         seeds: list[int], init_seed: int, *, exact: bool = True,
+                         seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
                          ) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
-    """Start the judge and make the inputs; return it and what it prepared, or the reference's failure."""
+    """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
+    prepared, or the reference's failure."""
     try:
         judge = await _start(stack, ctx, backend, scratch, "judge")
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
             return None, _as_reference_failure(Failure(**reply["failure"])), {}
-        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds, exact=exact)
+        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds, exact=exact,
+                                 variants=variants)
         if reply.get("failure"):
             return None, _as_reference_failure(Failure(**reply["failure"])), {}
     except WorkerDied as died:
         return None, _as_reference_failure(died.failure), {}
-    # What a candidate's process needs to make the same inputs and initial weights itself (see `run`).
-    reply["inputs"] = {"reference_source": reference, "init_seed": init_seed, "seeds": seeds,
-                       "variants": reply["distributions"]}
+    # What a candidate's process needs to make the same inputs and initial weights itself (see `setup`).
+    reply["inputs"] = {"reference_source": reference, "init_seed": init_seed, "seeds": seeds}
     return judge, None, reply
 
 
@@ -155,14 +158,24 @@ async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, sc
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
     try:
-        run = await worker.call("run", stage="forward", **prepared["inputs"],
-                                outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False)
+        run = await launch_once(worker, prepared["inputs"])
     except WorkerDied as died:
         return compiled.model_copy(update={"ok": False, "failure": died.failure})
-    failure = run.get("failure") or next(iter(f for f in run.get("trial_failures", []) if f), None)
-    if failure:
-        return compiled.model_copy(update={"ok": False, "failure": Failure(**failure)})
+    if run.get("failure"):
+        return compiled.model_copy(update={"ok": False, "failure": Failure(**run["failure"])})
     return with_jit_kernels(compiled, run)
+
+
+async def launch_once(worker: WorkerProcess, inputs: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    """Build ModelNew with the reference's weights and run it once on trial 0's inputs, keeping nothing: its
+    first-launch kernels get compiled (and profiled, under ncu). The reply: a failure, or `jit_kernels`."""
+    setup = await worker.call("setup", stage="init", **inputs, timeout_s=timeout_s)
+    if setup.get("failure"):
+        return setup
+    trial = await worker.call("trial", stage="forward", i=0, repeat=False, share=False, timeout_s=timeout_s)
+    if trial.get("failure"):
+        return trial
+    return await worker.call("evidence", stage="forward", custom_work=False)
 
 
 async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
@@ -194,47 +207,37 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             await progress(1, steps, "built the candidate")
             if worker is None:
                 return done(compile=compiled, failure=compiled.failure, checks=[scan])
-            await progress(2, steps, f"running {trials} trials of the candidate, each twice, while the judge "
-                                     "calibrates its check against trivial outputs")
-
-            # Each trial runs twice, then the decoy's two calls: hung after 20x the reference's time for as many.
-            deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2 * trials + 2)
-
-            async def run_trials() -> tuple[dict[str, Any] | None, Failure | None]:
-                try:
-                    return await worker.call("run", stage="forward", **prepared["inputs"],
-                                             outputs=str(scratch / "outputs.pt"), timeout_s=deadline, timeout_why=why,
-                                             decoy_shift=1 + secrets.randbelow(2**30)), None
-                except WorkerDied as died:
-                    return None, died.failure
-
-            async def calibrate() -> tuple[dict[str, Any] | None, Failure | None]:
-                try:  # needs only the reference's outputs, so it runs beside the candidate
-                    return await judge.call("calibrate", stage="compare", **judging), None
-                except WorkerDied as died:
-                    return None, _as_reference_failure(died.failure)
-
-            (run, run_failure), (calibration, judge_failure) = await concurrently(run_trials, calibrate)
-            if run_failure is not None:
-                return done(compile=compiled, failure=run_failure, checks=[scan])
-            if run.get("failure"):
-                return done(compile=compiled, failure=Failure(**run["failure"]), checks=[scan])
-            compiled = with_jit_kernels(compiled, run)
-            run_checks = [scan] + integrity_checks(run.get("integrity"), precision)
-            if all(run["trial_failures"]):  # every trial raised: report the first as the failure
-                return done(compile=compiled, failure=Failure(**run["trial_failures"][0]), checks=run_checks)
-            if judge_failure is not None:
-                return done(compile=compiled, failure=judge_failure, checks=run_checks)
-            await progress(3, steps, "comparing with the reference")
+            await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time beside "
+                                     "the judge, which calibrates its check against trivial outputs")
             try:
-                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"), **judging)
+                setup = await worker.call("setup", stage="init", **prepared["inputs"])
             except WorkerDied as died:
-                return done(compile=compiled, failure=_as_reference_failure(died.failure), checks=run_checks)
-    reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(compared["trials"])]
+                return done(compile=compiled, failure=died.failure, checks=[scan])
+            if setup.get("failure"):
+                return done(compile=compiled, failure=Failure(**setup["failure"]), checks=[scan])
+            # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).
+            deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2)
+            with handoff_directory(scratch) as handoff:
+                outcome, failure = await judge_trials(judge, worker, prepared, trials, handoff=str(handoff),
+                                                      judging=judging, decoy_shift=1 + secrets.randbelow(2**30),
+                                                      deadline=deadline, why=why)
+            if failure is not None:
+                return done(compile=compiled, failure=failure, checks=[scan])
+            try:
+                evidence = await worker.call("evidence", stage="forward", custom_work=True)
+            except WorkerDied as died:
+                return done(compile=compiled, failure=died.failure, checks=[scan])
+            compiled = with_jit_kernels(compiled, evidence)
+            run_checks = [scan] + integrity_checks(evidence.get("integrity"), precision)
+            if all(outcome.failures):  # every trial raised: report the first as the failure
+                return done(compile=compiled, failure=Failure(**outcome.failures[0]), checks=run_checks)
+            await progress(3, steps, "judged")
+    reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
-    weights = WeightSync(**run["weights"])
-    checks = run_checks + verify_checks(reports, compared["trials"], prepared, calibration["nulls"],
-                                        run.get("custom_work"), precision, compared.get("decoy"))
+    weights = WeightSync(**setup["weights"])
+    judged = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
+    checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.get("custom_work"),
+                                        precision, outcome.decoy)
     warnings = _verify_warnings(reports, weights)
     avail = await ctx.require_backend(backend)
     if avail.mode:

@@ -93,7 +93,7 @@ class SeededSets:
 
     def __init__(self, module: Any, seeds: list[int], variants: list[str], backend: Any) -> None:
         self.module, self.seeds, self.variants, self.backend = module, list(seeds), list(variants), backend
-        self._last: tuple[int, list[Any]] | None = None
+        self._last: tuple[tuple[int, str], list[Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.seeds)
@@ -101,10 +101,18 @@ class SeededSets:
     def __getitem__(self, i: int) -> list[Any]:
         if not 0 <= i < len(self.seeds):
             raise IndexError(i)
-        if self._last is None or self._last[0] != i:
+        if self._last is None or self._last[0] != (i, self.variants[i]):
             self._last = None  # free the previous set before making the next
-            self._last = (i, apply_variant(seeded_inputs(self.module, self.seeds[i], self.backend), self.variants[i]))
+            self._last = ((i, self.variants[i]), self.fresh(i))
         return self._last[1]
+
+    def fresh(self, i: int) -> list[Any]:
+        """Set i made anew, not kept: a candidate's call gets tensors no earlier call has touched."""
+        return apply_variant(seeded_inputs(self.module, self.seeds[i], self.backend), self.variants[i])
+
+    def drop(self) -> None:
+        """Free the set kept for reuse."""
+        self._last = None
 
 
 def probe_preserving_(inputs: list[Any], shift: int) -> list[Any]:

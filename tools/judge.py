@@ -1,10 +1,12 @@
 """The judge's operations (a mixin of `kforge.tools.worker.Worker`): runs only in the judge worker.
 
-The judge loads the reference, draws the inputs from seeds the server chose after the candidate
-was loaded, computes the expected outputs (and, where the reference runs in float64, the exact ones)
-and keeps them in its own memory. It compares what the candidate's worker saved, calibrates the
-check against trivial "null" candidates, and re-validates outputs the candidate produced while
-being timed. The candidate never receives an expected output.
+The judge loads the reference and, one trial at a time, makes the trial's inputs on its device from a
+seed the server chose after the candidate was loaded, computes the expected outputs (and, where the
+reference runs in float64 and there is room, the exact ones) and keeps them in its own memory. It
+compares the candidate's outputs in place (`kforge.tools.handoff`), calibrates the check against
+trivial "null" candidates, and re-validates outputs the candidate produced while being timed. Only one
+trial's inputs and outputs live at a time, so a problem of several GB fits. The candidate never
+receives an expected output.
 """
 
 from __future__ import annotations
@@ -26,16 +28,33 @@ def _reference_numerics() -> None:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
+def _memory_capacity(device: str) -> int:
+    """Bytes of memory on `device`: the GPU's, or the host's for the CPU."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _all_finite(outputs: list[Any]) -> bool:
     import torch
 
     return all(bool(torch.isfinite(o).all()) for o in outputs if isinstance(o, torch.Tensor) and o.is_floating_point())
 
 
+# The float64 run of the reference (the exact outputs) is skipped when its inputs and outputs in float64
+# would take more than this share of the device's memory: the judge would crowd out the candidate.
+_EXACT_MEMORY_SHARE = 0.125
+
+
 class JudgeOps:
     # State (set by Worker.__init__): module, model, backend, sets, expected, exact, expected_devices.
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
+        """The reference's outputs on `inputs` (a copy: the reference may write into them), on its device."""
         import torch
 
         from .compare import flatten_outputs
@@ -45,145 +64,174 @@ class JudgeOps:
             args = [cast(a) for a in args]
         with torch.no_grad():
             out = flatten_outputs(model(*self.backend.to_device(args)))
+        del args
         self.backend.synchronize()
         self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
-        return [o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in out]
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in out]
 
     def op_prepare(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Build Model, make one input set per seed (rotating distributions), keep expected outputs."""
+        """Build Model with the initial weights of `init_seed`, and trial 0's expected outputs (timed)."""
         import torch
 
         from .compare import tensor_info
-        from .inputs import VARIANTS, SeededSets, apply_variant, seeded_inputs
+        from .inputs import SeededSets
 
         _reference_numerics()
-        notes: list[str] = []
+        seeds = msg["seeds"]
         try:
             torch.manual_seed(msg["init_seed"])
             init_inputs = list(self.module.get_init_inputs())
             torch.manual_seed(msg["init_seed"])
             self.model = self.backend.to_device(self.module.Model(*init_inputs))
-            self.expected, self.distributions = [], []
-            call_s = []
-            for i, seed in enumerate(msg["seeds"]):
-                native = seeded_inputs(self.module, seed, self.backend)
-                variant = VARIANTS[i % len(VARIANTS)][0] if msg.get("variants", True) else "native"
-                inputs = apply_variant(native, variant)
-                t0 = time.perf_counter()
-                out = self._reference_outputs(self.model, inputs)
-                call_s.append(time.perf_counter() - t0)
-                if variant != "native" and not _all_finite(out):
-                    native_out = self._reference_outputs(self.model, native)
-                    if _all_finite(native_out):  # the variant left the reference's domain
-                        notes.append(f"trial {i}: the reference is not finite on {variant} inputs, so it used "
-                                     "the native distribution")
-                        inputs, out, variant = native, native_out, "native"
-                self.expected.append(out)
-                self.distributions.append(variant)
-                del native, inputs
+            self.sets = SeededSets(self.module, seeds, ["native"] * len(seeds), self.backend)
+            self.distributions = [None] * len(seeds)
+            self.want_variants, self.want_exact = msg.get("variants", True), msg.get("exact", True)
+            self.exact_note: str | None = None if self.want_exact else "not requested"
+            first = self.op_expect({"i": 0})
+            if "failure" in first:
+                return first
+            t0 = time.perf_counter()  # once more, warm: what a candidate's hang deadline is scaled from
+            self._reference_outputs(self.model, self.sets[0])
+            again = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "reference")
-        # The inputs are made again from their seeds when needed, here and in the candidate's process.
-        self.sets = SeededSets(self.module, msg["seeds"], self.distributions, self.backend)
-        exact_note = self._exact_outputs() if msg.get("exact", True) else "not requested"
-        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected[0]],
-                "distributions": self.distributions, "notes": notes, "exact": exact_note is None,
-                "exact_note": exact_note,
-                # The reference's time per call once warm (with its copies to and from the device): what a
-                # candidate's hang deadline is scaled from.
-                "reference_call_s": min(call_s[1:] or call_s)}
+        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected],
+                "distribution": first["distribution"], "note": first["note"], "exact": first["exact"],
+                "exact_note": first["exact_note"], "reference_call_s": min(again, first["seconds"])}
 
-    def _exact_outputs(self) -> str | None:
-        """The reference's outputs in float64 for every trial; None, or why it could not run so."""
+    def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""
+        from .inputs import VARIANTS
+
+        i = msg["i"]
+        self.expected, self.exact, self.expected_index = [], [], None  # free the last trial's first
+        note = None
+        try:
+            variant = VARIANTS[i % len(VARIANTS)][0] if self.want_variants else "native"
+            self.sets.variants[i] = variant
+            t0 = time.perf_counter()
+            out = self._reference_outputs(self.model, self.sets[i])
+            seconds = time.perf_counter() - t0
+            if variant != "native" and not _all_finite(out):
+                self.sets.variants[i] = "native"
+                native_out = self._reference_outputs(self.model, self.sets[i])
+                if _all_finite(native_out):  # the variant left the reference's domain
+                    note = (f"trial {i}: the reference is not finite on {variant} inputs, so it used the native "
+                            "distribution")
+                    out, variant = native_out, "native"
+                else:
+                    self.sets.variants[i] = variant
+            self.expected, self.expected_index = out, i
+            self.distributions[i] = variant
+            del out
+            if self.want_exact and self.exact_note is None:
+                self.exact_note = self._exact_outputs(i)
+        except BaseException as exc:  # noqa: BLE001
+            return self._failure(exc, "reference")
+        return {"distribution": variant, "note": note, "seconds": seconds, "exact": bool(self.exact),
+                "exact_note": self.exact_note}
+
+    def _exact_outputs(self, i: int) -> str | None:
+        """The reference's outputs on trial i in float64 (`self.exact`); None, or why it could not run so."""
+        import torch
+
         from .inputs import to_float64
 
         self.exact = []
+        if (why := self._exact_too_large()) is not None:
+            return why
         try:
-            model64 = copy.deepcopy(self.model).double()
-            for inputs in self.sets:
-                self.exact.append(self._reference_outputs(model64, inputs, cast=to_float64))
+            if getattr(self, "_model64", None) is None:
+                self._model64 = copy.deepcopy(self.model).double()
+            self.exact = self._reference_outputs(self._model64, self.sets[i], cast=to_float64)
         except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel: fall back to fixed bounds
-            self.exact = []
+            self.exact, self._model64 = [], None
+            if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
+                return f"the reference's float64 run ran out of memory ({str(exc)[:120]})"
             return f"the reference does not run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
         return None
 
-    def _compare(self, i: int, got: list[Any], msg: dict[str, Any], devices: list[str | None] | None = None,
+    def _exact_too_large(self) -> str | None:
+        import torch
+
+        tensors = [t for t in list(self.sets[self.expected_index]) + list(self.expected) if isinstance(t, torch.Tensor)]
+        as64 = 2 * sum(t.numel() * 8 for t in tensors if t.is_floating_point())  # inputs and outputs, and copies
+        capacity = _memory_capacity(self.backend.device)
+        if as64 > _EXACT_MEMORY_SHARE * capacity:
+            return (f"not run: in float64 the problem would take {as64 / 2**30:.1f} GiB, over "
+                    f"{_EXACT_MEMORY_SHARE:.0%} of the device's {capacity / 2**30:.0f} GiB; errors are measured "
+                    "against the reference in its own precision")
+        return None
+
+    def _compare(self, got: list[Any], msg: dict[str, Any], devices: list[str | None] | None = None,
                  expected: list[Any] | None = None, exact: list[Any] | None = None) -> list[Any]:
         from .compare import compare_outputs
 
-        exp = expected if expected is not None else self.expected[i]
-        ex = exact if exact is not None else (self.exact[i] if i < len(self.exact) else None)
-        return compare_outputs(exp, got, atol=msg.get("atol"), rtol=msg.get("rtol"),
-                               expected_devices=self.expected_devices, got_devices=devices,
-                               precision=msg.get("precision", "strict"), exact=ex, device=self.backend.device)
+        return compare_outputs(self.expected if expected is None else expected, got, atol=msg.get("atol"),
+                               rtol=msg.get("rtol"), expected_devices=self.expected_devices, got_devices=devices,
+                               precision=msg.get("precision", "strict"),
+                               exact=self.exact if exact is None else exact, device=self.backend.device)
 
-    def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import torch
+    def _current(self, i: int) -> None:
+        if self.expected_index != i:
+            raise RuntimeError(f"trial {i} was not prepared (the judge holds trial {self.expected_index})")
 
+    def op_check(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Judge trial i's record from the candidate's worker: its outputs, and its repeat after poisoning."""
+        from .handoff import open_outputs, release_opened
         from .output_contract import same_values
 
-        results = torch.load(msg["outputs"], weights_only=True)
-        decoys = [r for r in results if "decoy_shift" in r]
-        results = [r for r in results if "decoy_shift" not in r]
-        decoy = None
-        for d in decoys:  # trial 0's inputs changed where a cheap probe cannot see it
-            if "error" in d:
-                decoy = {"correct": False, "error": d["error"], "problems": []}
-                continue
-            ok, problems = self._judge_on(self.sets[0], d, msg)
-            decoy = {"correct": ok, "problems": problems}
-        trials = []
-        for i, res in enumerate(results):
-            if "error" in res:
-                trials.append({"error": res["error"], "checks": [], "distribution": self.distributions[i]})
-                continue
-            got = [_decode(o) for o in res["outputs"]]
-            checks = self._compare(i, got, msg, res.get("devices"))
-            trial = {"error": None, "checks": [c.model_dump(mode="json") for c in checks],
-                     "distribution": self.distributions[i], "aliases": res.get("aliases", []),
-                     "inputs_modified": res.get("inputs_modified", [])}
-            if "repeat" in res:  # the same inputs again after poisoning memory with NaN
-                again = [_decode(o) for o in res["repeat"]]
-                rechecks = self._compare(i, again, msg, res.get("devices"))
-                trial["repeat_identical"] = len(again) == len(got) and all(same_values(a, b) for a, b in zip(again, got))
-                trial["repeat_correct"] = all(c.correct for c in rechecks)
-                trial["repeat_problems"] = [p for c in rechecks for p in c.problems][:3]
-            trials.append(trial)
-        return {"trials": trials, "decoy": decoy}
+        i, record = msg["i"], msg["record"]
+        self._current(i)
+        trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
+                                 "aliases": record.get("aliases", []),
+                                 "inputs_modified": record.get("inputs_modified", [])}
+        got = open_outputs(record["outputs"], msg.get("handoff"))
+        trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, msg, record.get("devices"))]
+        if "repeat" in record:  # the same inputs again after poisoning memory with NaN
+            again = open_outputs(record["repeat"], msg.get("handoff"))
+            rechecks = self._compare(again, msg, record.get("devices"))
+            trial["repeat_identical"] = len(again) == len(got) and all(same_values(a, b) for a, b in zip(again, got))
+            trial["repeat_correct"] = all(c.correct for c in rechecks)
+            trial["repeat_problems"] = [p for c in rechecks for p in c.problems][:3]
+            del again
+        del got
+        release_opened()
+        return {"trial": trial}
 
     def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Would trivial candidates pass this problem's check? Each null is judged like a candidate."""
+        """Would trivial candidates pass trial i's check? Each null named in `nulls` is judged like a candidate."""
         import torch
 
-        nulls: dict[str, Any] = {
-            "zeros": lambda i, e: [torch.zeros_like(o) if isinstance(o, torch.Tensor) else o for o in e],
-            "a constant (the output's mean)": lambda i, e: [
+        i = msg["i"]
+        self._current(i)
+        makers: dict[str, Any] = {
+            "zeros": lambda e: [torch.zeros_like(o) if isinstance(o, torch.Tensor) else o for o in e],
+            "a constant (the output's mean)": lambda e: [
                 torch.full_like(o, float(o.double().mean())) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
                 for o in e],
-            "the first input, unchanged": self._passthrough,
+            "the first input, unchanged": lambda e: self._passthrough(i, e),
         }
         if msg.get("precision", "strict") == "strict":
-            nulls["the reference computed in bfloat16"] = self._in_bfloat16
+            makers["the reference computed in bfloat16"] = lambda e: self._in_bfloat16(i, e)
         verdicts = []
-        for name, make in nulls.items():
-            outcome = {"null": name, "applicable": True, "passes": True, "elementwise_passes": True}
+        for name in msg.get("nulls") or list(makers):
+            if name not in makers:
+                continue
+            outcome = {"null": name, "applicable": True, "passes": False, "elementwise_passes": False}
             try:
-                for i in range(len(self.sets)):
-                    got = make(i, self.expected[i])
-                    if got is None:
-                        outcome["applicable"] = False
-                        break
-                    checks = self._compare(i, got, msg)
-                    outcome["passes"] &= all(c.correct for c in checks)
-                    outcome["elementwise_passes"] &= all(c.mismatches == 0 and not c.nan_count and not c.inf_count
-                                                         and not any("shape" in p or "dtype" in p for p in c.problems)
-                                                         for c in checks)
-                    if not (outcome["passes"] or outcome["elementwise_passes"]):
-                        break  # rejected on both counts: the other trials cannot change that
+                got = makers[name](self.expected)
+                if got is None:
+                    outcome["applicable"] = False
+                else:
+                    checks = self._compare(got, msg)
+                    outcome["passes"] = all(c.correct for c in checks)
+                    outcome["elementwise_passes"] = all(
+                        c.mismatches == 0 and not c.nan_count and not c.inf_count
+                        and not any("shape" in p or "dtype" in p for p in c.problems) for c in checks)
+                del got
             except Exception as exc:  # noqa: BLE001 - a null the reference cannot produce is not applicable
                 outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
-            if not outcome["applicable"]:
-                outcome.update(passes=False, elementwise_passes=False)
             verdicts.append(outcome)
         return {"nulls": verdicts}
 
@@ -204,7 +252,9 @@ class JudgeOps:
         if getattr(self, "_model_bf16", None) is None:
             self._model_bf16 = copy.deepcopy(self.model).to(torch.bfloat16)
         cast = lambda a: a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+        devices = self.expected_devices
         out = self._reference_outputs(self._model_bf16, self.sets[i], cast=cast)
+        self.expected_devices = devices
         return [o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) else o
                 for o, e in zip(out, expected)]
 
@@ -213,60 +263,54 @@ class JudgeOps:
         import torch
         from torch.utils.flop_counter import FlopCounterMode
 
-        tensors = [t for t in list(self.sets[0]) + list(self.expected[0]) if isinstance(t, torch.Tensor)]
+        i = self.expected_index or 0
+        tensors = [t for t in list(self.sets[i]) + list(self.expected) if isinstance(t, torch.Tensor)]
         flops = None
         try:
             with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                self.model(*self._args(0))
+                self.model(*self._args(i))
             flops = int(counter.get_total_flops())
         except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
             pass
-        out = self.expected[0][0] if self.expected[0] else None
+        out = self.expected[0] if self.expected else None
         return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
                 "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
 
     def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
-        """Judge a candidate's saved outputs (`item["outputs"]`) against the reference run now on `inputs`,
-        or, for a decoy (`item["decoy_shift"]`), on a copy of them changed as the candidate's were."""
+        """Judge a candidate's outputs (`item["outputs"]`, descriptors) against the reference run now on
+        `inputs`, or, for a decoy (`item["decoy_shift"]`), on a copy of them changed as the candidate's were."""
         import torch
 
+        from .handoff import open_outputs, release_opened
         from .inputs import probe_preserving_
 
         if "decoy_shift" in item:
             inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in inputs],
                                        item["decoy_shift"])
-        checks = self._compare(0, [_decode(o) for o in item["outputs"]], msg,
-                               expected=self._reference_outputs(self.model, inputs), exact=[])
+        expected = self._reference_outputs(self.model, inputs)
+        del inputs
+        got = open_outputs(item["outputs"], msg.get("handoff"))
+        checks = self._compare(got, msg, expected=expected, exact=[])
+        del got, expected
+        release_opened()
         return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
 
-    def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Compare outputs saved during timing with the reference on the same timing inputs."""
-        import torch
+    def op_check_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The candidate's call on trial 0's inputs changed in place where a cheap probe cannot see it."""
+        decoy = msg["record"]
+        if "error" in decoy:
+            return {"decoy": {"correct": False, "error": decoy["error"], "problems": []}}
+        self.expected, self.exact, self.expected_index = [], [], None  # the trials are done: make room
+        ok, problems = self._judge_on(self.sets[0], decoy, msg)
+        return {"decoy": {"correct": ok, "problems": problems}}
 
-        saved = torch.load(msg["outputs"], weights_only=True)
+    def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare outputs kept during timing with the reference on the same timing inputs."""
         wrong, decoy = [], None
-        for item in saved:
+        for item in msg["items"]:
             ok, problems = self._judge_on(self.timing_sets[item["set"]], item, msg)
             if "decoy_shift" in item:
                 decoy = {"correct": ok, "problems": problems}
             elif not ok:
                 wrong.append({"call": item["call"], "problems": problems})
-        return {"checked": len(saved) - (decoy is not None), "wrong": wrong, "decoy": decoy}
-
-
-class _NonTensor:
-    """Stands in for an output that is not a plain torch.Tensor (saved as its type name)."""
-
-    def __init__(self, type_name: str) -> None:
-        self.type_name = type_name
-
-
-def _decode(saved: Any) -> Any:
-    return _NonTensor(saved["__non_tensor__"]) if isinstance(saved, dict) else saved
-
-
-def encode_output(out: Any) -> Any:
-    """An output as the judge will read it: a CPU copy of a plain tensor, or the type's name."""
-    import torch
-
-    return out.detach().cpu().clone() if type(out) is torch.Tensor else {"__non_tensor__": type(out).__name__}
+        return {"checked": len(msg["items"]) - (decoy is not None), "wrong": wrong, "decoy": decoy}

@@ -14,17 +14,23 @@ __all__ = ["aliased_outputs", "modified_inputs", "same_values"]
 
 
 def same_values(a: Any, b: Any) -> bool:
-    """Bitwise-equal values (NaN equal to NaN), on CPU."""
+    """Bitwise-equal values (NaN equal to NaN), compared where `a` lives, a chunk at a time."""
     import torch
 
     if type(a) is not torch.Tensor or type(b) is not torch.Tensor:
         return a == b
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    a, b = a.detach().cpu(), b.detach().cpu()
-    if a.is_floating_point() or a.is_complex():
-        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
-    return torch.equal(a, b)
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    for lo in range(0, a.numel(), _CHUNK):
+        x, y = a[lo:lo + _CHUNK], b[lo:lo + _CHUNK].to(a.device)
+        same = (x == y) | (torch.isnan(x) & torch.isnan(y)) if x.is_floating_point() or x.is_complex() else x == y
+        if not bool(same.all()):
+            return False
+    return True
+
+
+_CHUNK = 1 << 26  # elements per comparison: temporaries stay small however large the tensors
 
 
 def modified_inputs(args: Sequence[Any], pristine: Sequence[Any]) -> list[int]:

@@ -26,11 +26,13 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, concurrently, with_jit_kernels
+from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, concurrently, launch_once, with_jit_kernels
+from .handoff import handoff_directory
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerProcess
 from .static_scan import scan_candidate
 from .timing import merge_rounds
+from .trials import judge_trials
 from .verdict import integrity_checks, static_check, timing_checks
 
 __all__ = ["BASELINES", "profile_kernel"]
@@ -38,7 +40,8 @@ __all__ = ["BASELINES", "profile_kernel"]
 BASELINES = ("eager", "torch.compile")
 _INPUT_SETS = 3  # input sets whose outputs are checked before timing
 _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
-_TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2)
+_TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...
+_ONE_SET_BYTES = 2**30  # ... but only 1 for problems over this size)
 _PROFILED_CALLS = 5
 _NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric pass
 _NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
@@ -89,7 +92,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     return judge, failure, {}
                 size = await judge.call("problem_size", stage="reference")
                 return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s"),
-                                     "inputs": prepared["inputs"]}
+                                     "inputs": prepared["inputs"], "prepared": prepared}
 
             (judge, failure, problem), (worker, compiled) = await concurrently(
                 judge_side, lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code))
@@ -97,40 +100,40 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(failure)
             if worker is None:
                 return failed(compiled.failure)
-            await step("checking the candidate's output while both sides make the timing inputs")
+            await step("checking the candidate's output, then making the timing inputs on both sides")
             # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
             # be replayed from earlier calls, nor computed ahead at import. Each process makes them on its
-            # device from the same secret seeds; the correctness run goes beside the judge's.
+            # device from the same secret seeds.
             timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
-
-            async def judge_sets() -> dict[str, Any]:
-                return await judge.call("timing_sets", stage="reference", seeds=timing_seeds)
-
-            deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], _INPUT_SETS)
-
-            async def run_then_sets() -> tuple[dict[str, Any], dict[str, Any]]:
-                run = await worker.call("run", stage="forward", **problem["inputs"],
-                                        outputs=str(scratch / "outputs.pt"), repeat=False, custom_work=False,
-                                        timeout_s=deadline, timeout_why=why)
-                if run.get("failure"):
-                    return run, {}
-                return run, await worker.call("timing_sets", stage="timing", seeds=timing_seeds,
-                                              reference_source=reference_code)
-
+            deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
             try:
-                made, (run, cand_sets) = await concurrently(judge_sets, run_then_sets)
-                for reply in (made, run, cand_sets):
+                setup = await worker.call("setup", stage="init", **problem["inputs"])
+                if setup.get("failure"):
+                    return failed(Failure(**setup["failure"]))
+                with handoff_directory(scratch) as handoff:
+                    outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
+                                                          handoff=str(handoff), judging={"precision": precision},
+                                                          repeat=False, calibrate=False, deadline=deadline, why=why)
+                if failure is not None:
+                    return failed(failure)
+                if all(outcome.failures):
+                    return failed(Failure(**outcome.failures[0]))
+                evidence = await worker.call("evidence", stage="forward", custom_work=False)
+                compiled = with_jit_kernels(compiled, evidence)
+                made, cand_sets = await concurrently(
+                    lambda: judge.call("timing_sets", stage="reference", seeds=timing_seeds),
+                    lambda: worker.call("timing_sets", stage="timing", seeds=timing_seeds,
+                                        reference_source=reference_code))
+                for reply in (made, cand_sets):
                     if reply.get("failure"):
                         return failed(Failure(**reply["failure"]))
-                compiled = with_jit_kernels(compiled, run)
-                compared = await judge.call("compare", stage="compare", outputs=str(scratch / "outputs.pt"),
-                                            precision=precision)
             except WorkerDied as died:
                 return failed(died.failure)
-            check, output_correct = _first_wrong(compared["trials"])
+            check, output_correct = _first_wrong(outcome.trials)
             async with ctx.device_lock(avail.device_name or backend):
+                handoff = stack.enter_context(handoff_directory(scratch))
                 try:
-                    series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, scratch,
+                    series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, handoff,
                                                    fresh_baselines, step, problem["reference_call_s"])
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
@@ -138,8 +141,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     return failed(died.failure)
                 cand = series["candidate"]
                 try:
-                    revalidated = await judge.call("revalidate", stage="compare", outputs=cand["revalidation_file"],
-                                                   precision=precision)
+                    revalidated = await judge.call("revalidate", stage="compare", items=cand["revalidation"],
+                                                   handoff=str(handoff), precision=precision)
+                    await worker.call("release", stage="timing")
                     await step("profiling the candidate")
                     artifacts = ctx.store.artifact_dir(profile_id)
                     prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
@@ -245,11 +249,13 @@ class _TimingFailed(Exception):
 
 def _timing_set_count(problem_bytes: int) -> int:
     """Distinct timing input sets: as many as fit in `_TIMING_SET_BYTES`, at least 2 (fresh beside warm-up)."""
+    if problem_bytes > _ONE_SET_BYTES:  # a second set would double the memory of a problem this large
+        return 1
     return max(2, min(_MAX_TIMING_SETS, _TIMING_SET_BYTES // max(1, problem_bytes)))
 
 
 async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, worker: WorkerProcess,
-                          baselines: tuple[str, ...], budget_s: float, scratch: Path, fresh_baselines: bool,
+                          baselines: tuple[str, ...], budget_s: float, handoff: Path, fresh_baselines: bool,
                           step: Any, reference_call_s: float | None) -> dict[str, dict[str, Any]]:
     """Time the baselines (judge) and the candidate in `_ROUNDS` interleaved rounds.
 
@@ -277,7 +283,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             if name in failures:
                 continue
             if name == "candidate":
-                extra = {"outputs": str(scratch / "timed-outputs.pt"), "decoy_shift": 1 + secrets.randbelow(2**30)} \
+                extra = {"share_outputs": True, "handoff": str(handoff), "decoy_shift": 1 + secrets.randbelow(2**30)} \
                     if r == _ROUNDS - 1 else {}
                 reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
                                           timeout_s=deadline, timeout_why=why, **extra)
@@ -301,7 +307,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             continue
         stats, rounds = merge_rounds(name, rs)
         out[name] = {"stats": stats, "rounds": rounds}
-    out["candidate"].update(revalidation_file=replies["candidate"][-1]["revalidation_file"],
+    out["candidate"].update(revalidation=replies["candidate"][-1]["revalidation"],
                             integrity=replies["candidate"][-1]["integrity"])
     eager_now = out["eager"]["stats"].median_us if "stats" in out.get("eager", {}) else None
     for name in baselines:
@@ -338,8 +344,7 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
                                  prefix=prefix) as w:
             loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
             if loaded.get("failure") is None:
-                await w.call("run", stage="ncu", **inputs, outputs=str(where / "outputs.pt"),
-                             timeout_s=_NCU_TIMEOUT_S)
+                await launch_once(w, inputs, timeout_s=_NCU_TIMEOUT_S)
     except (WorkerDied, HarnessError) as exc:
         problem = f"the run under ncu failed: {exc}"[:400]
     rep = report.with_suffix(".ncu-rep")

@@ -94,6 +94,10 @@ class Worker(JudgeOps, CandidateOps):
         self.copy_timing_inputs = True
         self.series: dict[str, dict[str, Any]] = {}  # per timed series: replay schedule, kept outputs
         self.compiled: Any = None
+        from .handoff import OutputShelf
+
+        self.shelf = OutputShelf()  # outputs the judge reads in place (candidate role)
+        self.expected_index: int | None = None
         self._reference_inputs: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------

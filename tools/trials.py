@@ -1,0 +1,120 @@
+"""Correctness trials, one at a time, between the judge and the candidate's worker (server side).
+
+For each trial the judge makes the inputs from the trial's secret seed and the expected outputs; the
+candidate's worker makes the same inputs from the same seed, runs ModelNew and holds its outputs; the
+judge reads them in place (`kforge.tools.handoff`), and the candidate lets them go. Only one trial's
+inputs and outputs exist at a time in either process, so a problem of several GB is judged in about
+three times its own footprint, and nothing of its size is written to disk. The judge's calibration
+against trivial outputs runs beside the candidate's call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models import Failure
+from .runner import WorkerDied, WorkerProcess
+
+__all__ = ["TrialsOutcome", "judge_trials"]
+
+
+@dataclass
+class TrialsOutcome:
+    trials: list[dict[str, Any]] = field(default_factory=list)  # the judge's verdict per trial
+    failures: list[dict[str, Any] | None] = field(default_factory=list)  # the candidate's error per trial
+    distributions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    exact: bool = False
+    exact_note: str | None = None
+    nulls: list[dict[str, Any]] = field(default_factory=list)
+    decoy: dict[str, Any] | None = None
+
+
+def _as_reference_failure(failure: Failure) -> Failure:
+    return failure.model_copy(update={"stage": "reference",
+                                      "message": f"the reference failed, not the candidate: {failure.message}"})
+
+
+async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: dict[str, Any], count: int, *,
+                       handoff: str, judging: dict[str, Any], repeat: bool = True, calibrate: bool = True,
+                       decoy_shift: int | None = None, deadline: float | None = None, why: str = "",
+                       ) -> tuple[TrialsOutcome, Failure | None]:
+    """Run `count` trials (the judge's `prepare` made trial 0's expected outputs); then the decoy call.
+
+    Returns what was judged and, if a worker died (the candidate's: a crash or a hang past `deadline`;
+    the judge's: the reference's fault), that failure."""
+    from .evaluate import concurrently
+
+    outcome = TrialsOutcome()
+    alive_nulls: list[str] | None = None if calibrate else []
+    for i in range(count):
+        try:
+            expected = prepared if i == 0 else await judge.call("expect", stage="reference", i=i)
+        except WorkerDied as died:
+            return outcome, _as_reference_failure(died.failure)
+        if expected.get("failure"):
+            return outcome, _as_reference_failure(Failure(**expected["failure"]))
+        outcome.distributions.append(expected["distribution"])
+        outcome.exact = expected["exact"] if i == 0 else outcome.exact and expected["exact"]
+        outcome.exact_note = expected.get("exact_note") or outcome.exact_note
+        if expected.get("note"):
+            outcome.notes.append(expected["note"])
+
+        async def candidate() -> dict[str, Any]:
+            return await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
+                                     handoff=handoff, timeout_s=deadline, timeout_why=why)
+
+        async def calibration() -> dict[str, Any] | None:
+            if alive_nulls == []:
+                return None
+            return await judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging)
+
+        try:
+            record, nulls = await concurrently(candidate, calibration)
+        except WorkerDied as died:
+            return outcome, died.failure if died.failure.stage != "compare" else _as_reference_failure(died.failure)
+        alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
+        if "error" in record:
+            outcome.trials.append({"error": record["error"], "checks": [], "distribution": expected["distribution"]})
+            outcome.failures.append(record["failure"])
+            continue
+        try:
+            checked = await judge.call("check", stage="compare", i=i, record=record, handoff=handoff, **judging)
+            await worker.call("release", stage="forward")
+        except WorkerDied as died:
+            return outcome, _as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
+        outcome.trials.append(checked["trial"])
+        outcome.failures.append(None)
+    try:
+        if decoy_shift is not None:
+            record = await worker.call("decoy", stage="forward", shift=decoy_shift, handoff=handoff,
+                                       timeout_s=deadline, timeout_why=why)
+            outcome.decoy = (await judge.call("check_decoy", stage="compare", record=record, handoff=handoff,
+                                              **judging))["decoy"]
+            await worker.call("release", stage="forward")
+    except WorkerDied as died:
+        return outcome, died.failure
+    return outcome, None
+
+
+def _merge_nulls(outcome: TrialsOutcome, verdicts: dict[str, Any]) -> list[str]:
+    """Fold one trial's null verdicts into the running ones (a null passes only if it passes every trial);
+    the nulls still worth trying on the next trial."""
+    known = {n["null"]: n for n in outcome.nulls}
+    for v in verdicts["nulls"]:
+        if v["null"] in known:
+            k = known[v["null"]]
+            k["applicable"] &= v["applicable"]
+            k["passes"] &= v["passes"]
+            k["elementwise_passes"] &= v["elementwise_passes"]
+            if v.get("note"):
+                k["note"] = v["note"]
+        else:
+            known[v["null"]] = dict(v)
+    outcome.nulls = list(known.values())
+    for n in outcome.nulls:
+        if not n["applicable"]:
+            n.update(passes=False, elementwise_passes=False)
+    # Rejected on both counts, or not applicable: the other trials cannot change that.
+    return [n["null"] for n in outcome.nulls if n["applicable"] and (n["passes"] or n["elementwise_passes"])]
