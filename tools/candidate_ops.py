@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from .handoff import return_free_memory
+
 __all__ = ["CandidateOps"]
 
 _REVALIDATED_CALLS = 8  # timed outputs kept (a secret reservoir sample) for the judge, plus the last ...
@@ -106,8 +108,12 @@ class CandidateOps:
             return {"decoy_shift": msg["shift"], "error": self._failure(exc, "forward")["failure"]["message"]}
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The judge is done with the held outputs."""
+        """The judge is done with the held outputs; their memory goes back to the device for the judge's next
+        trial (a no-op for small problems, whose blocks are soon cached again)."""
+        import torch
+
         self.shelf.clear()
+        return_free_memory(self.backend.device)
         return {}
 
     def op_evidence(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -220,17 +226,11 @@ class CandidateOps:
                 if keep is not None and msg.get("share_outputs"):
                     from .compare import flatten_outputs
 
-                    # The last call's outputs are still the candidate's own buffers, which the decoy's calls may
-                    # reuse: copied before they run (the sampled ones were copied when kept).
+                    # Held as they are (the sampled ones were copied when kept; the last is the candidate's own
+                    # buffer): the judge reads them before the candidate runs again (`op_timing_decoy` after).
                     self.shelf.clear()
-                    last = keep.last[0] if keep.last else None
-                    saved = [{"call": c, "set": s, "outputs": self.shelf.put(
-                        [o.clone() if c == last and isinstance(o, torch.Tensor) else o for o in flatten_outputs(out)],
-                        msg.get("handoff"))} for c, (s, out) in keep.items()]
-                    if msg.get("decoy_shift") is not None:  # on set 0 itself: the tensors the timed calls saw
-                        saved.append({"call": -1, "set": 0, "decoy_shift": msg["decoy_shift"],
-                                      "outputs": self._decoy_outputs(fn, self.timing_sets[0], msg["decoy_shift"],
-                                                                     msg.get("handoff"))})
+                    saved = [{"call": c, "set": s, "outputs": self.shelf.put(flatten_outputs(out), msg.get("handoff"))}
+                             for c, (s, out) in keep.items()]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
         reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
@@ -239,7 +239,23 @@ class CandidateOps:
         if saved is not None:
             reply["revalidation"] = saved
             reply["peak_device_bytes"] = _peak_device_bytes(self.backend.device)
+        return_free_memory(self.backend.device)
         return reply
+
+    def op_timing_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The timed function on timing set 0 changed in place where a cheap probe cannot see it (after the
+        judge read the timed outputs): its outputs, held for the judge, or why the call failed."""
+        import torch
+
+        self.shelf.clear()
+        fn = self.compiled if msg.get("compile") else self.model
+        try:
+            with torch.no_grad():
+                outputs = self._decoy_outputs(fn, self.timing_sets[0], msg["shift"], msg.get("handoff"))
+        except BaseException as exc:  # noqa: BLE001
+            self.shelf.clear()
+            return {"error": self._failure(exc, "timing")["failure"]["message"]}
+        return {"item": {"call": -1, "set": 0, "decoy_shift": msg["shift"], "outputs": outputs}}
 
     def _timing_args(self, i: int) -> list[Any]:
         import torch
@@ -295,12 +311,14 @@ class _Reservoir:
         from .compare import flatten_outputs
 
         outputs = flatten_outputs(out)
-        if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (at least one)
+        if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (outputs larger: only the last)
             size = sum(o.numel() * o.element_size() for o in outputs if type(o) is torch.Tensor)
-            self.k = min(self.k, max(1, _KEPT_OUTPUT_BYTES // max(1, size)))
+            self.k = min(self.k, _KEPT_OUTPUT_BYTES // max(1, size))
         call = self.seen
         self.seen += 1
         self.last = (call, (set_index, out))  # no later call runs before the sample is saved: no copy needed
+        if self.k == 0:
+            return
         slot = len(self.kept) if len(self.kept) < self.k else secrets.randbelow(self.seen)
         if slot < self.k:
             if len(self.kept) >= self.k:

@@ -15,6 +15,8 @@ import copy
 import time
 from typing import Any
 
+from .handoff import return_free_memory
+
 __all__ = ["JudgeOps"]
 
 
@@ -39,6 +41,16 @@ def _memory_capacity(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _mean64(t: Any) -> float:
+    """The mean in float64 without a float64 copy of the whole tensor."""
+    import torch
+
+    flat, total = t.reshape(-1), 0.0
+    for lo in range(0, flat.numel(), 1 << 24):
+        total += float(flat[lo:lo + (1 << 24)].sum(dtype=torch.float64))
+    return total / max(1, flat.numel())
+
+
 def _all_finite(outputs: list[Any]) -> bool:
     import torch
 
@@ -54,12 +66,15 @@ class JudgeOps:
     # State (set by Worker.__init__): module, model, backend, sets, expected, exact, expected_devices.
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
-        """The reference's outputs on `inputs` (a copy: the reference may write into them), on its device."""
+        """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
+        (`SeededSets.fresh`), which the reference may write into; the caller keeps no other reference, so a
+        cast (`cast`) frees the originals before the call."""
         import torch
 
         from .compare import flatten_outputs
 
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+        args = list(inputs)
+        del inputs
         if cast is not None:
             args = [cast(a) for a in args]
         with torch.no_grad():
@@ -87,20 +102,22 @@ class JudgeOps:
             self.distributions = [None] * len(seeds)
             self.want_variants, self.want_exact = msg.get("variants", True), msg.get("exact", True)
             self.exact_note: str | None = None if self.want_exact else "not requested"
-            first = self.op_expect({"i": 0})
-            if "failure" in first:
-                return first
-            t0 = time.perf_counter()  # once more, warm: what a candidate's hang deadline is scaled from
-            self._reference_outputs(self.model, self.sets[0])
-            again = time.perf_counter() - t0
+            t0 = time.perf_counter()  # a first call, cold: initialization, autotuning, lazy modules
+            self._reference_outputs(self.model, self.sets.fresh(0))
+            cold = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "reference")
+        first = self.op_expect({"i": 0})  # warm: what a candidate's hang deadline is scaled from
+        if "failure" in first:
+            return first
         return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected],
                 "distribution": first["distribution"], "note": first["note"], "exact": first["exact"],
-                "exact_note": first["exact_note"], "reference_call_s": min(again, first["seconds"])}
+                "exact_note": first["exact_note"], "reference_call_s": min(cold, first["seconds"])}
 
     def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""
+        import torch
+
         from .inputs import VARIANTS
 
         i = msg["i"]
@@ -109,12 +126,15 @@ class JudgeOps:
         try:
             variant = VARIANTS[i % len(VARIANTS)][0] if self.want_variants else "native"
             self.sets.variants[i] = variant
+            inputs = self.sets.fresh(i)
+            self.input_bytes = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
             t0 = time.perf_counter()
-            out = self._reference_outputs(self.model, self.sets[i])
+            out = self._reference_outputs(self.model, inputs)
             seconds = time.perf_counter() - t0
+            del inputs
             if variant != "native" and not _all_finite(out):
                 self.sets.variants[i] = "native"
-                native_out = self._reference_outputs(self.model, self.sets[i])
+                native_out = self._reference_outputs(self.model, self.sets.fresh(i))
                 if _all_finite(native_out):  # the variant left the reference's domain
                     note = (f"trial {i}: the reference is not finite on {variant} inputs, so it used the native "
                             "distribution")
@@ -128,6 +148,8 @@ class JudgeOps:
                 self.exact_note = self._exact_outputs(i)
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "reference")
+        finally:
+            return_free_memory(self.backend.device)
         return {"distribution": variant, "note": note, "seconds": seconds, "exact": bool(self.exact),
                 "exact_note": self.exact_note}
 
@@ -143,7 +165,7 @@ class JudgeOps:
         try:
             if getattr(self, "_model64", None) is None:
                 self._model64 = copy.deepcopy(self.model).double()
-            self.exact = self._reference_outputs(self._model64, self.sets[i], cast=to_float64)
+            self.exact = self._reference_outputs(self._model64, self.sets.fresh(i), cast=to_float64)
         except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel: fall back to fixed bounds
             self.exact, self._model64 = [], None
             if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
@@ -154,8 +176,9 @@ class JudgeOps:
     def _exact_too_large(self) -> str | None:
         import torch
 
-        tensors = [t for t in list(self.sets[self.expected_index]) + list(self.expected) if isinstance(t, torch.Tensor)]
-        as64 = 2 * sum(t.numel() * 8 for t in tensors if t.is_floating_point())  # inputs and outputs, and copies
+        outputs = sum(t.numel() * t.element_size() for t in self.expected if isinstance(t, torch.Tensor))
+        # Inputs and outputs in float64 (up to twice their float32 size), and the reference's copies of them.
+        as64 = 2 * 2 * (self.input_bytes + outputs)
         capacity = _memory_capacity(self.backend.device)
         if as64 > _EXACT_MEMORY_SHARE * capacity:
             return (f"not run: in float64 the problem would take {as64 / 2**30:.1f} GiB, over "
@@ -197,6 +220,7 @@ class JudgeOps:
             del again
         del got
         release_opened()
+        return_free_memory(self.backend.device)
         return {"trial": trial}
 
     def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +232,7 @@ class JudgeOps:
         makers: dict[str, Any] = {
             "zeros": lambda e: [torch.zeros_like(o) if isinstance(o, torch.Tensor) else o for o in e],
             "a constant (the output's mean)": lambda e: [
-                torch.full_like(o, float(o.double().mean())) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                torch.full_like(o, _mean64(o)) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
                 for o in e],
             "the first input, unchanged": lambda e: self._passthrough(i, e),
         }
@@ -233,12 +257,13 @@ class JudgeOps:
             except Exception as exc:  # noqa: BLE001 - a null the reference cannot produce is not applicable
                 outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
             verdicts.append(outcome)
+            return_free_memory(self.backend.device)
         return {"nulls": verdicts}
 
     def _passthrough(self, i: int, expected: list[Any]) -> list[Any] | None:
         import torch
 
-        first = next((a for a in self.sets[i] if isinstance(a, torch.Tensor)), None)
+        first = next((a for a in self.sets.fresh(i) if isinstance(a, torch.Tensor)), None)
         if first is None or len(expected) != 1 or not isinstance(expected[0], torch.Tensor) \
                 or first.shape != expected[0].shape:
             return None
@@ -253,7 +278,7 @@ class JudgeOps:
             self._model_bf16 = copy.deepcopy(self.model).to(torch.bfloat16)
         cast = lambda a: a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
         devices = self.expected_devices
-        out = self._reference_outputs(self._model_bf16, self.sets[i], cast=cast)
+        out = self._reference_outputs(self._model_bf16, self.sets.fresh(i), cast=cast)
         self.expected_devices = devices
         return [o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) else o
                 for o, e in zip(out, expected)]
@@ -264,16 +289,17 @@ class JudgeOps:
         from torch.utils.flop_counter import FlopCounterMode
 
         i = self.expected_index or 0
-        tensors = [t for t in list(self.sets[i]) + list(self.expected) if isinstance(t, torch.Tensor)]
+        outputs = sum(t.numel() * t.element_size() for t in self.expected if isinstance(t, torch.Tensor))
         flops = None
         try:
             with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                self.model(*self._args(i))
+                self.model(*self.sets.fresh(i))
             flops = int(counter.get_total_flops())
         except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
             pass
+        return_free_memory(self.backend.device)
         out = self.expected[0] if self.expected else None
-        return {"problem_bytes": sum(t.numel() * t.element_size() for t in tensors), "problem_flops": flops,
+        return {"problem_bytes": self.input_bytes + outputs, "problem_flops": flops,
                 "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
 
     def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -285,8 +311,7 @@ class JudgeOps:
         from .inputs import probe_preserving_
 
         if "decoy_shift" in item:
-            inputs = probe_preserving_([a.clone() if isinstance(a, torch.Tensor) else a for a in inputs],
-                                       item["decoy_shift"])
+            inputs = probe_preserving_(inputs, item["decoy_shift"])
         expected = self._reference_outputs(self.model, inputs)
         del inputs
         got = open_outputs(item["outputs"], msg.get("handoff"))
@@ -301,14 +326,17 @@ class JudgeOps:
         if "error" in decoy:
             return {"decoy": {"correct": False, "error": decoy["error"], "problems": []}}
         self.expected, self.exact, self.expected_index = [], [], None  # the trials are done: make room
-        ok, problems = self._judge_on(self.sets[0], decoy, msg)
+        ok, problems = self._judge_on(self.sets.fresh(0), decoy, msg)
         return {"decoy": {"correct": ok, "problems": problems}}
 
     def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare outputs kept during timing with the reference on the same timing inputs."""
+        import torch
+
         wrong, decoy = [], None
         for item in msg["items"]:
-            ok, problems = self._judge_on(self.timing_sets[item["set"]], item, msg)
+            timing_set = self.timing_sets[item["set"] % len(self.timing_sets)]
+            ok, problems = self._judge_on([a.clone() if isinstance(a, torch.Tensor) else a for a in timing_set], item, msg)
             if "decoy_shift" in item:
                 decoy = {"correct": ok, "problems": problems}
             elif not ok:

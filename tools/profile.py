@@ -141,9 +141,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     return failed(died.failure)
                 cand = series["candidate"]
                 try:
-                    revalidated = await judge.call("revalidate", stage="compare", items=cand["revalidation"],
-                                                   handoff=str(handoff), precision=precision)
-                    await worker.call("release", stage="timing")
+                    revalidated = await _revalidate(judge, worker, cand["revalidation"], handoff, precision,
+                                                    ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
                     await step("profiling the candidate")
                     artifacts = ctx.store.artifact_dir(profile_id)
                     prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
@@ -209,6 +208,23 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                              median_us=candidate_stats.median_us, trusted=trusted, profile_id=profile_id)
     await progress(steps, steps, "done")
     return result
+
+
+async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[dict[str, Any]], handoff: Path,
+                      precision: str, deadline: float | None) -> dict[str, Any]:
+    """The judge re-validates the timed outputs the candidate kept, then the decoy: the timed function on
+    timing set 0 changed in place where a cheap probe cannot see it (run only after the judge read the
+    kept outputs, which include the last call's own buffers)."""
+    revalidated = await judge.call("revalidate", stage="compare", items=kept, handoff=str(handoff), precision=precision)
+    await worker.call("release", stage="timing")
+    decoy = await worker.call("timing_decoy", stage="timing", shift=1 + secrets.randbelow(2**30), handoff=str(handoff),
+                              timeout_s=deadline)
+    if "error" in decoy:
+        return {**revalidated, "decoy": {"correct": False, "error": decoy["error"], "problems": []}}
+    judged = await judge.call("revalidate", stage="compare", items=[decoy["item"]], handoff=str(handoff),
+                              precision=precision)
+    await worker.call("release", stage="timing")
+    return {**revalidated, "decoy": judged["decoy"]}
 
 
 def _first_wrong(trials: list[dict[str, Any]]) -> tuple[OutputCheck | None, bool]:
@@ -283,8 +299,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             if name in failures:
                 continue
             if name == "candidate":
-                extra = {"share_outputs": True, "handoff": str(handoff), "decoy_shift": 1 + secrets.randbelow(2**30)} \
-                    if r == _ROUNDS - 1 else {}
+                extra = {"share_outputs": True, "handoff": str(handoff)} if r == _ROUNDS - 1 else {}
                 reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
                                           timeout_s=deadline, timeout_why=why, **extra)
                 if reply.get("failure"):

@@ -4,8 +4,7 @@ For each trial the judge makes the inputs from the trial's secret seed and the e
 candidate's worker makes the same inputs from the same seed, runs ModelNew and holds its outputs; the
 judge reads them in place (`kforge.tools.handoff`), and the candidate lets them go. Only one trial's
 inputs and outputs exist at a time in either process, so a problem of several GB is judged in about
-three times its own footprint, and nothing of its size is written to disk. The judge's calibration
-against trivial outputs runs beside the candidate's call.
+three times its own footprint, and nothing of its size is written to disk.
 """
 
 from __future__ import annotations
@@ -44,8 +43,6 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
 
     Returns what was judged and, if a worker died (the candidate's: a crash or a hang past `deadline`;
     the judge's: the reference's fault), that failure."""
-    from .evaluate import concurrently
-
     outcome = TrialsOutcome()
     alive_nulls: list[str] | None = None if calibrate else []
     for i in range(count):
@@ -61,19 +58,18 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         if expected.get("note"):
             outcome.notes.append(expected["note"])
 
-        async def candidate() -> dict[str, Any]:
-            return await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
-                                     handoff=handoff, timeout_s=deadline, timeout_why=why)
-
-        async def calibration() -> dict[str, Any] | None:
-            if alive_nulls == []:
-                return None
-            return await judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging)
-
         try:
-            record, nulls = await concurrently(candidate, calibration)
+            # Calibration first, not beside the candidate's call: on a problem of several GB the two would need
+            # the device memory of both at once. It costs milliseconds, and only until every null is rejected.
+            nulls = await judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging) \
+                if alive_nulls != [] else None
         except WorkerDied as died:
-            return outcome, died.failure if died.failure.stage != "compare" else _as_reference_failure(died.failure)
+            return outcome, _as_reference_failure(died.failure)
+        try:
+            record = await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
+                                       handoff=handoff, timeout_s=deadline, timeout_why=why)
+        except WorkerDied as died:
+            return outcome, died.failure
         alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
         if "error" in record:
             outcome.trials.append({"error": record["error"], "checks": [], "distribution": expected["distribution"]})
