@@ -61,7 +61,7 @@ async def test_honest_gpu_profile_is_trusted(ctx):  # noqa: F811
     # 64M elements: the kernel (~0.2 ms) outlasts the Python launch of torch.cuda._compile_kernel (~0.08 ms on
     # these hosts), so the GPU, not the host's jitter, sets the time. (The 1M-element relu is launch-bound.)
     bigger = reference("relu").replace("def get_inputs():", "def get_inputs():  # 64M elements\n    return [torch.randn(1 << 26)]\n\n\ndef _small_inputs():")
-    prof = await profile_kernel(ctx, "cuda", bigger, _example("example_cuda"), baselines=("eager",), budget_s=0.5)
+    prof = await profile_kernel(ctx, "cuda", bigger, _example("example_cuda"), baselines=("eager",), budget_s=2.0)
     got = checks(prof)
     assert prof.speedup_trusted, str(prof)
     assert got["timed_outputs"] == "pass" and got["plausible_speed"] == "pass" and got["visible_work"] == "pass"

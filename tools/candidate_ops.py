@@ -189,6 +189,7 @@ class CandidateOps:
             self.timing_sets = [seeded_inputs(source, seed, self.backend) for seed in msg["seeds"]]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "reference")
+        return_free_memory(self.backend.device)
         set_bytes = sum(a.numel() * a.element_size() for a in self.timing_sets[0] if isinstance(a, torch.Tensor))
         # A fresh copy per call keeps a candidate that writes into its inputs from changing the sets; for
         # sets too large to copy twice over, the sets are used as they are (verify checks input writes).
@@ -255,6 +256,7 @@ class CandidateOps:
         except BaseException as exc:  # noqa: BLE001
             self.shelf.clear()
             return {"error": self._failure(exc, "timing")["failure"]["message"]}
+        return_free_memory(self.backend.device)  # the first of its two calls' outputs
         return {"item": {"call": -1, "set": 0, "decoy_shift": msg["shift"], "outputs": outputs}}
 
     def _timing_args(self, i: int) -> list[Any]:

@@ -318,6 +318,7 @@ class JudgeOps:
         checks = self._compare(got, msg, expected=expected, exact=[])
         del got, expected
         release_opened()
+        return_free_memory(self.backend.device)
         return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
 
     def op_check_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
