@@ -79,3 +79,12 @@ def test_a_chunked_pass_finds_what_one_pass_finds(monkeypatch):
     assert chunked.max_abs_error == whole.max_abs_error == pytest.approx(1.0)
     assert chunked.rel_error == pytest.approx(whole.rel_error)
     assert chunked.reference_rel_error == pytest.approx(whole.reference_rel_error)
+
+
+def test_the_reduced_precision_hint_only_where_it_could_explain_the_error():
+    torch.manual_seed(0)
+    e = torch.randn(64, 64)
+    near = compare_outputs([e], [e * (1 + 1e-3)], exact=[e.double()])[0]  # 1e-3: what TF32 or bf16 would do
+    wrong = compare_outputs([e], [e * 0.4], exact=[e.double()])[0]  # 0.6: a wrong kernel
+    assert not near.correct and any("reduced-precision" in p for p in near.problems)
+    assert not wrong.correct and not any("reduced-precision" in p for p in wrong.problems)
