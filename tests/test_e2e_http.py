@@ -26,7 +26,7 @@ async def test_http_compile_and_verify(http_server, cpu_example, candidate, mode
             "backend": "cpu", "problem": "relu", "candidate_code": candidate("relu_python"), "trials": 2,
             "use_store": False}, progress_callback=on_progress)
         assert verdict.structured_content["correct"], verdict.content[0].text
-        assert "comparing with the reference" in seen
+        assert "trial 2 of 2 compared with the reference" in seen, seen
 
 
 async def test_http_bad_request_is_a_tool_error(http_server, candidate):

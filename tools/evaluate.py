@@ -207,8 +207,8 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             await progress(1, steps, "built the candidate")
             if worker is None:
                 return done(compile=compiled, failure=compiled.failure, checks=[scan])
-            await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time beside "
-                                     "the judge, which calibrates its check against trivial outputs")
+            await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
+                                     "compared with the reference before the next")
             try:
                 setup = await worker.call("setup", stage="init", **prepared["inputs"])
             except WorkerDied as died:
@@ -217,10 +217,13 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
                 return done(compile=compiled, failure=Failure(**setup["failure"]), checks=[scan])
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).
             deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2)
+            async def judged(i: int) -> None:
+                await progress(2 + (i + 1) / (trials + 1), steps, f"trial {i + 1} of {trials} compared with the reference")
+
             with handoff_directory(scratch) as handoff:
                 outcome, failure = await judge_trials(judge, worker, prepared, trials, handoff=str(handoff),
                                                       judging=judging, decoy_shift=1 + secrets.randbelow(2**30),
-                                                      deadline=deadline, why=why)
+                                                      deadline=deadline, why=why, on_trial=judged)
             if failure is not None:
                 return done(compile=compiled, failure=failure, checks=[scan])
             try:
@@ -231,7 +234,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             run_checks = [scan] + integrity_checks(evidence.get("integrity"), precision)
             if all(outcome.failures):  # every trial raised: report the first as the failure
                 return done(compile=compiled, failure=Failure(**outcome.failures[0]), checks=run_checks)
-            await progress(3, steps, "judged")
+            await progress(3, steps, "gathered the evidence beside the outputs")
     reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
     weights = WeightSync(**setup["weights"])

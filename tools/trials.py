@@ -10,7 +10,7 @@ three times its own footprint, and nothing of its size is written to disk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from .models import Failure
 from .runner import WorkerDied, WorkerProcess
@@ -38,6 +38,7 @@ def _as_reference_failure(failure: Failure) -> Failure:
 async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: dict[str, Any], count: int, *,
                        handoff: str, judging: dict[str, Any], repeat: bool = True, calibrate: bool = True,
                        decoy_shift: int | None = None, deadline: float | None = None, why: str = "",
+                       on_trial: Callable[[int], Awaitable[None]] | None = None,
                        ) -> tuple[TrialsOutcome, Failure | None]:
     """Run `count` trials (the judge's `prepare` made trial 0's expected outputs); then the decoy call.
 
@@ -82,6 +83,8 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             return outcome, _as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
         outcome.trials.append(checked["trial"])
         outcome.failures.append(None)
+        if on_trial is not None:
+            await on_trial(i)
     try:
         if decoy_shift is not None:
             record = await worker.call("decoy", stage="forward", shift=decoy_shift, handoff=handoff,
