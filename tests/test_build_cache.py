@@ -256,3 +256,24 @@ async def test_forked_worker_death_is_reported_as_for_a_cold_one(tmp_path, cpu_e
         assert result.failure is not None and result.failure.kind == kind, str(result)
         assert says in result.failure.message
         await _pool_ready(pool, 2)  # the zygote outlives its workers' crashes
+
+
+def test_a_header_build_marker_is_stale_once_its_builder_is_gone(tmp_path):
+    """The marker that says "a precompiled header is being built" names its builder; a marker whose builder
+    died (killed with a stopped server's machine, say) no longer blocks the next build for the full timeout."""
+    import subprocess
+
+    from kforge.tools.fast_build import builder_gone
+
+    marker = tmp_path / "building"
+    assert not builder_gone(marker)  # none
+    marker.write_text("")
+    assert not builder_gone(marker)  # just created, no process id yet
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        marker.write_text(f"{alive.pid}\n")
+        assert not builder_gone(marker)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert builder_gone(marker)

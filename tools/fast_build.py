@@ -143,6 +143,26 @@ def _main_cpp_flags(build_ninja: Path) -> list[str] | None:
     return shlex.split(found["cxx"]) + flags
 
 
+def builder_gone(marker: Path) -> bool:
+    """Is `marker` ("a header build is running") left over: its builder's process gone (killed with the
+    machine's other processes, say), or older than any build may take?"""
+    try:
+        text, age = marker.read_text().strip(), time.time() - marker.stat().st_mtime
+    except OSError:
+        return False  # no marker
+    if age > _PCH_TIMEOUT_S + 60:
+        return True
+    if not text.isdigit():
+        return False  # just created: the builder has not written its process id yet
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
+
+
 def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it).
 
@@ -153,7 +173,7 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     from torch.utils import cpp_extension
 
     marker = pch_dir / "building"
-    if marker.exists() and time.time() - marker.stat().st_mtime > _PCH_TIMEOUT_S + 60:
+    if builder_gone(marker):
         marker.unlink(missing_ok=True)  # its builder died without cleaning up
     if (pch_dir / "torch" / "extension.h.gch").exists() or marker.exists():
         return False
@@ -172,7 +192,8 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
         shutil.copyfile(real, header)
     tmp = pch_dir / "torch" / f"extension.h.gch.{uuid.uuid4().hex[:8]}"
     gch = pch_dir / "torch" / "extension.h.gch"
-    script = (f"timeout {_PCH_TIMEOUT_S} {shlex.join(cmd)} -x c++-header {shlex.quote(str(header))} -o {shlex.quote(str(tmp))} "
+    script = (f"echo $$ > {shlex.quote(str(marker))}; "  # who builds: a marker whose builder is gone is stale
+              f"timeout {_PCH_TIMEOUT_S} {shlex.join(cmd)} -x c++-header {shlex.quote(str(header))} -o {shlex.quote(str(tmp))} "
               f"> {shlex.quote(str(pch_dir / 'build.log'))} 2>&1 && mv -f {shlex.quote(str(tmp))} {shlex.quote(str(gch))}; "
               f"rm -f {shlex.quote(str(tmp))} {shlex.quote(str(pch_dir / 'building'))}")
     # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background and exits
