@@ -11,28 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kforge.server.catalog import Problems, UnknownProblem
+from kforge.server.catalog import Problems, UnknownProblem, problem_reference
 from kforge.server.settings import ConfigError, load_settings
 
 from .conftest import stdio_session
 
 pytestmark = pytest.mark.anyio
 
-RELU = '''import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-    def forward(self, x):
-        return torch.relu(x)
-
-def get_inputs():
-    return [torch.randn(256, 256)]
-
-def get_init_inputs():
-    return []
-'''
+RELU = problem_reference("relu")  # a KernelBench-format file, as a checkout holds them
 
 
 @pytest.fixture

@@ -95,23 +95,12 @@ class CandidateOps:
         return record
 
     def op_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Trial 0's inputs (a fresh copy) through `_decoy_outputs`, or why that call failed."""
-        import torch
-
-        self.shelf.clear()
-        try:
-            with torch.no_grad():
-                return {"decoy_shift": msg["shift"],
-                        "outputs": self._decoy_outputs(self.model, self.sets.fresh(0), msg["shift"], msg.get("handoff"))}
-        except BaseException as exc:  # noqa: BLE001
-            self.shelf.clear()
-            return {"decoy_shift": msg["shift"], "error": self._failure(exc, "forward")["failure"]["message"]}
+        """Trial 0's inputs (a fresh copy) through `_decoy_record`."""
+        return self._decoy_record(self.sets.fresh(0), msg["shift"], msg.get("handoff"), "forward")
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The judge is done with the held outputs; their memory goes back to the device for the judge's next
         trial (a no-op for small problems, whose blocks are soon cached again)."""
-        import torch
-
         self.shelf.clear()
         return_free_memory(self.backend.device)
         return {}
@@ -119,20 +108,28 @@ class CandidateOps:
     def op_evidence(self, msg: dict[str, Any]) -> dict[str, Any]:
         """What the verdict needs beside the outputs, gathered after the trials."""
         return {"jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
-                "custom_work": self._custom_work() if msg.get("custom_work", True) else None,
-                "peak_device_bytes": _peak_device_bytes(self.backend.device)}
+                "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
 
-    def _decoy_outputs(self, fn: Callable[..., Any], args: list[Any], shift: int, handoff: str | None) -> list[Any]:
-        """Run `args` once, then again after they were changed in place where a cheap probe cannot see it
-        (`inputs.probe_preserving_`); the second call's outputs, held for the judge."""
+    def _decoy_record(self, args: list[Any], shift: int, handoff: str | None, stage: str) -> dict[str, Any]:
+        """Run the model on `args` once, then again after they were changed in place where a cheap probe cannot
+        see it (`inputs.probe_preserving_`): the second call's outputs, held for the judge, or why it failed."""
+        import torch
+
         from .compare import flatten_outputs
         from .inputs import probe_preserving_
 
-        fn(*args)
-        probe_preserving_(args, shift)
-        out = flatten_outputs(fn(*args))
-        self.backend.synchronize()
-        return self.shelf.put(out, handoff)
+        self.shelf.clear()
+        try:
+            with torch.no_grad():
+                self.model(*args)
+                probe_preserving_(args, shift)
+                out = flatten_outputs(self.model(*args))
+                self.backend.synchronize()
+                outputs = self.shelf.put(out, handoff)
+        except BaseException as exc:  # noqa: BLE001
+            self.shelf.clear()
+            return {"decoy_shift": shift, "error": self._failure(exc, stage)["failure"]["message"]}
+        return {"decoy_shift": shift, "outputs": outputs}
 
     def _integrity(self) -> dict[str, list[str]]:
         return {"tampering": self.snapshot.tampering(), "flags": self.snapshot.flag_changes(),
@@ -239,25 +236,15 @@ class CandidateOps:
                                  "integrity": self._integrity()}
         if saved is not None:
             reply["revalidation"] = saved
-            reply["peak_device_bytes"] = _peak_device_bytes(self.backend.device)
         return_free_memory(self.backend.device)
         return reply
 
     def op_timing_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The timed function on timing set 0 changed in place where a cheap probe cannot see it (after the
-        judge read the timed outputs): its outputs, held for the judge, or why the call failed."""
-        import torch
-
-        self.shelf.clear()
-        fn = self.compiled if msg.get("compile") else self.model
-        try:
-            with torch.no_grad():
-                outputs = self._decoy_outputs(fn, self.timing_sets[0], msg["shift"], msg.get("handoff"))
-        except BaseException as exc:  # noqa: BLE001
-            self.shelf.clear()
-            return {"error": self._failure(exc, "timing")["failure"]["message"]}
+        """`_decoy_record` on timing set 0 itself, the tensors the timed calls saw (run after the judge read
+        the timed outputs)."""
+        record = self._decoy_record(self.timing_sets[0], msg["shift"], msg.get("handoff"), "timing")
         return_free_memory(self.backend.device)  # the first of its two calls' outputs
-        return {"item": {"call": -1, "set": 0, "decoy_shift": msg["shift"], "outputs": outputs}}
+        return {**record, "call": -1, "set": 0}
 
     def _timing_args(self, i: int) -> list[Any]:
         import torch
@@ -333,13 +320,6 @@ class _Reservoir:
         if self.last is not None:
             items[self.last[0]] = self.last[1]
         return sorted(items.items())
-
-
-def _peak_device_bytes(device: str) -> int | None:
-    """The most device memory this process's allocator held (GPUs), for the memory bound's evidence."""
-    import torch
-
-    return torch.cuda.max_memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else None
 
 
 def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, Ker
 from .runner import WorkerDied, WorkerProcess
 from .handoff import handoff_directory
 from .static_scan import scan_candidate
-from .trials import judge_trials
+from .trials import as_reference_failure, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
@@ -91,11 +91,6 @@ async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], A
     return results[0], results[1]
 
 
-def _as_reference_failure(failure: Failure) -> Failure:
-    return failure.model_copy(update={"stage": "reference",
-                                      "message": f"the reference failed, not the candidate: {failure.message}"})
-
-
 async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
                          seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
                          ) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
@@ -105,13 +100,13 @@ async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, 
         judge = await _start(stack, ctx, backend, scratch, "judge")
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"])), {}
+            return None, as_reference_failure(Failure(**reply["failure"])), {}
         reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds, exact=exact,
                                  variants=variants)
         if reply.get("failure"):
-            return None, _as_reference_failure(Failure(**reply["failure"])), {}
+            return None, as_reference_failure(Failure(**reply["failure"])), {}
     except WorkerDied as died:
-        return None, _as_reference_failure(died.failure), {}
+        return None, as_reference_failure(died.failure), {}
     # What a candidate's process needs to make the same inputs and initial weights itself (see `setup`).
     reply["inputs"] = {"reference_source": reference, "init_seed": init_seed, "seeds": seeds}
     return judge, None, reply

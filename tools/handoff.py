@@ -11,6 +11,7 @@ only plain tensors of real dtypes from a descriptor and never unpickles anything
 from __future__ import annotations
 
 import base64
+import math
 import os
 import shutil
 import tempfile
@@ -112,10 +113,7 @@ def _open(d: dict[str, Any], directory: str | None) -> Any:
                                    _bytes(d["event"]) if d["event"] else None, bool(d["event_sync"]))
     if d["kind"] == "file" and directory is not None:
         path = Path(directory) / Path(str(d["name"])).name  # only files of this job's directory
-        numel = 1
-        for s in shape:
-            numel *= s
-        return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(shape)
+        return torch.from_file(str(path), shared=False, size=math.prod(shape), dtype=dtype).view(shape)
     raise ValueError(f"unknown output descriptor kind {d.get('kind')!r}")
 
 

@@ -221,7 +221,7 @@ async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[di
                               timeout_s=deadline)
     if "error" in decoy:
         return {**revalidated, "decoy": {"correct": False, "error": decoy["error"], "problems": []}}
-    judged = await judge.call("revalidate", stage="compare", items=[decoy["item"]], handoff=str(handoff),
+    judged = await judge.call("revalidate", stage="compare", items=[decoy], handoff=str(handoff),
                               precision=precision)
     await worker.call("release", stage="timing")
     return {**revalidated, "decoy": judged["decoy"]}

@@ -15,14 +15,13 @@ from typing import Any, Awaitable, Callable
 from .models import Failure
 from .runner import WorkerDied, WorkerProcess
 
-__all__ = ["TrialsOutcome", "judge_trials"]
+__all__ = ["TrialsOutcome", "as_reference_failure", "judge_trials"]
 
 
 @dataclass
 class TrialsOutcome:
     trials: list[dict[str, Any]] = field(default_factory=list)  # the judge's verdict per trial
     failures: list[dict[str, Any] | None] = field(default_factory=list)  # the candidate's error per trial
-    distributions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     exact: bool = False
     exact_note: str | None = None
@@ -30,7 +29,8 @@ class TrialsOutcome:
     decoy: dict[str, Any] | None = None
 
 
-def _as_reference_failure(failure: Failure) -> Failure:
+def as_reference_failure(failure: Failure) -> Failure:
+    """A failure of the judge's worker: the reference's, not the candidate's."""
     return failure.model_copy(update={"stage": "reference",
                                       "message": f"the reference failed, not the candidate: {failure.message}"})
 
@@ -50,10 +50,9 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         try:
             expected = prepared if i == 0 else await judge.call("expect", stage="reference", i=i)
         except WorkerDied as died:
-            return outcome, _as_reference_failure(died.failure)
+            return outcome, as_reference_failure(died.failure)
         if expected.get("failure"):
-            return outcome, _as_reference_failure(Failure(**expected["failure"]))
-        outcome.distributions.append(expected["distribution"])
+            return outcome, as_reference_failure(Failure(**expected["failure"]))
         outcome.exact = expected["exact"] if i == 0 else outcome.exact and expected["exact"]
         outcome.exact_note = expected.get("exact_note") or outcome.exact_note
         if expected.get("note"):
@@ -65,7 +64,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             nulls = await judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging) \
                 if alive_nulls != [] else None
         except WorkerDied as died:
-            return outcome, _as_reference_failure(died.failure)
+            return outcome, as_reference_failure(died.failure)
         try:
             record = await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
                                        handoff=handoff, timeout_s=deadline, timeout_why=why)
@@ -80,7 +79,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             checked = await judge.call("check", stage="compare", i=i, record=record, handoff=handoff, **judging)
             await worker.call("release", stage="forward")
         except WorkerDied as died:
-            return outcome, _as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
+            return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
         outcome.trials.append(checked["trial"])
         outcome.failures.append(None)
         if on_trial is not None:
