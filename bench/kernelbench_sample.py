@@ -451,17 +451,32 @@ class TraceSpan:
     def __exit__(self, *exc):
         pass
 
-    def summary(self) -> dict:
+    def _lines(self) -> list[dict]:
         if not self.path or not self.path.exists():
-            return {}
+            return []
         with open(self.path) as f:
             f.seek(self.start)
-            lines = [json.loads(x) for x in f if x.strip()]
+            return [json.loads(x) for x in f if x.strip()]
+
+    def summary(self) -> dict:
         ops: dict[str, float] = {}
-        for e in lines:
+        for e in self._lines():
             key = f"{e['role']}.{e['op']}"
             ops[key] = round(ops.get(key, 0.0) + e["s"], 3)
         return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+    def details(self) -> dict:
+        """The ops in the order they started (seconds from the first), and each op's highest device-memory peak
+        (GB reserved by that worker during the op): where the wall time and the memory went."""
+        lines = sorted(self._lines(), key=lambda e: e["at"])
+        t0 = lines[0]["at"] if lines else 0.0
+        peaks: dict[str, float] = {}
+        for e in lines:
+            if "peak_gb" in e:
+                key = f"{e['role']}.{e['op']}"
+                peaks[key] = max(peaks.get(key, 0.0), e["peak_gb"])
+        return {"timeline": [[round(e["at"] - t0, 3), e["s"], f"{e['role']}.{e['op']}"] for e in lines],
+                "peak_gb": dict(sorted(peaks.items(), key=lambda kv: -kv[1]))}
 
 
 async def measure(client, args, name: str, row: dict, deadline: float, job: dict, save) -> None:
@@ -486,6 +501,7 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
                                                 deadline, job)
     row["verify"] = summarize_verify(sc)
     row["verify_memory"], row["verify_ops"] = mem.summary(fp["bytes"]), span.summary()
+    row["verify_trace"] = span.details()
     save()
     log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}, device memory {row['verify_memory']}; profile")
     prof = {**common, "hardware_counters": False, "use_store": False}
@@ -493,14 +509,19 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
         sc, row["profile_s"] = await call_kforge(client, "profile_kernel", prof, deadline, job)
     row["profile"] = summarize_profile(sc)
     row["profile_memory"], row["profile_ops"] = mem.summary(fp["bytes"]), span.summary()
+    row["profile_trace"] = span.details()
     save()
     log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
     # An agent's next candidate for the same problem: new code (nothing from the store), same reference, so
     # a torch.compile baseline timed minutes ago is reused if the eager canary still agrees.
     again = {**common, "candidate_code": cand + "\n# the agent's next candidate\n", "use_store": False}
-    _sc, row["next_verify_s"] = await call_kforge(client, "verify_against_reference", again, deadline, job)
-    sc, row["next_profile_s"] = await call_kforge(client, "profile_kernel", {**again, "hardware_counters": False},
-                                                  deadline, job)
+    with TraceSpan(args.trace) as span:
+        _sc, row["next_verify_s"] = await call_kforge(client, "verify_against_reference", again, deadline, job)
+    row["next_verify_ops"], row["next_verify_trace"] = span.summary(), span.details()
+    with TraceSpan(args.trace) as span:
+        sc, row["next_profile_s"] = await call_kforge(client, "profile_kernel", {**again, "hardware_counters": False},
+                                                      deadline, job)
+    row["next_profile_ops"], row["next_profile_trace"] = span.summary(), span.details()
     row["next_profile"] = summarize_profile(sc)
     save()
     log(f"{name}: next candidate: verify {row['next_verify_s']} s, profile {row['next_profile_s']} s")
@@ -601,12 +622,19 @@ def markdown(res: dict) -> str:
     if res.get("not_started"):
         lines += ["", f"Not started (budget): {', '.join(res['not_started'])}"]
     ops = [r for r in res["rows"] if r.get("verify_ops") or r.get("profile_ops")]
+    op_keys = ("verify_ops", "profile_ops", "next_verify_ops", "next_profile_ops")
     if ops:
-        lines += ["", "| problem | verify: seconds per worker op (top 6) | profile: seconds per worker op (top 6) |",
-                  "|---|---|---|"]
+        lines += ["", "| problem | verify: seconds per worker op (top 6) | profile: seconds per worker op (top 6) "
+                  "| next verify (top 6) | next profile (top 6) |", "|---|---|---|---|---|"]
         lines += [f"| {r['problem']} | " + " | ".join(
-            ", ".join(f"{k} {v:.2f}" for k, v in list((r.get(key) or {}).items())[:6]) for key in ("verify_ops", "profile_ops"))
+            ", ".join(f"{k} {v:.2f}" for k, v in list((r.get(key) or {}).items())[:6]) for key in op_keys)
             + " |" for r in ops]
+    peaks = [r for r in res["rows"] if (r.get("profile_trace") or {}).get("peak_gb")]
+    if peaks:
+        lines += ["", "| problem | verify: worker ops' peak reserved device GB (top 4) | profile (top 4) |", "|---|---|---|"]
+        lines += [f"| {r['problem']} | " + " | ".join(
+            ", ".join(f"{k} {v:.2f}" for k, v in list(((r.get(key) or {}).get("peak_gb") or {}).items())[:4])
+            for key in ("verify_trace", "profile_trace")) + " |" for r in peaks]
     lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 

@@ -36,7 +36,7 @@ class CandidateOps:
         made them: nothing of the problem's size travels between the two processes."""
         import torch
 
-        from .inputs import SeededSets
+        from .inputs import SeededSets, build_model
 
         init_seed = msg["init_seed"]
         try:
@@ -44,18 +44,16 @@ class CandidateOps:
             self.sets = SeededSets(reference, msg["seeds"], ["native"] * len(msg["seeds"]), self.backend)
             torch.manual_seed(init_seed)
             init_inputs = list(reference.get_init_inputs())
-            torch.manual_seed(init_seed)
-            reference_state = reference.Model(*init_inputs).state_dict()
+            reference_state = build_model(lambda: reference.Model(*init_inputs), init_seed, self.backend).state_dict()
         except BaseException as exc:  # noqa: BLE001 - the judge ran it; here it can only fail for want of memory
             return self._failure(exc, "reference")
         try:
-            torch.manual_seed(init_seed)
-            model = self.module.ModelNew(*init_inputs)
+            model = build_model(lambda: self.module.ModelNew(*init_inputs), init_seed, self.backend)
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "init")
         sync = _copy_weights(model, reference_state)
         del reference_state
-        self.model = self.backend.to_device(model)
+        self.model = model
         return {"weights": sync}
 
     def op_trial(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +207,12 @@ class CandidateOps:
                 "keep": _Reservoir(_REVALIDATED_CALLS) if msg.get("revalidate") else None}
         series = self.series[label]
         keep = series["keep"]
+
+        def make_args(i: int) -> list[Any]:
+            if keep is not None:  # a call follows: the output held as the last is not, and its memory goes first
+                keep.drop_last()
+            return self._timing_args(i)
+
         try:
             if msg.get("compile"):
                 if self.compiled is None:
@@ -216,7 +220,7 @@ class CandidateOps:
                 fn = self.compiled
             with torch.no_grad():
                 threads = getattr(self.backend, "threads", torch.get_num_threads)()
-                timed = time_model(label, fn, self._timing_args, self.backend, policy, schedule=series["schedule"],
+                timed = time_model(label, fn, make_args, self.backend, policy, schedule=series["schedule"],
                                    on_output=keep.offer if keep else None, threads=threads)
                 if (odd := getattr(self.backend, "thread_warning", lambda: None)()) is not None:
                     timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
@@ -314,6 +318,9 @@ class _Reservoir:
                 del self.kept[sorted(self.kept)[slot]]
             # Copied now: a candidate may reuse its output buffer on the next call.
             self.kept[call] = (set_index, [o.detach().clone() if type(o) is torch.Tensor else o for o in outputs])
+
+    def drop_last(self) -> None:
+        self.last = None
 
     def items(self) -> list[tuple[int, Any]]:
         items = dict(self.kept)

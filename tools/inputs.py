@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VARIANTS", "SeededSets", "apply_variant", "probe_preserving_", "poison_allocator", "seeded_inputs",
-           "to_float64"]
+__all__ = ["VARIANTS", "SeededSets", "apply_variant", "build_model", "probe_preserving_", "poison_allocator",
+           "seeded_inputs", "to_float64"]
 
 # (name, transform of one floating tensor); trial i uses VARIANTS[i % len(VARIANTS)].
 VARIANTS: list[tuple[str, Any]] = [
@@ -23,6 +23,26 @@ VARIANTS: list[tuple[str, Any]] = [
 ]
 # Scaled down, not up: element-wise tolerances are absolute, and a product of inputs scaled up by s
 # grows by s^2, so rounding that is harmless at the native scale would fail an honest kernel.
+
+
+def build_model(make: Any, seed: int, backend: Any) -> Any:
+    """`make()` with its initial weights drawn from `seed` on the backend's device, then moved there.
+
+    On a GPU the weights are made there: a KernelBench GEMM layer of 8192x8192 takes about half a second to
+    initialise on the CPU, milliseconds on the device. The judge and the candidate's process build the same
+    way from the same seed, so their weights agree bit for bit. A constructor that cannot run with a device
+    default (a CPU-only call) is built on the CPU instead, from the same seed, in both processes alike.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    if backend.device != "cpu":
+        try:
+            with torch.device(backend.device):
+                return backend.to_device(make())
+        except Exception:  # noqa: BLE001 - the CPU build below raises what is really wrong, if anything
+            torch.manual_seed(seed)
+    return backend.to_device(make())
 
 
 def apply_variant(inputs: list[Any], variant: str) -> list[Any]:

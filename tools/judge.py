@@ -89,15 +89,14 @@ class JudgeOps:
         import torch
 
         from .compare import tensor_info
-        from .inputs import SeededSets
+        from .inputs import SeededSets, build_model
 
         _reference_numerics()
         seeds = msg["seeds"]
         try:
             torch.manual_seed(msg["init_seed"])
             init_inputs = list(self.module.get_init_inputs())
-            torch.manual_seed(msg["init_seed"])
-            self.model = self.backend.to_device(self.module.Model(*init_inputs))
+            self.model = build_model(lambda: self.module.Model(*init_inputs), msg["init_seed"], self.backend)
             self.sets = SeededSets(self.module, seeds, ["native"] * len(seeds), self.backend)
             self.distributions = [None] * len(seeds)
             self.want_variants, self.want_exact = msg.get("variants", True), msg.get("exact", True)

@@ -161,12 +161,15 @@ async def kill_group(proc: Any) -> None:
         await proc.wait()
 
 
-def trace(role: str, op: str, warm: bool, started: float) -> None:
-    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter)."""
+def trace(role: str, op: str, warm: bool, started: float, peak_bytes: int | None = None) -> None:
+    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter), and the
+    worker's peak of reserved device memory during the op where it has one."""
     if _TRACE:
+        line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(time.perf_counter() - started, 3)}
+        if peak_bytes is not None:
+            line["peak_gb"] = round(peak_bytes / 1e9, 3)
         with open(_TRACE, "a") as f:
-            f.write(json.dumps({"role": role, "op": op, "warm": warm, "at": round(started, 3),
-                                "s": round(time.perf_counter() - started, 3)}) + "\n")
+            f.write(json.dumps(line) + "\n")
 
 
 class WorkerProcess:
@@ -188,8 +191,8 @@ class WorkerProcess:
         self._pool = pool if not prefix else None
         self.warm = False
 
-    def _trace(self, op: str, started: float) -> None:
-        trace(self.role, op, self.warm, started)
+    def _trace(self, op: str, started: float, peak_bytes: int | None = None) -> None:
+        trace(self.role, op, self.warm, started, peak_bytes)
 
     async def __aenter__(self) -> WorkerProcess:
         started = time.perf_counter()
@@ -236,7 +239,7 @@ class WorkerProcess:
         started = time.perf_counter()
         await self._send({"op": op, "nonce": nonce, **payload})
         reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
-        self._trace(op, started)
+        self._trace(op, started, reply.pop("device_peak_bytes", None))
         if reply.get("nonce") != nonce:
             await self.kill()
             raise WorkerDied(Failure(

@@ -325,6 +325,16 @@ def main() -> None:
     _serve(proto_in, proto_out, None, "host")
 
 
+def _device_peak_tracker() -> Callable[[], dict[str, Any]]:
+    """Where the device memory goes (KFORGE_TRACE): the op's peak of this process's reserved device memory.
+    Read only once CUDA is up in the worker; a reading for the trace, never for a verdict."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return dict
+    torch.cuda.reset_peak_memory_stats()
+    return lambda: {"device_peak_bytes": torch.cuda.max_memory_reserved()}
+
+
 def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> None:
     """Take the job's init, start the Worker, then answer ops until the parent closes the channel."""
     init = json.loads(proto_in.readline() or "null")
@@ -353,7 +363,8 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> No
             reply({"fatal": f"unknown op {msg['op']!r}", "nonce": msg.get("nonce")})
             continue
         try:
-            reply({"ok": True, **handler(msg), "nonce": msg.get("nonce")})
+            peak = _device_peak_tracker()
+            reply({"ok": True, **handler(msg), **peak(), "nonce": msg.get("nonce")})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
             reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
         sys.stdout.flush()
