@@ -34,7 +34,11 @@ from typing import Any
 from ._host import WallTimer, cpu_name, llc_bytes, measure_cpu_ceilings
 from .base import Availability, DeviceFacts
 
-__all__ = ["CpuBackend", "CpuTimer", "openmp_runtimes", "threads_wanted", "usable_cpus"]
+__all__ = ["VEC_REPORT_FILE", "CpuBackend", "CpuTimer", "openmp_runtimes", "threads_wanted", "usable_cpus",
+           "vectorizer_flags"]
+
+# GCC appends its vectorizer report here, relative to the build directory (ninja compiles there).
+VEC_REPORT_FILE = "kforge-vec.txt"
 
 # Share of timed windows in which another process took a core from the timed call, above which the
 # timings say more about the machine's load than about the kernel.
@@ -151,6 +155,32 @@ class CpuTimer(WallTimer):
 _FLUSH_BYTES = 64 * 1024 * 1024
 
 
+def vectorizer_flags() -> list[str]:
+    """Flags that make the C++ compiler report which of the candidate's loops it vectorized and why not.
+
+    They change no code, only add a report: GCC's goes to `VEC_REPORT_FILE`, clang's remarks to the build log.
+    """
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        return []
+    if cxx not in _VECTORIZER_FLAGS:
+        try:
+            out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=20).stdout.lower()
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        if "clang" in out:
+            flags = ["-Rpass=loop-vectorize", "-Rpass-missed=loop-vectorize"]
+        elif "free software foundation" in out or "gcc" in out or "g++" in out:
+            flags = [f"-fopt-info-vec-optimized-missed={VEC_REPORT_FILE}"]
+        else:
+            flags = []
+        _VECTORIZER_FLAGS[cxx] = flags
+    return _VECTORIZER_FLAGS[cxx]
+
+
+_VECTORIZER_FLAGS: dict[str, list[str]] = {}
+
+
 def _first_line(cmd: list[str]) -> str | None:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
@@ -260,7 +290,7 @@ class CpuBackend:
         return measure_cpu_ceilings()
 
     def build_defaults(self) -> dict[str, list[str]]:
-        return {"extra_cflags": ["-O3", "-fopenmp"], "extra_ldflags": ["-fopenmp"]}
+        return {"extra_cflags": ["-O3", "-fopenmp", *vectorizer_flags()], "extra_ldflags": ["-fopenmp"]}
 
     def profiler_activities(self) -> list[Any]:
         from torch.profiler import ProfilerActivity

@@ -98,9 +98,18 @@ def test_slower_than_eager_comes_first_with_a_direction():
 
 
 def test_faster_than_eager_but_slower_than_compile_points_at_fusion():
-    a = _analyze(_report(GOOD, speedups={"eager": 1.4, "torch.compile": 0.7}))
+    ops = [("kforge::ext.matmul_tiled", 5, 650.0, 655.0), ("aten::add", 5, 300.0, 300.0), ("aten::empty", 5, 50.0, 50.0)]
+    a = _analyze(_report(ops, speedups={"eager": 1.4, "torch.compile": 0.7}))
     rec = next(r for r in a.recommendations if r.title == "Fuse as much as torch.compile does")
     assert "torch.compile's fusion shows the headroom" in rec.action
+
+
+def test_a_fully_fused_kernel_slower_than_compile_is_not_told_to_fuse():
+    """Issue 20: one kernel doing the whole forward was told 'Fuse as much as torch.compile does'."""
+    a = _analyze(_report(GOOD, speedups={"eager": 1.4, "torch.compile": 0.7}))
+    assert not any("fus" in r.title.lower() for r in a.recommendations)
+    rec = next(r for r in a.recommendations if r.title == "Close the gap to torch.compile inside your kernel")
+    assert "not fusion" in rec.why
 
 
 def test_noisy_timing_lowers_speed_confidence_and_notes_it():

@@ -27,6 +27,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
+from kforge.backends.cpu import VEC_REPORT_FILE
+from kforge.profilers.compiler_report import (CompilerReport, imported_math, loop_remarks, parse_vectorizer_remarks,
+                                              widest_vector_bytes)
+
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
 from .cuda_split import SplitDeclined, split_cuda_sources
 from .disk import mark_used
@@ -232,7 +236,8 @@ class _InlineBuilder:
                 if not ready:
                     start_pch_build(pch_dir, final, name)
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
-                                                 functions=fn_names, kernels=self._kernel_resources("", final)))
+                                                 functions=fn_names, kernels=self._kernel_resources("", final),
+                                                 compiler_report=self._compiler_report(name, kwargs, final)))
         sweep_abandoned_builds(self.cache_dir)
         module, build_dir, how = self._build(name, kwargs)
         try:
@@ -242,7 +247,8 @@ class _InlineBuilder:
             shutil.rmtree(build_dir, ignore_errors=True)
             build_dir = final
         info = BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=False, functions=fn_names,
-                         kernels=self._kernel_resources("", build_dir), fast_paths=how, not_split=self._pop_not_split())
+                         kernels=self._kernel_resources("", build_dir), fast_paths=how, not_split=self._pop_not_split(),
+                         compiler_report=self._compiler_report(name, kwargs, build_dir))
         if self.precompiled_headers and "precompiled header" not in how:
             pch_dir, _ = pch_dir_for(self.cache_dir, kwargs)
             start_pch_build(pch_dir, build_dir, name)  # the next build with these flags uses it
@@ -332,6 +338,33 @@ class _InlineBuilder:
             kernels = [KernelResources(**k) for k in json.loads(saved.read_text())]
         return kernels
 
+    def _compiler_report(self, name: str, kwargs: dict[str, Any], build_dir: Path) -> CompilerReport | None:
+        """The vectorizer's remarks on the candidate's own lines, and the math calls the library imports.
+
+        Read from the files the build left (the report GCC wrote, the build log with clang's remarks), so a
+        cache hit reports them too; lines are mapped into the candidate each time (its other lines may move).
+        """
+        texts = [p.read_text(errors="replace") for p in (build_dir / VEC_REPORT_FILE, build_dir / "kforge-build.log")
+                 if p.exists()]
+        remarks, blocking = parse_vectorizer_remarks("\n".join(texts))
+        if not remarks:
+            return None  # the backend asked for no report (CUDA builds), or the compiler gave none
+        if kwargs.get("cpp_sources"):
+            self.source_map.add_generated_file(build_dir / "main.cpp", kwargs["cpp_sources"])
+        located = []
+        for r in remarks:
+            if Path(r.file).name not in ("main.cpp", "cuda.cu"):
+                continue  # torch's and the standard library's headers
+            line = self.source_map.candidate_line(r.file, r.line, _read_generated(build_dir, r.file, r.line))
+            if line is not None:
+                located.append((line, f"{Path(r.file).name}:{r.line}", r))
+        library = next(iter(sorted(build_dir.glob(f"{name}*.so"))), None)
+        scalar, vector = imported_math(library) if library is not None else ([], [])
+        compiler = "gcc" if (build_dir / VEC_REPORT_FILE).exists() else "clang"  # GCC's report is a file
+        return CompilerReport(build=name, compiler=compiler, loops=loop_remarks(located),
+                              scalar_math=scalar, vector_math=vector, blocking_calls=blocking,
+                              host_vector_bytes=widest_vector_bytes())
+
     def _diagnostics(self, output: str, build_dir: Path, mapping: dict[str, tuple[list[str], list[str]]]) -> list[Diagnostic]:
         """Compiler messages located in the candidate; `mapping`: file -> (pieces as built, as the candidate wrote them)."""
         for file_name, (built, written) in mapping.items():
@@ -386,6 +419,14 @@ def _driver_resources(kernel: Any, name: str) -> KernelResources:
     except Exception:  # noqa: BLE001 - figures are a bonus; the kernel itself is fine
         pass
     return KernelResources(kernel=name, arch=arch, **values)
+
+
+def _read_generated(build_dir: Path, file_name: str, line: int) -> str | None:
+    try:
+        lines = (build_dir / Path(file_name).name).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return lines[line - 1] if 0 < line <= len(lines) else None
 
 
 def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any,

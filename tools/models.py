@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kforge.profilers.compiler_report import CompilerReport, KernelResources
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel
 
 __all__ = [
@@ -158,31 +159,6 @@ class Diagnostic(BaseModel):
         return f"{where}: {self.severity}: {self.message}"
 
 
-class KernelResources(BaseModel):
-    """What the GPU compiler reported about one kernel (ptxas -v, or Triton's compiled metadata)."""
-
-    model_config = _FROZEN
-
-    kernel: str = Field(description="Kernel name (demangled where possible).")
-    registers: int | None = Field(default=None, description="Registers per thread.")
-    shared_bytes: int | None = Field(default=None, description="Static shared memory per block.")
-    spill_store_bytes: int | None = None
-    spill_load_bytes: int | None = None
-    stack_bytes: int | None = Field(default=None, description="Stack frame per thread (local memory).")
-    local_bytes: int | None = Field(default=None, description="Local memory per thread as the driver reports it "
-                                    "(spills plus stack); Triton kernels report this.")
-    arch: str | None = None
-    num_warps: int | None = Field(default=None, description="Triton only.")
-    num_stages: int | None = Field(default=None, description="Triton only.")
-
-    def __str__(self) -> str:
-        parts = [f"{label} {value}" for label, value in (
-            ("registers", self.registers), ("smem B", self.shared_bytes), ("spill stores B", self.spill_store_bytes),
-            ("local B", self.local_bytes), ("stack B", self.stack_bytes), ("warps", self.num_warps),
-            ("stages", self.num_stages)) if value is not None]
-        return f"{self.kernel}: {', '.join(parts) or 'no resource data'}"
-
-
 class BuildInfo(BaseModel):
     """One `load_inline` call made by the candidate."""
 
@@ -200,6 +176,8 @@ class BuildInfo(BaseModel):
     not_split: str | None = Field(None, description="Why this CUDA build's kernels were not compiled apart from its "
                                   "torch wrappers (the fast path for the KernelBench form); a template kernel launched "
                                   "from host code is the usual reason.")
+    compiler_report: CompilerReport | None = Field(default=None, description="The C++ compiler's vectorizer report "
+                                                   "on the candidate's loops and the scalar math calls it imports.")
 
 
 FailureKind = Literal[
@@ -454,6 +432,8 @@ class ProfileResult(BaseModel):
                                          "timing check failed; otherwise read `checks` before quoting a speedup.")
     kernel_resources: list[KernelResources] = Field(
         default_factory=list, description="The candidate's kernels as the compiler built them (ptxas -v, Triton metadata).")
+    compiler_reports: list[CompilerReport] = Field(
+        default_factory=list, description="The C++ compiler's vectorizer reports of the candidate's builds.")
     artifacts: list[str] = Field(default_factory=list, description="Resource URIs of raw artifacts (Chrome trace, logs).")
     failure: Failure | None = None
     warnings: list[str] = Field(default_factory=list)

@@ -15,15 +15,18 @@ Algorithm:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from kforge.profilers.compiler_report import CompilerFacts
 from kforge.profilers.report import OpRow, ProfileReport
 from kforge.profilers.torch_profiler import CUSTOM_PREFIX
 
 from . import _hardware
+from ._findings import CONFIDENCE_WEIGHT, Draft as _Draft, Findings as _Findings
 from ._compare import describe_changes, locate_definition
 from ._remedies import MATMUL_REMEDIES, REMEDIES, REMEDY_TITLES, SLOWER_THAN_EAGER, family_of, is_matmul_like
 from .base import Analysis, Bottleneck, Evidence, Recommendation
+from .code_rules import code_findings
+from .redundant import already_present, fully_fused, prune
+from .source import read_source
 from .text import parse_profile_text
 
 __all__ = ["RulesAnalyst"]
@@ -54,29 +57,6 @@ _CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
 _LOWER = {"high": "medium", "medium": "low", "low": "low"}
 # Claim priorities (lower wins); hardware classes come from `_hardware`.
 _PRIORITY_FRAMEWORK, _PRIORITY_LAUNCH, _PRIORITY_HOST = 0, 1, 2
-
-
-@dataclass
-class _Draft:
-    """A recommendation before ranking; `affected` is the share of time it addresses."""
-
-    title: str
-    action: str
-    where: str | None
-    why: str
-    expected_effect: str
-    confidence: str
-    evidence: list[Evidence]
-    affected: float
-    speed_based: bool = False
-
-
-@dataclass
-class _Findings:
-    claims: list[_hardware.Claim] = field(default_factory=list)
-    drafts: list[_Draft] = field(default_factory=list)
-    evidence: list[Evidence] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def _pct(share: float) -> str:
@@ -275,7 +255,16 @@ def _rule_speed(report: ProfileReport, bottleneck: Bottleneck, out: _Findings) -
         out.drafts.append(_Draft(
             "Get faster than eager first", SLOWER_THAN_EAGER[bottleneck], None, why,
             f"reach at least eager's speed: -{_pct(1 - eager)} of the candidate's time", "high",
-            list(ev.values()), 1 - eager, speed_based=True))
+            list(ev.values()), 1 - eager, speed_based=True, generic=True))
+    elif compiled is not None and compiled < 1 and fully_fused(report):
+        why = (f"torch.compile's version is x{1 / compiled:.2f} faster, and the candidate already does the whole "
+               "forward in one kernel: the gap is the kernel's own code, not fusion")
+        out.drafts.append(_Draft(
+            "Close the gap to torch.compile inside your kernel",
+            "Compare your kernel's loops with the code inductor generates for the reference (TORCH_LOGS=output_code): "
+            "its loop order, tiling, vectorization and math functions show what makes the same work faster.",
+            None, why, f"up to {_pct(1 - compiled)} of the candidate's time", "medium",
+            list(ev.values()), 1 - compiled, speed_based=True, generic=True))
     elif compiled is not None and compiled < 1:
         why = (f"torch.compile's fused version is x{1 / compiled:.2f} faster than the candidate"
                + (f", which already beats eager (x{eager:.2f})" if eager is not None else ""))
@@ -284,7 +273,7 @@ def _rule_speed(report: ProfileReport, bottleneck: Bottleneck, out: _Findings) -
             "torch.compile's fusion shows the headroom: fuse the same ops into your kernel so data makes one pass "
             "through memory. Run the reference under TORCH_LOGS=output_code to see which ops inductor fused.",
             None, why, f"up to {_pct(1 - compiled)} of the candidate's time", "medium",
-            list(ev.values()), 1 - compiled, speed_based=True))
+            list(ev.values()), 1 - compiled, speed_based=True, generic=True))
 
 
 def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str, confidence: str, out: _Findings) -> None:
@@ -310,7 +299,8 @@ def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str,
     why = f"{hot.name} holds {_pct(affected)} of op time" + (
         "; without hardware counters this advice is generic" if bottleneck == "unknown" else f" and is {bottleneck}")
     out.drafts.append(_Draft(REMEDY_TITLES[key], action, hot.name, why,
-                             f"a faster {hot.name} speeds up {_pct(affected)} of op time", confidence, [ev], affected))
+                             f"a faster {hot.name} speeds up {_pct(affected)} of op time", confidence, [ev], affected,
+                             generic=True))
 
 
 def _rule_noise(report: ProfileReport, out: _Findings) -> None:
@@ -333,8 +323,9 @@ def _rule_noise(report: ProfileReport, out: _Findings) -> None:
 
 
 def _rank(drafts: list[_Draft], code: str | None) -> list[Recommendation]:
-    ordered = sorted(drafts, key=lambda d: (_CONFIDENCE_ORDER[d.confidence], -round(d.affected, 6), d.title,
-                                            d.where or ""))
+    """By expected effect: the share of time a change should save, weighted by how sure the rule is."""
+    ordered = sorted(drafts, key=lambda d: (-round(d.expected_gain * CONFIDENCE_WEIGHT[d.confidence], 6),
+                                            _CONFIDENCE_ORDER[d.confidence], d.title, d.where or ""))
     recs = []
     for rank, d in enumerate(ordered[:MAX_RECOMMENDATIONS], start=1):
         where = d.where
@@ -344,6 +335,68 @@ def _rank(drafts: list[_Draft], code: str | None) -> list[Recommendation]:
                                    expected_effect=d.expected_effect, confidence=d.confidence,  # type: ignore[arg-type]
                                    evidence=d.evidence))
     return recs
+
+
+def _keep_specific(out: _Findings) -> None:
+    """Advice located in the code replaces texts chosen by bottleneck class alone; the speed facts become a note."""
+    if not any(d.located for d in out.drafts):
+        return
+    for d in [d for d in out.drafts if d.generic]:
+        out.drafts.remove(d)
+        if d.speed_based:
+            out.notes.append(f"{d.why}; the recommendations above say where in the code the time goes")
+
+
+def _drop_what_is_there(out: _Findings, facts, report: ProfileReport) -> None:
+    present = already_present(facts, report)
+    kept = []
+    for d in out.drafts:
+        action, said = prune(d.title, d.action, present)
+        out.notes.extend(said)
+        if action is not None:
+            d.action = action
+            kept.append(d)
+    out.drafts[:] = kept
+
+
+# Above this fraction of the measured copy bandwidth or matmul rate, the ceiling is what limits.
+ROOFLINE_BANDWIDTH = _hardware.BANDWIDTH_CEILING_FRACTION
+ROOFLINE_COMPUTE = 0.6
+_PRIORITY_ROOFLINE = 7
+
+
+def _rule_roofline(report: ProfileReport, out: _Findings) -> None:
+    """Classify from the timed bytes and FLOPs against the device's measured ceilings."""
+    bw, comp = report.bandwidth_fraction, report.compute_fraction
+    if bw is not None:
+        out.evidence.append(Evidence(metric="bandwidth_fraction", value=bw, judged_against=f">= {ROOFLINE_BANDWIDTH:g} "
+                                     "of the measured copy bandwidth is at the ceiling", source="timing"))
+    if comp is not None:
+        out.evidence.append(Evidence(metric="compute_fraction", value=comp, judged_against=f">= {ROOFLINE_COMPUTE:g} "
+                                     "of the measured matmul rate is at the ceiling", source="timing"))
+    if bw is not None and bw >= ROOFLINE_BANDWIDTH:
+        out.claims.append(_hardware.Claim(
+            "memory-bound", _PRIORITY_ROOFLINE, f"the candidate moves its inputs and outputs at {_pct(bw)} of the "
+            "device's measured bandwidth: only moving fewer bytes makes it faster", [out.evidence[-1 if comp is None else -2]],
+            "high", "memory-bound:at-ceiling"))
+    elif comp is not None and comp >= ROOFLINE_COMPUTE:
+        out.claims.append(_hardware.Claim(
+            "compute-bound", _PRIORITY_ROOFLINE, f"the candidate computes at {_pct(comp)} of the device's measured "
+            "matmul rate", [out.evidence[-1]], "high"))
+
+
+def _deciding_measurement(report: ProfileReport, family: str, code: str | None) -> str:
+    """The one measurement that would classify this profile, when nothing did."""
+    if report.candidate is None:
+        return "time the candidate with profile_kernel (timing, baselines and the roofline against measured ceilings)"
+    if report.bandwidth_fraction is None and report.compute_fraction is None:
+        return ("the achieved bandwidth against the device's measured ceiling: profile_kernel on a reference whose "
+                "problem size it can read")
+    if not code:
+        return "the candidate's code (summarize_profile with candidate_code), so the rules can read its loops"
+    if family == "gpu":
+        return "Nsight Compute counters (profile_kernel with hardware_counters on a host with ncu)"
+    return "hardware counters from perf (IPC and cache misses; allow perf_event_paranoid <= 2 on this host)"
 
 
 def _missing_data(report: ProfileReport) -> list[str]:
@@ -363,7 +416,7 @@ class RulesAnalyst:
     name = "rules"
 
     def analyze(self, report: ProfileReport | None, *, text: str | None = None, code: str | None = None,
-                previous: ProfileReport | None = None) -> Analysis:
+                previous: ProfileReport | None = None, compiler: CompilerFacts | None = None) -> Analysis:
         """Analyse `report`, or `text` parsed with `parse_profile_text` when `report` is None.
 
         Args:
@@ -371,6 +424,7 @@ class RulesAnalyst:
             text: Pasted profiler output (torch.profiler table, Nsight Compute details).
             code: The candidate's source; recommendations naming its functions point at 'line N'.
             previous: An earlier profile of the same problem; fills `changes`.
+            compiler: What the compilers reported (vectorizer remarks, libm imports, ptxas/Triton resources).
 
         Raises:
             ValueError: neither a report nor recognizable text was given.
@@ -383,22 +437,31 @@ class RulesAnalyst:
         out = _Findings()
         for rule in (_rule_custom_share, _rule_framework_inside, _rule_launch, _rule_alloc_copy, _rule_host):
             rule(report, out)
+        family = family_of(report.backend, any(r.device_time_us for r in report.ops))
+        facts = read_source(code) if code else None
+        if facts is not None:
+            code_findings(report, facts, compiler, family, out)
         hardware = _hardware.classify(report)
         out.claims += hardware.claims
         out.evidence += hardware.evidence
         out.notes += hardware.notes
+        _rule_roofline(report, out)
         winner = min(out.claims, key=lambda c: c.priority, default=None)  # min keeps the first of equals
         bottleneck: Bottleneck = winner.bottleneck if winner else "unknown"  # type: ignore[assignment]
         if winner is None:
             missing = _missing_data(report)
             why = "no rule found a clear limit in this profile"
-            out.notes.append("to classify the bottleneck, add: " + ("; ".join(missing) or "a longer, steadier run"))
+            if report.ops and report.candidate is not None:
+                missing = [_deciding_measurement(report, family, code)]
+            out.notes.append("to classify the bottleneck, add: " + missing[0])  # the one measurement that decides
         else:
             why = winner.why
         _rule_speed(report, bottleneck, out)
         remedy = (winner.remedy if winner else None) or bottleneck
         _rule_hot_kernel(report, bottleneck, remedy, winner.confidence if winner else "low", out)
         _rule_noise(report, out)
+        _keep_specific(out)
+        _drop_what_is_there(out, facts, report)
         if text is not None:
             out.notes.append(f"analysed {report.collector} output parsed from text, so fewer facts: no timing, "
                              "no baselines, no calls per forward")

@@ -1,0 +1,341 @@
+"""Rules over the candidate's code: source shapes and the compiler's report, weighed by the measurements.
+
+Each finding is a located draft (a line of the candidate) with the share of time it is expected to
+save, and may claim the bottleneck class the code explains. Expected gains are rough, stated as
+module constants, and only order the advice: a serial loop on N cores can save 1 - 1/N of its time;
+an untiled matmul typically 10x (the issue's naive GEMM went 107 ms -> 6.7 ms); a strided walk uses one
+float of each 64-byte cache line; a scalar libm exp is several times slower than a vector one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from kforge.profilers.compiler_report import CompilerFacts, KernelResources
+from kforge.profilers.report import ProfileReport
+
+from ._compare import locate_definition
+from ._findings import Draft, Findings
+from ._hardware import Claim, _uncoalesced
+from ._remedies import REMEDIES
+from .base import Evidence
+from .source import Loop, SourceFacts
+
+__all__ = ["PRIORITY_CODE", "code_findings"]
+
+# Claims from the code rank after Nsight Compute's (which measures the kernel) and beside perf's.
+PRIORITY_CODE = 5
+# Below this much time per call of the candidate's own code, a parallel region costs about what it saves.
+PARALLEL_MIN_US = 50.0
+GAIN_GEMM_TILING = 0.85
+GAIN_STRIDED = 0.75
+GAIN_UNCOALESCED = 0.7
+GAIN_SCALAR_MATH = 0.6
+GAIN_ATOMICS = 0.5
+GAIN_SPILLS = 0.4
+GAIN_WIDER_VECTORS = 0.25
+GAIN_ONE_PASS = 0.2
+
+_PRODUCT = re.compile(r"\+=\s*.*\w\s*\[[^\]]+\]\s*\*\s*\w+\s*\[[^\]]+\]")
+_ARCH_FLAG = re.compile(r"-march=|-mavx|-mcpu=")
+_FAST_MATH = re.compile(r"-ffast-math|-Ofast|-fno-math-errno")
+_SCALAR_SYMBOL = {"exp": ("exp", "expf"), "expf": ("expf",), "log": ("log", "logf"), "logf": ("logf",),
+                  "tanh": ("tanh", "tanhf"), "tanhf": ("tanhf",), "pow": ("pow", "powf"), "powf": ("powf",)}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _own_share(report: ProfileReport | None) -> float:
+    """The share of time the candidate's own code holds: what code changes can save."""
+    if report is None or report.custom_share is None:
+        return 1.0
+    return max(0.0, min(1.0, report.custom_share))
+
+
+def _own_us_per_call(report: ProfileReport | None) -> float | None:
+    """Median wall time of one forward call: the time a parallel region would split (None: not timed)."""
+    if report is None or report.candidate is None:
+        return None
+    return report.candidate.median_us
+
+
+def _cores(report: ProfileReport | None) -> int:
+    if report is not None and report.candidate is not None and report.candidate.threads:
+        return report.candidate.threads
+    if report is not None and report.device is not None and report.device.cores:
+        return report.device.cores
+    return os.cpu_count() or 1
+
+
+def _loop_remark(compiler: CompilerFacts | None, loop: Loop):
+    """The vectorizer's verdict on `loop` (its header line), or None."""
+    if compiler is None:
+        return None
+    for build in compiler.builds:
+        for remark in build.loops:
+            if remark.line == loop.line:
+                return remark
+    return None
+
+
+def _roofline_evidence(report: ProfileReport | None) -> list[Evidence]:
+    ev = []
+    if report is not None and report.bandwidth_fraction is not None:
+        ev.append(Evidence(metric="bandwidth_fraction", value=report.bandwidth_fraction,
+                           judged_against="1.0 = the measured copy bandwidth", source="timing"))
+    if report is not None and report.compute_fraction is not None:
+        ev.append(Evidence(metric="compute_fraction", value=report.compute_fraction,
+                           judged_against="1.0 = the measured matmul rate", source="timing"))
+    return ev
+
+
+def _gemm_nests(facts: SourceFacts) -> list[tuple[int, list[int]]]:
+    """(innermost loop, its chain) for loop nests of depth >= 3 that accumulate a product of two arrays."""
+    found = []
+    for i in facts.innermost():
+        chain = facts.chain(i)
+        loop = facts.loops[i]
+        body = "\n".join(facts.lines[loop.line - 1:loop.last])
+        if len(chain) >= 3 and _PRODUCT.search(body):
+            found.append((i, chain))
+    return found
+
+
+def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None, out: Findings) -> None:
+    share = _own_share(report)
+    roof = _roofline_evidence(report)
+    code = "\n".join(facts.lines)
+    gemm_loops: set[int] = set()
+    for inner, chain in _gemm_nests(facts):
+        gemm_loops.update(chain)
+        if any(facts.loops[j].step for j in chain):
+            continue  # already tiled (a loop steps by a tile); the order advice below still applies
+        outer = facts.loops[chain[0]]
+        strided = facts.strided_subscripts(inner)
+        why = (f"the loops at lines {', '.join(str(facts.loops[j].line) for j in chain)} compute a matmul element by "
+               "element with no tiling: every output row re-reads the whole of the second matrix from memory"
+               + (f", and the inner loop walks {strided[0][1]} with a stride (line {strided[0][0]})" if strided else ""))
+        ev = roof + [Evidence(metric="loop nest", value=f"lines {outer.line}-{outer.last}, depth {len(chain)}, no tiling",
+                              judged_against="tiles that fit in L1/L2", source="source")]
+        out.drafts.append(Draft(
+            "Tile the matmul loops and order them i-k-j",
+            "Block the three loops into tiles that fit in cache (e.g. 64x64 of C, 256 of k), put k outside j so the "
+            "innermost loop runs over a row of B and of C (unit stride, contiguous), keep the C tile's partial sums "
+            "in registers or L1, and let that inner loop vectorize (`#pragma omp simd`).",
+            f"line {outer.line}", why, f"most of {_pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
+            "high", ev, share, gain=share * GAIN_GEMM_TILING, located=True))
+        out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
+    for i in facts.innermost():
+        if i in gemm_loops:
+            continue
+        loop = facts.loops[i]
+        strided = facts.strided_subscripts(i)
+        if not strided:
+            continue
+        remark = _loop_remark(compiler, loop)
+        ev = roof + [Evidence(metric="inner loop index", value=strided[0][1], judged_against=f"unit stride in {loop.var}",
+                              source="source")]
+        if remark is not None and not remark.vectorized:
+            ev.append(Evidence(metric=f"vectorizer on line {loop.line}", value="not vectorized: " + "; ".join(remark.missed),
+                               judged_against="vectorized", source="compiler"))
+        why = (f"the inner loop over {loop.var} (line {loop.line}) reads {strided[0][1]}: consecutive iterations are "
+               f"a row apart, so each 64-byte cache line gives one float and the loop cannot vectorize")
+        out.drafts.append(Draft(
+            f"Make the inner loop at line {loop.line} unit-stride",
+            f"Interchange the loops so the innermost one walks contiguous memory: iterate {loop.var} outside and the "
+            f"index that is added without a stride inside (keep one accumulator per output in a small array or the "
+            "output row itself); where the order cannot change, process a block of columns per pass so each cache "
+            "line is used fully.",
+            f"line {strided[0][0]}", why, f"most of {_pct(share)} of the time: a strided walk moves up to 16x the bytes",
+            "high" if remark is not None or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
+        out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
+    _serial(report, facts, out, share, roof)
+    _scalar_math(facts, compiler, out, share, roof, code)
+    _narrow_vectors(facts, compiler, out, share, code)
+    _passes(facts, out, share)
+    _atomics(facts, out, share)
+
+
+def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, share: float, roof: list[Evidence]) -> None:
+    if facts.parallel_lines or not facts.loops:
+        return
+    cores = _cores(report)
+    per_call = _own_us_per_call(report)
+    outer = [loop for loop in facts.loops if loop.parent is None]
+    if cores < 2 or (per_call is not None and per_call < PARALLEL_MIN_US):
+        if per_call is not None and cores >= 2:
+            out.notes.append(f"the loops run on one core, but a call takes {per_call:.0f} us: under {PARALLEL_MIN_US:g} us "
+                             "a parallel region costs about what it saves")
+        return
+    top = max(outer, key=lambda loop: loop.last - loop.line)
+    ev = roof + [Evidence(metric="parallel constructs", value=0, judged_against="an OpenMP parallel loop over the "
+                          "outer dimension", source="source"),
+                 Evidence(metric="cores available", value=float(cores), judged_against="> 1", source="timing")]
+    why = f"no loop is parallel: the candidate runs on 1 of the {cores} cores the baselines use"
+    out.drafts.append(Draft(
+        f"Parallelize the loop at line {top.line}",
+        f"Put `#pragma omp parallel for` on the outer loop at line {top.line} (the build links OpenMP): each thread "
+        "takes a contiguous block of iterations. Keep per-thread state inside the loop body.",
+        f"line {top.line}", why, f"up to {_pct(1 - 1 / cores)} of the candidate's time on {cores} cores",
+        "high" if per_call is not None else "medium", ev, share, gain=share * (1 - 1 / cores), located=True))
+    out.claims.append(Claim("latency-bound", PRIORITY_CODE, why, ev, "medium"))
+
+
+def _scalar_math(facts: SourceFacts, compiler: CompilerFacts | None, out: Findings, share: float,
+                 roof: list[Evidence], code: str) -> None:
+    if not facts.math_calls:
+        return
+    imported = {s for b in (compiler.builds if compiler else []) for s in b.scalar_math}
+    vector = [s for b in (compiler.builds if compiler else []) for s in b.vector_math]
+    line, fn = facts.math_calls[0]
+    symbols = [s for s in _SCALAR_SYMBOL.get(fn, (fn,)) if s in imported]
+    if compiler is not None and compiler.builds and not symbols:
+        return  # the compiler vectorized it (or inlined it away): the library imports no scalar call
+    ev = list(roof)
+    if symbols:
+        ev.append(Evidence(metric="scalar libm imports (nm -D)", value=", ".join(f"{s}@GLIBC" for s in symbols),
+                           judged_against="libmvec _ZGV* vector variants" + (f" (found: {', '.join(vector)})" if vector else
+                                                                              " (none imported)"), source="compiler"))
+    fast = _FAST_MATH.search(code) is not None
+    why = (f"{fn}() at line {line} runs inside the hot loop as a scalar library call, one element at a time"
+           + (" (the built library imports " + ", ".join(symbols) + ")" if symbols else "")
+           + ": it stays scalar even where the loop around it has `#pragma omp simd`")
+    action = ("Make the exponentials vectorize: add `-O3 -march=native -ffast-math` (or at least `-fno-math-errno "
+              "-funsafe-math-optimizations`) to extra_cflags so GCC calls glibc's vector exp (libmvec, _ZGV*expf) in the "
+              "simd loop, or compute exp with a vectorizable polynomial (e.g. at::vec::Vectorized<float>::exp, or a "
+              "Cephes-style range reduction written in the loop).")
+    if fast:
+        action = ("The flags allow vector math, yet the call stays scalar: compute exp with a vectorizable polynomial in "
+                  "the simd loop (e.g. at::vec::Vectorized<float>::exp) or check that -march targets the host's vectors.")
+    out.drafts.append(Draft(
+        f"Vectorize the {fn}() at line {line}", action, f"line {line}", why,
+        f"most of the loop's time: a vector exp does 8-16 elements per call on AVX2/AVX-512",
+        "high" if symbols else "medium", ev, share, gain=share * GAIN_SCALAR_MATH, located=True))
+    out.claims.append(Claim("compute-bound", PRIORITY_CODE, why, ev, "medium" if symbols else "low"))
+
+
+def _narrow_vectors(facts: SourceFacts, compiler: CompilerFacts | None, out: Findings, share: float, code: str) -> None:
+    if compiler is None or _ARCH_FLAG.search(code):
+        return
+    for build in compiler.builds:
+        narrow = [r for r in build.loops if r.vectorized and r.vector_bytes and build.host_vector_bytes
+                  and r.vector_bytes < build.host_vector_bytes]
+        if not narrow:
+            continue
+        first = narrow[0]
+        ev = [Evidence(metric=f"vector width on line {first.line}", value=f"{first.vector_bytes} bytes",
+                       judged_against=f"{build.host_vector_bytes} bytes (this CPU)", source="compiler")]
+        out.drafts.append(Draft(
+            "Compile for this CPU's vector width",
+            f"Add `-march=native` to extra_cflags: the vectorized loops use {first.vector_bytes}-byte vectors, this CPU "
+            f"has {build.host_vector_bytes}-byte ones.", f"line {first.line}",
+            f"{len(narrow)} vectorized loop(s) use {first.vector_bytes}-byte vectors on a CPU with "
+            f"{build.host_vector_bytes}-byte registers", "up to 2-4x in those loops when they are compute-bound",
+            "medium", ev, share, gain=share * GAIN_WIDER_VECTORS, located=True))
+        return
+
+
+def _passes(facts: SourceFacts, out: Findings, share: float) -> None:
+    for i, loop in enumerate(facts.loops):
+        kids = [facts.loops[j] for j in facts.children(i)]
+        bounds = [k.header.split(";")[1].strip() for k in kids if k.header.count(";") == 2]
+        if len(kids) >= 3 and len(set(bounds)) == 1:
+            lines = ", ".join(str(k.line) for k in kids)
+            out.drafts.append(Draft(
+                f"Merge the {len(kids)} passes at lines {lines}",
+                "Each pass re-reads the row: fuse them where the algorithm allows (e.g. an online max-and-sum for softmax "
+                "keeps a running maximum and rescales the running sum), so the data is read once or twice, not "
+                f"{len(kids)} times.", f"line {kids[0].line}",
+                f"{len(kids)} sibling loops over the same range inside the loop at line {loop.line}",
+                "fewer passes over memory; matters once a row no longer fits in L1/L2", "low",
+                [Evidence(metric="passes per row", value=float(len(kids)), judged_against="1-2", source="source")],
+                share, gain=share * GAIN_ONE_PASS, located=True))
+            return
+
+
+def _atomics(facts: SourceFacts, out: Findings, share: float) -> None:
+    if not facts.atomics:
+        return
+    line = facts.atomics[0]
+    out.drafts.append(Draft(
+        f"Take the atomic at line {line} out of the hot loop",
+        "Accumulate per thread (a reduction clause, a register, or a shared-memory / warp-shuffle reduction on GPUs) "
+        "and combine the partial results once per thread or block.", f"line {line}",
+        f"an atomic update at line {line} runs on every iteration; threads serialize on the same address",
+        "contended atomics cost 10-100x a plain add", "medium",
+        [Evidence(metric="atomics in loops", value=float(len(facts.atomics)), judged_against="0", source="source")],
+        share, gain=share * GAIN_ATOMICS, located=True))
+
+
+def _gpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None, out: Findings) -> None:
+    share = _own_share(report)
+    ncu_ev = _uncoalesced(max(report.ncu, key=lambda k: k.metrics.get("Duration [us]", 0.0))) if report and report.ncu else []
+    for kernel in facts.gpu_kernels:
+        scaled = [re.compile(rf"(?<![\w.])({re.escape(v)}\s*\*\s*[\w(]|[\w)]\s*\*\s*{re.escape(v)}\b)")
+                  for v in kernel.fast_vars]
+        hits = []
+        for n in range(kernel.line, kernel.last + 1):
+            for m in re.finditer(r"(?P<name>[A-Za-z_]\w*)\s*\[(?P<index>[^\[\]]+)\]", facts.lines[n - 1].split("//")[0]):
+                if any(p.search(m.group("index")) for p in scaled):
+                    hits.append((n, m.group(0)))
+        if not hits:
+            continue
+        line, access = hits[0]
+        ev = _roofline_evidence(report) + ncu_ev + [Evidence(
+            metric="global index", value=access, judged_against="threadIdx.x-derived index added without a stride",
+            source="source")]
+        why = (f"{access} at line {line} multiplies the thread's index ({', '.join(kernel.fast_vars)}) by a stride: "
+               "neighbouring threads of a warp touch addresses a row apart, so each load takes its own 32-byte sector")
+        out.drafts.append(Draft(
+            f"Coalesce the loads at line {line}", REMEDIES["gpu"]["memory-bound:uncoalesced"], f"line {line}", why,
+            f"most of {_pct(share)} of the time: uncoalesced loads move up to 8-32x the bytes",
+            "high" if ncu_ev else "medium", ev, share, gain=share * GAIN_UNCOALESCED, located=True))
+        out.claims.append(Claim("memory-bound", PRIORITY_CODE - (1 if ncu_ev else 0), why, ev, "high" if ncu_ev else "medium",
+                                "memory-bound:uncoalesced"))
+        break
+    for k in compiler.kernels if compiler else []:
+        _spills(k, facts, out, share)
+
+
+def _spills(k: KernelResources, facts: SourceFacts, out: Findings, share: float) -> None:
+    spilled = k.spill_store_bytes or 0
+    local = k.local_bytes or k.stack_bytes or 0
+    if spilled <= 0 and local <= 0:
+        return
+    triton = k.num_warps is not None
+    line = locate_definition(k.kernel, "\n".join(facts.lines))
+    arrays = [a for a in facts.local_arrays if line is None or a[0] >= line]
+    what = (f"{spilled} bytes of spill stores ({k.spill_load_bytes or 0} of loads) per thread at {k.registers} registers"
+            if spilled else f"{local} bytes of local memory per thread at {k.registers} registers")
+    ev = [Evidence(metric="spill stores [B]" if spilled else "local memory [B]", value=float(spilled or local),
+                   judged_against="0 (everything in registers)", source="ptxas" if not triton else "triton metadata")]
+    if k.registers is not None:
+        ev.append(Evidence(metric="registers per thread", value=float(k.registers), judged_against="255 max", source=ev[0].source))
+    if triton:
+        action = (f"Give each program less to hold: a smaller BLOCK size (or a loop over chunks of it) or more warps "
+                  f"(num_warps={k.num_warps} now: more warps spread the block over more registers), so the tile fits in "
+                  "registers; check `n_spills` of the compiled kernel after the change.")
+    else:
+        action = ("Keep per-thread arrays small and indexed by compile-time constants (fully unrolled loops) so they live "
+                  "in registers, move large per-thread buffers to shared memory, split a thread's work over more threads, "
+                  "and do not cap registers (`__launch_bounds__` min-blocks, -maxrregcount) below what the kernel needs.")
+    where = f"line {arrays[0][0]}" if arrays else (f"line {line}" if line else k.kernel)
+    why = f"{k.kernel} spills: {what}; spilled values go through local memory (L1/L2/DRAM) on every use"
+    out.drafts.append(Draft(f"Stop the register spills in {k.kernel.split('(')[0]}", action, where, why,
+                            "spill traffic removed from every thread's inner loop", "high", ev, share,
+                            gain=share * GAIN_SPILLS, located=True))
+    out.claims.append(Claim("memory-bound", PRIORITY_CODE + 1, why, ev, "medium"))
+
+
+def code_findings(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None,
+                  family: str, out: Findings) -> None:
+    """Add the code's findings to `out`: CPU loop rules for C++, GPU rules for CUDA/Triton kernels."""
+    if family == "cpu":
+        _cpu_rules(report, facts, compiler, out)
+    else:
+        _gpu_rules(report, facts, compiler, out)
+        if facts.atomics:
+            _atomics(facts, out, _own_share(report))
