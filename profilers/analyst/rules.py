@@ -385,29 +385,15 @@ def _rule_roofline(report: ProfileReport, out: _Findings) -> None:
             "matmul rate", [out.evidence[-1]], "high"))
 
 
-def _deciding_measurement(report: ProfileReport, family: str, code: str | None) -> str:
-    """The one measurement that would classify this profile, when nothing did."""
-    if report.candidate is None:
-        return "time the candidate with profile_kernel (timing, baselines and the roofline against measured ceilings)"
-    if report.bandwidth_fraction is None and report.compute_fraction is None:
-        return ("the achieved bandwidth against the device's measured ceiling: profile_kernel on a reference whose "
-                "problem size it can read")
-    if not code:
-        return "the candidate's code (summarize_profile with candidate_code), so the rules can read its loops"
-    if family == "gpu":
-        return "Nsight Compute counters (profile_kernel with hardware_counters on a host with ncu)"
-    return "hardware counters from perf (IPC and cache misses; allow perf_event_paranoid <= 2 on this host)"
-
-
-def _missing_data(report: ProfileReport) -> list[str]:
-    missing = []
-    if not report.ops:
-        missing.append("an op table")
+def _deciding_measurement(report: ProfileReport, family: str) -> str:
+    """The one measurement that would classify this profile, when nothing did: counters first (they see
+    inside the kernel), then the roofline of the timed call."""
     if not report.counters:
-        missing.append("hardware counters (perf on CPU, Nsight Compute on GPU)")
-    if report.candidate is None:
-        missing.append("timing against baselines (profile_kernel)")
-    return missing
+        if family == "gpu":
+            return "hardware counters: Nsight Compute (profile_kernel with hardware_counters on a host with ncu)"
+        return "hardware counters from perf (IPC and cache misses; needs perf and perf_event_paranoid <= 2)"
+    return ("the achieved bandwidth against the device's measured ceiling (profile_kernel, with a reference whose "
+            "inputs and outputs it can size)")
 
 
 class RulesAnalyst:
@@ -452,7 +438,7 @@ class RulesAnalyst:
             missing = _missing_data(report)
             why = "no rule found a clear limit in this profile"
             if report.ops and report.candidate is not None:
-                missing = [_deciding_measurement(report, family, code)]
+                missing = [_deciding_measurement(report, family)]
             out.notes.append("to classify the bottleneck, add: " + missing[0])  # the one measurement that decides
         else:
             why = winner.why
