@@ -396,6 +396,17 @@ def _deciding_measurement(report: ProfileReport, family: str) -> str:
             "inputs and outputs it can size)")
 
 
+def _missing_data(report: ProfileReport) -> list[str]:
+    missing = []
+    if not report.ops:
+        missing.append("an op table")
+    if not report.counters:
+        missing.append("hardware counters (perf on CPU, Nsight Compute on GPU)")
+    if report.candidate is None:
+        missing.append("timing against baselines (profile_kernel)")
+    return missing
+
+
 class RulesAnalyst:
     """Rule-based analyst: thresholds are the module constants; see the module docstring for the order."""
 
