@@ -16,11 +16,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CompilerFacts", "CompilerReport", "KernelResources", "LoopRemark", "RawRemark",
+__all__ = ["CANDIDATE_ARTIFACT", "CompilerFacts", "CompilerReport", "KernelResources", "LoopRemark", "RawRemark",
            "imported_math", "loop_remarks", "parse_vectorizer_remarks", "widest_vector_bytes"]
 
 _FROZEN = ConfigDict(frozen=True)
 
+# A profile's copy of the candidate's source (an artifact), so the analyst can read the code it profiled.
+CANDIDATE_ARTIFACT = "candidate.py"
 # Remarks kept per build: a candidate's own loops give a handful; torch's headers give thousands (dropped).
 MAX_LOOP_REMARKS = 60
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.backends.base import DeviceFacts
+from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats, compare_words,
@@ -158,6 +159,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                                                                 worker.kernel_names, artifacts, problem["inputs"])
                 except WorkerDied as died:
                     return failed(died.failure)
+            (artifacts / CANDIDATE_ARTIFACT).write_text(candidate_code)  # summarize_profile reads the code
             if prof.get("trace"):
                 shutil.copy(scratch / "candidate" / prof["trace"], artifacts / "trace.json")
             if (table := scratch / "candidate" / TABLE_ARTIFACT).exists():
@@ -197,6 +199,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
                            output_check=check, checks=checks, speedup_trusted=trusted,
                            kernel_resources=[k for b in compiled.builds for k in b.kernels] + compiled.jit_kernels,
+                           compiler_reports=[b.compiler_report for b in compiled.builds if b.compiler_report],
                            artifacts=[f"kforge://profiles/{profile_id}/artifacts/{n}"
                                                           for n in ctx.store.artifact_names(profile_id)],
                            warnings=warnings, seconds=round(time.perf_counter() - t0, 3))

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.profilers.analyst import Analysis, load_provider, parse_profile_text
 from kforge.profilers.analyst.http import ModelConfig, ModelError, ask_model
 from kforge.profilers.analyst.model import AnalystRequest, Image, analyst_request, fallback, parse_answer
+from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT, CompilerFacts, CompilerReport, KernelResources
 from kforge.profilers.report import ProfileReport
 
 from .context import RequestError, ToolContext
@@ -90,14 +91,19 @@ class Prepared:
     previous: ProfileReport | None = None
     images: tuple[Image, ...] = ()
     notes: tuple[str, ...] = ()
+    compiler: CompilerFacts | None = None
 
     def request(self) -> AnalystRequest:
         """A model analyst's request, rendered only for one (the rules need none)."""
         return analyst_request(self.report, self.rules, text=self.text, code=self.code, previous=self.previous,
-                               images=self.images)
+                               images=self.images, compiler=self.compiler)
 
 
 def _stored_report(ctx: ToolContext, profile_id: str) -> ProfileReport:
+    return ProfileReport(**_stored(ctx, profile_id)["report"])
+
+
+def _stored(ctx: ToolContext, profile_id: str) -> dict:
     stored = ctx.store.get_profile(profile_id)
     if stored is None:
         known = ", ".join(p["profile_id"] for p in ctx.store.list_profiles(5)) or "none yet"
@@ -105,7 +111,21 @@ def _stored_report(ctx: ToolContext, profile_id: str) -> ProfileReport:
                            "Run profile_kernel to make one, or pass profile_text.")
     if stored.get("report") is None:
         raise RequestError(f"profile {profile_id!r} has no measurements (its run failed); profile again.")
-    return ProfileReport(**stored["report"])
+    return stored
+
+
+def _stored_compiler(stored: dict) -> CompilerFacts:
+    """What the compilers reported when the profiled candidate was built."""
+    return CompilerFacts(builds=[CompilerReport(**b) for b in stored.get("compiler_reports") or []],
+                         kernels=[KernelResources(**k) for k in stored.get("kernel_resources") or []])
+
+
+def _stored_code(ctx: ToolContext, profile_id: str) -> str | None:
+    path = ctx.store.artifact_path(profile_id, CANDIDATE_ARTIFACT)
+    try:
+        return path.read_text() if path is not None else None
+    except OSError:
+        return None
 
 
 def decode_screenshots(screenshots: list[str]) -> tuple[Image, ...]:
@@ -168,9 +188,12 @@ def prepare_summary(ctx: ToolContext, analyst: AnalystConfig, *, profile_id: str
         else:
             notes.append("the screenshots were not read: " + CONFIGURE_VISION)
         images = ()
-    report, source = None, "screenshots"
+    report, source, compiler = None, "screenshots", None
     if profile_id is not None:
-        report, source = _stored_report(ctx, profile_id), "stored profile"
+        stored = _stored(ctx, profile_id)
+        report, source, compiler = ProfileReport(**stored["report"]), "stored profile", _stored_compiler(stored)
+        if code is None and (code := _stored_code(ctx, profile_id)) is not None:
+            notes.append("read the profiled candidate's code from the profile (pass candidate_code to analyse another version)")
     elif text is not None:
         report = parse_profile_text(text)
         if report is None and not images and analyst.provider == "rules":
@@ -180,9 +203,9 @@ def prepare_summary(ctx: ToolContext, analyst: AnalystConfig, *, profile_id: str
                                "configure a model analyst (KFORGE_ANALYST)")
         source = report.collector if report else "text"  # a model analyst reads any profiler's text
     rules = load_provider("rules").analyze(report, text=text if profile_id is None else None, code=code,
-                                           previous=previous) if report else None
+                                           previous=previous, compiler=compiler) if report else None
     return Prepared(profile_id=profile_id, source=source, report=report, text=text, rules=rules, code=code,
-                    previous=previous, images=images, notes=tuple(notes))
+                    previous=previous, images=images, notes=tuple(notes), compiler=compiler)
 
 
 def finish_summary(prepared: Prepared, analysis: Analysis) -> ProfileSummary:
@@ -196,7 +219,7 @@ def from_reply(prepared: Prepared, provider: str, reply: str | None, failure: st
     if reply is None:
         return fallback(prepared.rules, provider, failure or "no answer")
     try:
-        return parse_answer(reply, provider, prepared.rules)
+        return parse_answer(reply, provider, prepared.rules, code=prepared.code, report=prepared.report)
     except ValueError as exc:
         return fallback(prepared.rules, provider, f"its answer was unusable ({exc})")
 

@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kforge.profilers.compiler_report import CompilerFacts
 from kforge.profilers.report import ProfileReport
 
 __all__ = ["Analysis", "AnalystProvider", "Bottleneck", "Evidence", "PROVIDERS", "Recommendation", "load_provider"]
@@ -105,8 +106,9 @@ class AnalystProvider(Protocol):
     name: str
 
     def analyze(self, report: ProfileReport | None, *, text: str | None = None, code: str | None = None,
-                previous: ProfileReport | None = None) -> Analysis:
-        """Analyse `report`, or `text` parsed when `report` is None; `code` locates lines, `previous` gives changes."""
+                previous: ProfileReport | None = None, compiler: CompilerFacts | None = None) -> Analysis:
+        """Analyse `report`, or `text` parsed when `report` is None; `code` is read (loops, pragmas, kernels) and
+        locates lines, `compiler` holds what the compilers reported, `previous` gives changes."""
         ...
 
 

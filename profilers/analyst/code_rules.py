@@ -38,8 +38,9 @@ GAIN_WIDER_VECTORS = 0.25
 GAIN_ONE_PASS = 0.2
 
 _PRODUCT = re.compile(r"\+=\s*.*\w\s*\[[^\]]+\]\s*\*\s*\w+\s*\[[^\]]+\]")
-_ARCH_FLAG = re.compile(r"-march=|-mavx|-mcpu=")
-_FAST_MATH = re.compile(r"-ffast-math|-Ofast|-fno-math-errno")
+# Flags as the candidate passes them (a quoted list item), not words in its docstring.
+_ARCH_FLAG = re.compile(r"[\"']-(march|mcpu|mavx)")
+_FAST_MATH = re.compile(r"[\"']-(ffast-math|Ofast|fno-math-errno)")
 _SCALAR_SYMBOL = {"exp": ("exp", "expf"), "expf": ("expf",), "log": ("log", "logf"), "logf": ("logf",),
                   "tanh": ("tanh", "tanhf"), "tanhf": ("tanhf",), "pow": ("pow", "powf"), "powf": ("powf",)}
 
@@ -144,7 +145,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
         why = (f"the inner loop over {loop.var} (line {loop.line}) reads {strided[0][1]}: consecutive iterations are "
                f"a row apart, so each 64-byte cache line gives one float and the loop cannot vectorize")
         out.drafts.append(Draft(
-            f"Make the inner loop at line {loop.line} unit-stride",
+            "Make the inner loop unit-stride",
             f"Interchange the loops so the innermost one walks contiguous memory: iterate {loop.var} outside and the "
             f"index that is added without a stride inside (keep one accumulator per output in a small array or the "
             "output row itself); where the order cannot change, process a block of columns per pass so each cache "
@@ -176,7 +177,7 @@ def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, sha
                  Evidence(metric="cores available", value=float(cores), judged_against="> 1", source="timing")]
     why = f"no loop is parallel: the candidate runs on 1 of the {cores} cores the baselines use"
     out.drafts.append(Draft(
-        f"Parallelize the loop at line {top.line}",
+        "Parallelize the outer loop",
         f"Put `#pragma omp parallel for` on the outer loop at line {top.line} (the build links OpenMP): each thread "
         "takes a contiguous block of iterations. Keep per-thread state inside the loop body.",
         f"line {top.line}", why, f"up to {_pct(1 - 1 / cores)} of the candidate's time on {cores} cores",
@@ -211,7 +212,7 @@ def _scalar_math(facts: SourceFacts, compiler: CompilerFacts | None, out: Findin
         action = ("The flags allow vector math, yet the call stays scalar: compute exp with a vectorizable polynomial in "
                   "the simd loop (e.g. at::vec::Vectorized<float>::exp) or check that -march targets the host's vectors.")
     out.drafts.append(Draft(
-        f"Vectorize the {fn}() at line {line}", action, f"line {line}", why,
+        f"Vectorize the {fn}() calls", action, f"line {line}", why,
         f"most of the loop's time: a vector exp does 8-16 elements per call on AVX2/AVX-512",
         "high" if symbols else "medium", ev, share, gain=share * GAIN_SCALAR_MATH, located=True))
     out.claims.append(Claim("compute-bound", PRIORITY_CODE, why, ev, "medium" if symbols else "low"))
@@ -245,8 +246,8 @@ def _passes(facts: SourceFacts, out: Findings, share: float) -> None:
         if len(kids) >= 3 and len(set(bounds)) == 1:
             lines = ", ".join(str(k.line) for k in kids)
             out.drafts.append(Draft(
-                f"Merge the {len(kids)} passes at lines {lines}",
-                "Each pass re-reads the row: fuse them where the algorithm allows (e.g. an online max-and-sum for softmax "
+                f"Merge the {len(kids)} passes over each row",
+                "Each pass re-reads the row: combine them where the algorithm allows (e.g. an online max-and-sum for softmax "
                 "keeps a running maximum and rescales the running sum), so the data is read once or twice, not "
                 f"{len(kids)} times.", f"line {kids[0].line}",
                 f"{len(kids)} sibling loops over the same range inside the loop at line {loop.line}",
@@ -261,7 +262,7 @@ def _atomics(facts: SourceFacts, out: Findings, share: float) -> None:
         return
     line = facts.atomics[0]
     out.drafts.append(Draft(
-        f"Take the atomic at line {line} out of the hot loop",
+        "Take the atomic out of the hot loop",
         "Accumulate per thread (a reduction clause, a register, or a shared-memory / warp-shuffle reduction on GPUs) "
         "and combine the partial results once per thread or block.", f"line {line}",
         f"an atomic update at line {line} runs on every iteration; threads serialize on the same address",
@@ -290,7 +291,7 @@ def _gpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
         why = (f"{access} at line {line} multiplies the thread's index ({', '.join(kernel.fast_vars)}) by a stride: "
                "neighbouring threads of a warp touch addresses a row apart, so each load takes its own 32-byte sector")
         out.drafts.append(Draft(
-            f"Coalesce the loads at line {line}", REMEDIES["gpu"]["memory-bound:uncoalesced"], f"line {line}", why,
+            "Coalesce the global loads", REMEDIES["gpu"]["memory-bound:uncoalesced"], f"line {line}", why,
             f"most of {_pct(share)} of the time: uncoalesced loads move up to 8-32x the bytes",
             "high" if ncu_ev else "medium", ev, share, gain=share * GAIN_UNCOALESCED, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE - (1 if ncu_ev else 0), why, ev, "high" if ncu_ev else "medium",

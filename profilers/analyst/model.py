@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from kforge.profilers.compiler_report import CompilerFacts
 from kforge.profilers.report import ProfileReport
 from kforge.resources.templates import render
 
 from .base import Analysis, Bottleneck, Evidence, Recommendation
+from .redundant import already_present, prune
+from .source import read_source
 
 __all__ = ["AnalystRequest", "Image", "analyst_request", "fallback", "parse_answer"]
 
@@ -58,14 +61,31 @@ def _metrics_json(report: ProfileReport) -> str:
     return json.dumps(data, indent=1)
 
 
+def _compiler_json(compiler: CompilerFacts | None) -> str | None:
+    if compiler is None or compiler.empty:
+        return None
+    return json.dumps(compiler.model_dump(mode="json", exclude_none=True), indent=1)
+
+
+def _present_lines(code: str | None, report: ProfileReport | None) -> list[str]:
+    """What the code already has, in words, so the model does not propose it."""
+    present = already_present(read_source(code) if code else None, report)
+    return [f"{p.feature}" + (f" (line {p.line}: {p.how})" if p.line else f" ({p.how})") for p in present.values()]
+
+
 def analyst_request(report: ProfileReport | None, rules: Analysis | None, *, text: str | None = None,
                     code: str | None = None, previous: ProfileReport | None = None,
-                    images: tuple[Image, ...] = ()) -> AnalystRequest:
-    """The request for a model analyst: deterministic for the same inputs (MCP sampling asks it twice)."""
+                    images: tuple[Image, ...] = (), compiler: CompilerFacts | None = None) -> AnalystRequest:
+    """The request for a model analyst: deterministic for the same inputs (MCP sampling asks it twice).
+
+    The model gets what the rules read: the measurements, the compilers' reports, the numbered source,
+    what the code already has, and the rules' findings.
+    """
     user = render("analyst_request.md.j2", metrics=_metrics_json(report) if report else None, rules=rules,
                   text=(text or "")[:MAX_TEXT_CHARS] or None, text_truncated=bool(text and len(text) > MAX_TEXT_CHARS),
                   images=len(images), code=_numbered(code) if code else None,
-                  previous=_metrics_json(previous) if previous else None)
+                  previous=_metrics_json(previous) if previous else None, compiler=_compiler_json(compiler),
+                  present=_present_lines(code, report))
     return AnalystRequest(system=render("analyst_system.md.j2", bottlenecks=_BOTTLENECKS), user=user, images=images)
 
 
@@ -98,8 +118,13 @@ class _Answer(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def parse_answer(reply: str, provider: str, rules: Analysis | None) -> Analysis:
-    """The model's reply as an `Analysis`; ValueError says what was wrong with it."""
+def parse_answer(reply: str, provider: str, rules: Analysis | None, *, code: str | None = None,
+                 report: ProfileReport | None = None) -> Analysis:
+    """The model's reply as an `Analysis`; ValueError says what was wrong with it.
+
+    Recommendations that propose what the code already has (`redundant.prune`) are cut or dropped,
+    as the rules' own are; an answer left with none is unusable.
+    """
     match = _JSON_OBJECT.search(reply or "")
     if match is None:
         raise ValueError("the answer holds no JSON object")
@@ -114,10 +139,19 @@ def parse_answer(reply: str, provider: str, rules: Analysis | None) -> Analysis:
         bottleneck = "unknown"
     if rules is not None and rules.bottleneck != "unknown" and rules.bottleneck != bottleneck:
         notes.append(f"the rules engine found {rules.bottleneck} instead ({rules.bottleneck_why})")
+    present = already_present(read_source(code) if code else None, report)
+    kept = []
+    for r in answer.recommendations:
+        action, said = prune(r.title, r.action, present)
+        notes.extend(said)
+        if action is not None:
+            kept.append(r.model_copy(update={"action": action}))
+    if not kept:
+        raise ValueError("every recommendation proposed what the code already has (" + "; ".join(notes[-3:]) + ")")
     return Analysis(
         provider=provider, bottleneck=bottleneck, bottleneck_why=answer.bottleneck_why,  # type: ignore[arg-type]
         evidence=[Evidence(**e.model_dump()) for e in answer.evidence],
-        recommendations=[Recommendation(rank=i, **r.model_dump()) for i, r in enumerate(answer.recommendations, start=1)],
+        recommendations=[Recommendation(rank=i, **r.model_dump()) for i, r in enumerate(kept, start=1)],
         changes=rules.changes if rules else [], notes=notes)
 
 

@@ -58,7 +58,7 @@ def already_present(facts: SourceFacts | None, report: ProfileReport | None) -> 
             found["tiling"] = Present("tiling", code.count("\n", 0, m.start()) + 1, m.group(0))
         if m := re.search(r"\bwmma::|mma\.sync|tl\.dot", code):
             found["tensor cores"] = Present("tensor cores", code.count("\n", 0, m.start()) + 1, m.group(0))
-        if m := re.search(r"-march=native", code):
+        if m := re.search(r"[\"']-march=native", code):
             found["-march"] = Present("-march", code.count("\n", 0, m.start()) + 1, "-march=native")
     if report is not None and fully_fused(report):
         custom = next(r for r in report.ops if r.is_custom)
