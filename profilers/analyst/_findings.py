@@ -45,3 +45,5 @@ class Findings:
     drafts: list[Draft] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Features not to advise though the code lacks them, with why (a parallel region on a 5 us call).
+    avoid: dict[str, str] = field(default_factory=dict)

@@ -14,6 +14,10 @@ REMEDIES: dict[str, dict[str, str]] = {
     "cpu": {
         "memory-bound": "Cut memory traffic: fuse passes so each element is loaded once, block loops so the working "
                         "set fits in L1/L2, and keep the inner loop unit-stride over contiguous memory.",
+        "memory-bound:at-ceiling": "The kernel streams memory at close to the machine's measured bandwidth: it gets "
+                                   "faster only by moving fewer bytes. Do the work of the ops before and after it in the "
+                                   "same pass, read each input once, and use a narrower dtype where the precision policy "
+                                   "allows.",
         "compute-bound": "Vectorize the contiguous inner loop (`#pragma omp simd`, compile with -O3 -march=native), "
                          "parallelize the outer loop with `#pragma omp parallel for`, and hoist invariant work out "
                          "of the inner loop.",

@@ -170,6 +170,7 @@ def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, sha
         if per_call is not None and cores >= 2:
             out.notes.append(f"the loops run on one core, but a call takes {per_call:.0f} us: under {PARALLEL_MIN_US:g} us "
                              "a parallel region costs about what it saves")
+            out.avoid["parallel"] = f"a call takes {per_call:.0f} us, too short for a parallel region to pay off"
         return
     top = max(outer, key=lambda loop: loop.last - loop.line)
     ev = roof + [Evidence(metric="parallel constructs", value=0, judged_against="an OpenMP parallel loop over the "

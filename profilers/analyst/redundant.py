@@ -22,7 +22,9 @@ _PROPOSES = {
     "parallel": re.compile(r"omp parallel|parallel for|paralleli[sz]e|at::parallel_for|multi-?thread", re.I),
     "simd": re.compile(r"omp simd|\bvectori[sz]e (the |its |your )?(contiguous |inner |innermost )?loop", re.I),
     "tiling": re.compile(r"\btil(e|es|ing)\b|\bblock the loops|cache[- ]block", re.I),
-    "fusion": re.compile(r"\bfus(e|ion|ing)\b|into one kernel|single kernel", re.I),
+    # Fusing ops or kernels; fusing passes inside one kernel is other advice.
+    "fusion": re.compile(r"\bfus(e|ing)\b[^.]*\b(ops?|kernels?|launch(es)?)\b|\bfusion\b|into one (kernel|launch)|"
+                         r"single kernel", re.I),
     "tensor cores": re.compile(r"tensor cores?|\bwmma\b|mma\.sync|tl\.dot", re.I),
     "-march": re.compile(r"-march=native", re.I),
 }
@@ -88,6 +90,8 @@ def prune(title: str, action: str, present: dict[str, Present]) -> tuple[str | N
         return action, said
     for feature, p in present.items():
         if _proposes(title, feature):
+            if p.line is None and feature != "fusion":  # not in the code: advised against (see Findings.avoid)
+                return None, [f"dropped '{title}': {p.how}"]
             where = f" (line {p.line}: {p.how})" if p.line else f" ({p.how})"
             return None, [f"dropped '{title}': the code already has {feature}{where}"]
     kept = []

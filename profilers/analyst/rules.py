@@ -25,7 +25,7 @@ from ._compare import describe_changes, locate_definition
 from ._remedies import MATMUL_REMEDIES, REMEDIES, REMEDY_TITLES, SLOWER_THAN_EAGER, family_of, is_matmul_like
 from .base import Analysis, Bottleneck, Evidence, Recommendation
 from .code_rules import code_findings
-from .redundant import already_present, fully_fused, prune
+from .redundant import Present, already_present, fully_fused, prune
 from .source import read_source
 from .text import parse_profile_text
 
@@ -349,6 +349,8 @@ def _keep_specific(out: _Findings) -> None:
 
 def _drop_what_is_there(out: _Findings, facts, report: ProfileReport) -> None:
     present = already_present(facts, report)
+    for feature, why in out.avoid.items():
+        present.setdefault(feature, Present(feature, None, why))
     kept = []
     for d in out.drafts:
         action, said = prune(d.title, d.action, present)

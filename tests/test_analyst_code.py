@@ -1,0 +1,216 @@
+"""The analyst reads the candidate (issue 20): its source, the compiler's report and the measurements.
+
+Fast tests read real captured compiler output (tests/data/analyst/README.md) and the candidates of
+tests/candidates/analyst/, whose right first advice is known. The slow tests build and profile those
+candidates with the real tools on the CPU backend (g++, OpenMP, torch.profiler) and summarize the
+stored profile, in-process and through an MCP client.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kforge.profilers.analyst import RulesAnalyst
+from kforge.profilers.analyst.model import analyst_request, parse_answer
+from kforge.profilers.analyst.redundant import already_present, prune
+from kforge.profilers.analyst.source import read_source
+from kforge.profilers.compiler_report import (CompilerFacts, CompilerReport, LoopRemark, loop_remarks,
+                                              parse_vectorizer_remarks)
+from kforge.profilers.report import Baseline, OpRow, ProfileReport, TimingStats
+from kforge.tools.diagnostics import SourceMap, parse_ptxas_resources
+
+HERE = Path(__file__).parent
+DATA = HERE / "data" / "analyst"
+CANDIDATES = HERE / "candidates" / "analyst"
+
+# Words that would advise adding what a candidate has: (feature, pattern in a recommendation's title or action).
+ADVISES = {"parallel": r"omp parallel|paralleli[sz]e", "simd": r"omp simd", "fusion": r"\bfuse\b|fusion"}
+
+
+def _code(name: str) -> str:
+    return (CANDIDATES / f"{name}.py").read_text()
+
+
+def _report(*, custom_share: float = 0.98, median_us: float = 1000.0, eager: float = 0.5, threads: int = 4,
+            bandwidth: float | None = 0.1, calls: int = 1, backend: str = "cpu") -> ProfileReport:
+    """A profile of one custom op per forward (5 profiled calls), slower than eager by default."""
+    timing = TimingStats.from_samples_s("candidate", [median_us / 1e6] * 20, threads=threads)
+    own = 5000.0 * custom_share
+    ops = (OpRow(name="kforge::ext.fn", calls=5 * calls, self_time_us=own, total_time_us=own, share=custom_share,
+                 is_custom=True),
+           OpRow(name="aten::empty", calls=5, self_time_us=5000 - own, total_time_us=5000 - own,
+                 share=1 - custom_share, is_custom=False))
+    return ProfileReport(backend=backend, device_name="test", collector="torch.profiler", candidate=timing,
+                         baselines=(Baseline(name="eager", timing=TimingStats.from_samples_s(
+                             "eager", [eager * median_us / 1e6] * 20), speedup=eager),),
+                         ops=ops, profiled_calls=5, custom_share=custom_share, bandwidth_fraction=bandwidth)
+
+
+def _softmax_compiler() -> CompilerFacts:
+    """The real g++ report of cpu_softmax_scalar_exp, mapped into the candidate as the loader does."""
+    text = (DATA / "gcc12_vec_softmax.txt").read_text()
+    remarks, blocking = parse_vectorizer_remarks(text)
+    smap = SourceMap(_code("cpu_softmax_scalar_exp"))
+    main = (DATA / "gcc12_vec_softmax.main.cpp").read_text()
+    source = _code("cpu_softmax_scalar_exp").split('r"""', 1)[1].split('"""', 1)[0]
+    smap.add_source("main.cpp", main, [source])
+    located = [(smap.candidate_line("main.cpp", r.line), "main.cpp", r) for r in remarks if r.file.endswith("main.cpp")]
+    loops = loop_remarks([x for x in located if x[0] is not None])
+    return CompilerFacts(builds=[CompilerReport(build="kforge_analyst_softmax", compiler="gcc", loops=loops,
+                                                scalar_math=["expf"], blocking_calls=blocking, host_vector_bytes=64)])
+
+
+def _advises(rec, feature: str) -> bool:
+    import re
+
+    return bool(re.search(ADVISES[feature], f"{rec.title} {rec.action}", re.I))
+
+
+# -- the compiler's report ------------------------------------------------------------------------
+
+def test_gcc_vectorizer_report_is_parsed_and_mapped_to_candidate_lines():
+    facts = _softmax_compiler()
+    loops = {r.line: r for r in facts.builds[0].loops}
+    code = _code("cpu_softmax_scalar_exp").splitlines()
+    exp_line = next(n for n, line in enumerate(code, 1) if "std::exp" in line)
+    scale_line = next(n for n, line in enumerate(code, 1) if "*= inv" in line)
+    assert loops[exp_line].vectorized is False  # the loop with the scalar exp call
+    assert loops[scale_line].vectorized is True and loops[scale_line].vector_bytes == 16
+    assert "__builtin_expf" in facts.builds[0].blocking_calls
+    # torch's headers say thousands of things; none of it reaches the report
+    assert all(r.line is not None for r in facts.builds[0].loops)
+
+
+def test_clang_remarks_are_parsed():
+    text = ("main.cpp:12:5: remark: vectorized loop (vectorization width: 8, interleaved count: 4) "
+            "[-Rpass=loop-vectorize]\n"
+            "main.cpp:20:3: remark: loop not vectorized [-Rpass-missed=loop-vectorize]\n")
+    remarks, _ = parse_vectorizer_remarks(text)
+    loops = loop_remarks([(r.line, "main.cpp", r) for r in remarks])
+    assert [(r.line, r.vectorized, r.vector_bytes) for r in loops] == [(12, True, 32), (20, False, None)]
+
+
+def test_ptxas_sm90_spills_are_parsed():
+    (k,) = parse_ptxas_resources((DATA / "ptxas_sm90_spills.txt").read_text())
+    assert k.kernel.startswith("mix_kernel")
+    assert (k.registers, k.spill_store_bytes, k.spill_load_bytes, k.stack_bytes, k.arch) == (32, 292, 292, 160, "sm_90")
+    (r,) = parse_ptxas_resources((DATA / "ptxas_sm90_rowsum.txt").read_text())
+    assert (r.registers, r.spill_store_bytes, r.stack_bytes) == (31, 0, 0)
+
+
+# -- the source ---------------------------------------------------------------------------------------
+
+def test_source_reading_finds_loops_pragmas_and_strides():
+    soft = read_source(_code("cpu_softmax_scalar_exp"))
+    assert [loop.simd for loop in soft.loops] == [False, True, True, True]
+    assert soft.loops[0].parallel and soft.parallel_lines
+    assert [fn for _, fn in soft.math_calls] == ["exp"]
+    strided = read_source(_code("cpu_strided_inner"))
+    (inner,) = strided.innermost()
+    assert strided.strided_subscripts(inner)[0][1] == "in[i * cols + j]"
+    assert not read_source(_code("cpu_serial_loop")).parallel_lines
+    gpu = read_source(_code("cuda_uncoalesced_rowsum"))
+    (kernel,) = gpu.gpu_kernels
+    assert kernel.name == "rowsum_kernel" and kernel.fast_vars == ("row",)
+
+
+def test_what_is_already_there_is_not_advised():
+    facts = read_source(_code("cpu_softmax_scalar_exp"))
+    present = already_present(facts, _report())
+    assert {"parallel", "simd", "fusion"} <= set(present)
+    action, said = prune("Tune the hot kernel", "Parallelize the outer loop with `#pragma omp parallel for`. Use "
+                         "a vector exp in the simd loop.", present)
+    assert action == "Use a vector exp in the simd loop." and said
+    assert prune("Vectorize the inner loop", "Add `#pragma omp simd` to it.", present)[0] is None
+    assert prune("Vectorize the exp() calls", "Compile with -ffast-math so expf vectorizes.", present)[0] is not None
+
+
+# -- the rules' advice, per candidate ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, first, has", [
+    ("cpu_serial_loop", "Parallelize the outer loop", set()),
+    ("cpu_strided_inner", "Make the inner loop unit-stride", {"parallel"}),
+    ("cpu_softmax_scalar_exp", "Vectorize the exp() calls", {"parallel", "simd"}),
+    ("cpu_gemm_untiled", "Tile the matmul loops and order them i-k-j", {"parallel"}),
+])
+def test_first_recommendation_from_the_code(name, first, has):
+    compiler = _softmax_compiler() if name == "cpu_softmax_scalar_exp" else None
+    a = RulesAnalyst().analyze(_report(), code=_code(name), compiler=compiler)
+    assert a.recommendations[0].title == first, str(a)
+    assert a.recommendations[0].where and a.recommendations[0].where.startswith("line ")
+    assert a.bottleneck != "unknown"
+    for feature in has | {"fusion"}:
+        assert not any(_advises(r, feature) for r in a.recommendations), (feature, str(a))
+
+
+def test_ranking_follows_expected_effect():
+    a = RulesAnalyst().analyze(_report(), code=_code("cpu_softmax_scalar_exp"), compiler=_softmax_compiler())
+    titles = [r.title for r in a.recommendations]
+    assert titles[:3] == ["Vectorize the exp() calls", "Compile for this CPU's vector width",
+                          "Merge the 3 passes over each row"], titles
+    assert a.recommendations[0].confidence == "high"
+    assert any(e.metric == "scalar libm imports (nm -D)" for e in a.recommendations[0].evidence)
+
+
+def test_serial_advice_needs_enough_work_per_call():
+    a = RulesAnalyst().analyze(_report(median_us=8.0), code=_code("cpu_serial_loop"))
+    assert not any(_advises(r, "parallel") for r in a.recommendations)
+    assert any("costs about what it saves" in n for n in a.notes)
+
+
+def test_bottleneck_from_the_roofline_without_code():
+    at_ceiling = RulesAnalyst().analyze(_report(bandwidth=0.9, eager=1.2))
+    assert at_ceiling.bottleneck == "memory-bound"
+    assert at_ceiling.recommendations[0].title == "Move fewer bytes: the kernel is at the bandwidth ceiling"
+    unknown = RulesAnalyst().analyze(_report(bandwidth=0.3, eager=1.2))
+    assert unknown.bottleneck == "unknown"
+    (note,) = [n for n in unknown.notes if n.startswith("to classify the bottleneck")]
+    assert "perf" in note and "steadier" not in note
+
+
+def test_gpu_rules_from_source_and_ptxas():
+    rowsum = RulesAnalyst().analyze(_report(backend="cuda"), code=_code("cuda_uncoalesced_rowsum"))
+    assert rowsum.recommendations[0].title == "Coalesce the global loads", str(rowsum)
+    assert rowsum.bottleneck == "memory-bound"
+    kernels = parse_ptxas_resources((DATA / "ptxas_sm90_spills.txt").read_text())
+    spills = RulesAnalyst().analyze(_report(backend="cuda"), code=_code("cuda_spills"),
+                                    compiler=CompilerFacts(kernels=kernels))
+    assert spills.recommendations[0].title == "Stop the register spills in mix_kernel", str(spills)
+    assert not any(r.title == "Coalesce the global loads" for r in spills.recommendations)
+
+
+# -- model analysts get the same facts and the same rule ---------------------------------------------------
+
+def test_model_request_carries_compiler_report_source_and_what_is_there():
+    code = _code("cpu_softmax_scalar_exp")
+    rules = RulesAnalyst().analyze(_report(), code=code, compiler=_softmax_compiler())
+    req = analyst_request(_report(), rules, code=code, compiler=_softmax_compiler())
+    assert '"scalar_math"' in req.user and "expf" in req.user
+    assert "Already in the code: do not recommend adding these" in req.user and "parallel (line" in req.user
+    assert "  30  " in req.user or "#pragma omp simd" in req.user  # numbered source
+    assert "Vectorize the exp() calls" in req.user  # the rules' findings
+
+
+def test_model_answer_is_pruned_of_what_the_code_has():
+    code = _code("cpu_softmax_scalar_exp")
+    reply = json.dumps({"bottleneck": "compute-bound", "bottleneck_why": "scalar exp",
+                        "recommendations": [
+                            {"title": "Parallelize the row loop", "action": "Add #pragma omp parallel for."},
+                            {"title": "Use a vector exp", "action": "Add #pragma omp simd to the inner loop. "
+                             "Compile with -ffast-math -march=native so expf becomes libmvec's vector exp."}]})
+    a = parse_answer(reply, "openai:test", None, code=code, report=_report())
+    assert [r.title for r in a.recommendations] == ["Use a vector exp"]
+    assert a.recommendations[0].action.startswith("Compile with -ffast-math")
+    assert any("dropped 'Parallelize the row loop'" in n for n in a.notes)
+    only_redundant = json.dumps({"bottleneck": "compute-bound", "bottleneck_why": "x", "recommendations": [
+        {"title": "Parallelize the rows", "action": "Use #pragma omp parallel for."}]})
+    with pytest.raises(ValueError, match="already has"):
+        parse_answer(only_redundant, "openai:test", None, code=code, report=_report())
+
+
+def test_loop_remark_str():
+    assert str(LoopRemark(line=7, origin="main.cpp:3", vectorized=False, missed=["control flow in loop."])) == \
+        "line 7: not vectorized: control flow in loop."
