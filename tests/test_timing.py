@@ -78,7 +78,7 @@ def test_steady_kernel_stops_early_with_tight_stats():
 
 def test_noisy_kernel_warns():
     backend = FakeBackend(100e-6, noise=0.5, seed=1)
-    stats = timed(backend, TimingPolicy(min_samples=10, max_samples=50, target_rel_sem=1e-6, budget_s=1e9)).stats
+    stats = timed(backend, TimingPolicy(min_samples=10, max_samples=50, target_rel_ci=1e-6, budget_s=1e9)).stats
     assert stats.samples == 50
     assert any("noisy" in w for w in stats.warnings)
     assert stats.min_us < stats.median_us < stats.max_us
@@ -198,3 +198,53 @@ def test_median_interval_is_distribution_free_and_contains_the_median():
     lo, hi = median_interval(values)
     assert lo < statistics.median(values) < hi
     assert sum(v < lo for v in values) >= 35 and sum(v > hi for v in values) >= 35
+
+
+class QueuedBackend:
+    """A device with a queue, on the real clock: a call is queued at no host cost and runs `cost_s` on the
+    device; a synchronize waits (sleeps) for what is queued."""
+
+    def __init__(self, cost_s):
+        self.cost_s, self.pending, self.calls = cost_s, 0.0, 0
+
+    def run(self, *args):
+        self.pending += self.cost_s
+        self.calls += 1
+
+    def flush_cache(self):
+        pass
+
+    def synchronize(self):
+        import time
+
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+
+def test_warm_up_fills_its_time_on_the_device_not_on_the_host():
+    """A GPU queues a call in microseconds: warming up until the host clock passed warmup_s had queued ~500
+    calls of an 8 ms kernel, 4 s of device work per timing round."""
+    from kforge.tools.timing import _warm_up
+
+    backend = QueuedBackend(0.008)
+    policy = TimingPolicy(warmup_calls=3, warmup_s=0.05)
+    per_call = _warm_up(backend.run, lambda i: [], backend, policy, None)
+    assert per_call == pytest.approx(0.008, rel=0.5)
+    # 3 first calls, 3 for the estimate, then about (0.05 - 3 x 0.008) / 0.008 = 4 to fill warmup_s
+    assert 3 + 3 + 2 <= backend.calls <= 3 + 3 + 6, backend.calls
+
+
+def test_a_steady_kernel_with_rare_slow_calls_stops_early_on_its_median():
+    """Rare slow calls (a preempted launch) widen a mean's error, not the median's interval: sampling stops at
+    the median's precision, long before the budget."""
+    class Outliers(FakeBackend):
+        def run(self, *args):
+            super().run(*args)
+            if self.rng.random() < 0.05:
+                self.device_clock += 3 * self.cost_s
+                self.host_clock += 3 * self.cost_s
+
+    backend = Outliers(100e-6, noise=0.002, seed=3)
+    stats = timed(backend, TimingPolicy(min_samples=10, max_samples=1000, budget_s=1e9)).stats
+    assert stats.samples < 200 and not stats.warnings, stats
+    assert stats.median_us == pytest.approx(100.0, rel=0.005) and stats.q1_us <= stats.median_us <= stats.q3_us

@@ -1,8 +1,8 @@
 """The timing loop, written once against `Backend` (device timers, synchronize, cache flush).
 
 Algorithm (`time_model`), the one `triton.testing.do_bench` uses, plus checks a judge needs:
-  1. Warm up: call until both `warmup_calls` calls and `warmup_s` seconds have passed, so JIT
-     compilation, autotuning, allocator growth and the device's clocks settle before timing.
+  1. Warm up: `warmup_calls` calls (JIT compilation, autotuning, allocator growth), an estimate of one
+     call, then as many calls as fill `warmup_s` of device time, so the device's clocks settle.
   2. Cross-check, before sampling: a few calls each closed by a device-wide synchronize on the host
      clock, against the device timer on the same calls. When the host saw much more time than the
      device timer (beyond what a synchronize costs by itself), work ran where the timer could not see
@@ -13,8 +13,9 @@ Algorithm (`time_model`), the one `triton.testing.do_bench` uses, plus checks a 
      device never idles between calls, so it stays at its running clocks: a synchronize and host
      work between calls lets an idle GPU drop its clocks (345 vs 1980 MHz was read on an H100) and
      made single-call medians 1.4-3x longer than do_bench's. Cache flushes stay outside the window.
-  4. Stop once there are `min_samples` samples and the relative standard error of the mean is
-     below `target_rel_sem`, or the time budget or `max_samples` is reached.
+  4. Stop once there are `min_samples` samples and the median's ~95% interval (order statistics) is
+     within `target_rel_ci` of it, or the time budget or `max_samples` is reached. The median, not the mean: what is reported, and what a few slow outliers
+     (a preempted launch) do not move; a mean's error with such tails needed 600+ samples of a steady GEMM.
 Trade-off: a cold cache per call measures what one call costs from DRAM, which is what a
 kernel in a real model usually sees; warm-cache numbers would flatter small kernels.
 """
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kforge.profilers.report import TimingStats
+from kforge.profilers.report import TimingStats, median_interval
 
 __all__ = ["ReplaySchedule", "Timed", "TimingPolicy", "merge_rounds", "time_model"]
 
@@ -39,17 +40,18 @@ _GAP_FLOOR_S = 5e-6
 _REPLAY_RATIO = 1.5
 _REPLAY_NEIGHBOURS = 3  # repeated calls on either side a fresh call is compared with
 _MAX_BATCH = 100  # calls queued before one synchronize (each holds two events and maybe an output)
+_MAX_TOP_UP = 1000  # warm-up calls queued after the estimate (tiny kernels: the host's queueing is the limit)
 
 
 class TimingPolicy:
     def __init__(self, *, warmup_calls: int = 3, warmup_s: float = 0.025, min_samples: int = 10,
-                 max_samples: int = 1000, target_rel_sem: float = 0.002, budget_s: float = 1.0,
+                 max_samples: int = 1000, target_rel_ci: float = 0.005, budget_s: float = 1.0,
                  batch_s: float = 0.02, checked_calls: int = 9) -> None:
         if min_samples < 2 or max_samples < min_samples:
             raise ValueError("need 2 <= min_samples <= max_samples")
         self.warmup_calls, self.warmup_s = warmup_calls, warmup_s
         self.min_samples, self.max_samples = min_samples, max_samples
-        self.target_rel_sem, self.budget_s = target_rel_sem, budget_s
+        self.target_rel_ci, self.budget_s = target_rel_ci, budget_s
         self.batch_s, self.checked_calls = batch_s, checked_calls
 
 
@@ -62,9 +64,11 @@ class Timed:
     fresh: list[bool] = field(default_factory=list)  # per sample: a set never seen before (replay check)
 
 
-def _rel_sem(samples: Sequence[float]) -> float:
-    mean = statistics.fmean(samples)
-    return statistics.stdev(samples) / math.sqrt(len(samples)) / mean if mean > 0 else 0.0
+def _median_rel_ci(samples: Sequence[float]) -> float:
+    """Half the width of the median's ~95% interval, relative to the median."""
+    lo, hi = median_interval(samples)
+    median = statistics.median(samples)
+    return (hi - lo) / 2 / median if median > 0 else 0.0
 
 
 def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
@@ -103,8 +107,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if unseen:
         extra.append(gap_note)
     if hit_budget:
-        extra.append(f"time budget of {policy.budget_s:g} s reached before the standard error fell below "
-                     f"{100 * policy.target_rel_sem:g}% of the mean")
+        extra.append(f"time budget of {policy.budget_s:g} s reached before the median's 95% interval narrowed to "
+                     f"+-{100 * policy.target_rel_ci:g}%")
     replay = _replay_warning(samples, [f for _, f in picks]) if schedule else None
     extra += [replay] if replay else []
     stats = TimingStats.from_samples_s(label, samples, extra_warnings=extra,
@@ -116,9 +120,9 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
 
 
 def _enough(samples: list[float], t_sampling: float, policy: TimingPolicy) -> tuple[bool, bool]:
-    """Stop sampling? (enough samples with a small standard error, or the budget spent); and was it the budget
-    that stopped it before the standard error got small."""
-    steady = len(samples) >= policy.min_samples and _rel_sem(samples) <= policy.target_rel_sem
+    """Stop sampling? (enough samples with a narrow interval of the median, or the budget spent); and was it the
+    budget that stopped it before the interval got narrow."""
+    steady = len(samples) >= policy.min_samples and _median_rel_ci(samples) <= policy.target_rel_ci
     if steady:
         return True, False
     if time.perf_counter() - t_sampling > policy.budget_s and len(samples) >= 2:
@@ -134,14 +138,15 @@ def _call_picker(schedule: ReplaySchedule | None) -> Callable[[int], tuple[int, 
 
 def _warm_up(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
              policy: TimingPolicy, schedule: ReplaySchedule | None) -> float:
-    """Warm up, then estimate one call's device time with its flush (do_bench's estimate)."""
-    t_start = time.perf_counter()
+    """Warm up, estimate one call's device time with its flush (do_bench's estimate), then queue enough
+    calls to fill `warmup_s` of device time, so the clocks settle before the first timed call.
+
+    The top-up is counted from the estimate, not from the host clock: a GPU queues a call in tens of
+    microseconds, so a host-clock loop of 25 ms had queued ~500 calls of an 8 ms kernel (4 s per round)."""
     calls = 0
-    while calls < policy.warmup_calls or time.perf_counter() - t_start < policy.warmup_s:
+    for _ in range(policy.warmup_calls):  # first calls: JIT compilation, autotuning, allocator growth
         fn(*make_args(0 if schedule else calls))
         calls += 1
-        if calls >= 10 * policy.warmup_calls and time.perf_counter() - t_start > policy.budget_s:
-            break  # very slow model: do not spend the whole budget warming up
     backend.synchronize()
     t0 = time.perf_counter()
     for _ in range(3):
@@ -150,7 +155,12 @@ def _warm_up(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], 
         fn(*args)
         del args
     backend.synchronize()
-    return (time.perf_counter() - t0) / 3
+    per_call_s = (time.perf_counter() - t0) / 3
+    top_up = min(_MAX_TOP_UP, math.ceil(max(0.0, policy.warmup_s - 3 * per_call_s) / max(per_call_s, 1e-7)))
+    for _ in range(top_up):
+        fn(*make_args(0 if schedule else calls))
+    backend.synchronize()
+    return per_call_s
 
 
 def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
