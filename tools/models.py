@@ -234,6 +234,7 @@ class CompileResult(BaseModel):
                 lines = [f"Built OK ({cache}): {len(self.builds)} extension(s) in {self.build_seconds:.1f} s, "
                          f"{warns} warning(s)."]
             lines += [f"  {k}" for b in self.builds for k in b.kernels] + [f"  {k}" for k in self.jit_kernels]
+            lines += [f"  vectorizer: {b.compiler_report}" for b in self.builds if b.compiler_report]
             if not self.builds and not self.jit_kernels:
                 lines.append("  No load_inline builds. Kernels compiled at first launch (Triton) are reported when the "
                              "candidate runs: pass problem= or reference_code= to launch it once here.")

@@ -1,0 +1,73 @@
+"""The analyst on real GPU builds and profiles (issue 20; skipped without a GPU: scripts/run_gpu_tests.sh).
+
+Each candidate of tests/candidates/analyst/ is built (ptxas -v, or Triton's compiled metadata), verified,
+timed and profiled by the real tools; summarize_profile reads the stored profile, kernel resources and code.
+The first recommendation must be the known right one, and none may propose what the kernel has.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
+
+CANDIDATES = Path(__file__).parent / "candidates" / "analyst"
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    from kforge.tools.context import ToolContext
+
+    return ToolContext(home=tmp_path_factory.mktemp("gpu-analyst-home"))
+
+
+async def _profile_and_summarize(ctx, backend: str, candidate: str, reference: str):
+    from kforge.tools.profile import profile_kernel
+    from kforge.tools.summarize import summarize_profile
+
+    prof = await profile_kernel(ctx, backend, (CANDIDATES / f"{reference}.py").read_text(),
+                                (CANDIDATES / f"{candidate}.py").read_text(), baselines=("eager",), budget_s=1.0)
+    assert prof.ok and prof.output_correct, prof.failure
+    summary = await summarize_profile(ctx, profile_id=prof.profile_id)
+    return prof, summary.analysis
+
+
+def _never_advises_fusion(analysis) -> None:
+    for r in analysis.recommendations:
+        assert not re.search(r"\bfuse\b|fusion", f"{r.title} {r.action}", re.I), str(analysis)
+
+
+async def test_cuda_uncoalesced_loads(ctx):
+    prof, a = await _profile_and_summarize(ctx, "cuda", "cuda_uncoalesced_rowsum", "ref_rowsum")
+    assert a.recommendations[0].title == "Coalesce the global loads", str(a)
+    assert a.recommendations[0].where == "line 19", str(a)  # acc += x[row * cols + j]
+    assert a.bottleneck == "memory-bound", str(a)
+    _never_advises_fusion(a)
+
+
+async def test_cuda_register_spills(ctx):
+    prof, a = await _profile_and_summarize(ctx, "cuda", "cuda_spills", "ref_mix")
+    (kernel,) = [k for k in prof.kernel_resources if k.kernel.startswith("mix_kernel")]
+    assert kernel.spill_store_bytes and kernel.spill_store_bytes > 0, kernel  # ptxas -v, in the normal build
+    assert a.recommendations[0].title == "Stop the register spills in mix_kernel", str(a)
+    assert not any(r.title == "Coalesce the global loads" for r in a.recommendations), str(a)
+    _never_advises_fusion(a)
+
+
+async def test_cuda_launch_bound_tiny_kernel(ctx):
+    prof, a = await _profile_and_summarize(ctx, "cuda", "cuda_launch_bound", "ref_affine_chain")
+    assert a.bottleneck == "launch-bound", str(a)
+    assert a.recommendations[0].title in {"Fuse the small ops into one kernel", "Do more work per launch"}, str(a)
+
+
+async def test_triton_register_spills(ctx):
+    prof, a = await _profile_and_summarize(ctx, "triton", "triton_spills", "ref_softmax_wide")
+    (kernel,) = [k for k in prof.kernel_resources if k.kernel == "softmax_kernel"]
+    assert kernel.num_warps == 1 and kernel.num_stages is not None
+    assert kernel.local_bytes and kernel.local_bytes > 0, kernel  # 512 fp32 values per thread do not fit
+    assert a.recommendations[0].title == "Stop the register spills in softmax_kernel", str(a)
+    assert "num_warps=1" in a.recommendations[0].action
+    _never_advises_fusion(a)
