@@ -183,17 +183,29 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
     out.evidence.extend(ev)
     many_small = per_call >= MANY_OPS_PER_CALL and small_share >= LAUNCH_SHARE_MIN
     launch_heavy = kernel_us > 0 and launch_us >= kernel_us
-    if not (many_small or launch_heavy):
+    # The profiler inflates short ops (its own overhead per op); the timed call, split over its ops, does not.
+    timed_per_op = report.candidate.median_us / per_call if report.candidate is not None and per_call else None
+    timed_small = (measured and per_call >= MANY_OPS_PER_CALL and timed_per_op is not None
+                   and timed_per_op < SMALL_OP_MEAN_US)
+    if timed_small and not many_small:
+        ev.append(Evidence(metric="timed us per op call", value=round(timed_per_op, 3),
+                           judged_against=f"< {SMALL_OP_MEAN_US:g} us: dispatch overhead, not work", source="timing"))
+        out.evidence.append(ev[-1])
+    if not (many_small or launch_heavy or timed_small):
         return
     family = "gpu" if gpu else "cpu"
-    if many_small:
+    if timed_small and not many_small:
+        why = (f"{per_call:.0f} op calls per forward in a {report.candidate.median_us:.0f} us call: {timed_per_op:.1f} us "
+               "each, about what dispatching an op costs, so overhead, not work, sets the time")
+        small_share = 1.0
+    elif many_small:
         why = (f"{per_call:.0f} op calls per forward{'' if measured else ' (at least)'}, and ops averaging under "
                f"{SMALL_OP_MEAN_US:g} us hold {_pct(min(1.0, small_share))} of op time: overhead, not work")
     else:
         why = (f"launching the kernels took {launch_us:.0f} us of host time, more than the {kernel_us:.0f} us they ran "
                "on the device: the GPU waits for launches")
     out.claims.append(_hardware.Claim("launch-bound", _PRIORITY_LAUNCH, why, ev))
-    targets = small or _by_share(ops)
+    targets = _by_share(ops) if timed_small and not many_small else (small or _by_share(ops))
     affected = min(1.0, small_share or 1.0)  # launch-heavy without small ops: the whole window is overhead
     out.drafts.append(_Draft(
         "Fuse the small ops into one kernel", f"{REMEDIES[family]['launch-bound']} Start with {_op_list(targets)}; "
