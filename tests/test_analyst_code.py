@@ -214,3 +214,12 @@ def test_model_answer_is_pruned_of_what_the_code_has():
 def test_loop_remark_str():
     assert str(LoopRemark(line=7, origin="main.cpp:3", vectorized=False, missed=["control flow in loop."])) == \
         "line 7: not vectorized: control flow in loop."
+
+
+def test_launch_bound_from_the_timed_call_when_the_profiler_inflates_short_ops():
+    """The profiler's own overhead made 1.6 us-per-op calls look like 17 us ops (cpu_launch_bound, measured)."""
+    a = RulesAnalyst().analyze(_report(median_us=20.0, calls=10, eager=2.5), code=_code("cpu_launch_bound"))
+    assert a.bottleneck == "launch-bound", str(a)
+    assert a.recommendations[0].title == "Fuse the small ops into one kernel"
+    assert any(e.metric == "timed us per op call" for e in a.recommendations[0].evidence)
+    assert not any(_advises(r, "parallel") for r in a.recommendations)

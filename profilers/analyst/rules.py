@@ -169,7 +169,9 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
     small_share = sum(r.share for r in small)
     launch_us = sum(r.self_time_us for r in report.ops if r.name in _LAUNCH_APIS)
     kernel_us = sum(r.device_time_us or 0.0 for r in ops)
-    if not small and not launch_us:
+    timed_us = report.candidate.median_us if report.candidate is not None else None
+    if not small and not launch_us and not (measured and timed_us and per_call >= MANY_OPS_PER_CALL
+                                            and timed_us / per_call < SMALL_OP_MEAN_US):
         return
     ev = [Evidence(metric="ops_per_call" if measured else "ops_per_call (lower bound)", value=round(per_call, 2),
                    judged_against=f">= {MANY_OPS_PER_CALL:g}", source=report.collector),
