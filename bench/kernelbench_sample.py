@@ -471,12 +471,16 @@ class TraceSpan:
         lines = sorted(self._lines(), key=lambda e: e["at"])
         t0 = lines[0]["at"] if lines else 0.0
         peaks: dict[str, float] = {}
+        allocated: dict[str, float] = {}
         for e in lines:
             if "peak_gb" in e:
                 key = f"{e['role']}.{e['op']}"
                 peaks[key] = max(peaks.get(key, 0.0), e["peak_gb"])
-        return {"timeline": [[round(e["at"] - t0, 3), e["s"], f"{e['role']}.{e['op']}"] for e in lines],
-                "peak_gb": dict(sorted(peaks.items(), key=lambda kv: -kv[1]))}
+                allocated[key] = max(allocated.get(key, 0.0), e.get("peak_allocated_gb") or 0.0)
+        return {"timeline": [[round(e["at"] - t0, 3), e["s"], f"{e['role']}.{e['op']}", e.get("peak_gb"),
+                              e.get("peak_allocated_gb")] for e in lines],
+                "peak_gb": dict(sorted(peaks.items(), key=lambda kv: -kv[1])),
+                "peak_allocated_gb": dict(sorted(allocated.items(), key=lambda kv: -kv[1]))}
 
 
 async def measure(client, args, name: str, row: dict, deadline: float, job: dict, save) -> None:

@@ -83,7 +83,16 @@ class OutputShelf:
                 "where": str(out.device)}
 
     def clear(self) -> None:
+        shared_cuda = bool(self.held)
         self.held.clear()
+        if shared_cuda:
+            # A block sent over CUDA IPC is not freed with its tensor: torch parks it ("limbo") until the
+            # sender collects it after the receiver let go, and otherwise only when an allocation fails. Left
+            # there, every trial's outputs stayed allocated beside the next trial's (an output's worth of
+            # device memory more per step on a several-GB problem).
+            import torch
+
+            torch.cuda.ipc_collect()
         for path in self.files:
             path.unlink(missing_ok=True)
         self.files.clear()
@@ -118,7 +127,8 @@ def _open(d: dict[str, Any], directory: str | None) -> Any:
 
 
 def release_opened() -> None:
-    """Return mapped CUDA memory to its owner once the judge dropped its references."""
+    """Return mapped CUDA memory to its owner once the judge dropped its references (the owner frees it when
+    it collects: `OutputShelf.clear`)."""
     import torch
 
     if torch.cuda.is_initialized():

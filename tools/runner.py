@@ -161,13 +161,13 @@ async def kill_group(proc: Any) -> None:
         await proc.wait()
 
 
-def trace(role: str, op: str, warm: bool, started: float, peak_bytes: int | None = None) -> None:
+def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None) -> None:
     """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter), and the
-    worker's peak of reserved device memory during the op where it has one."""
+    worker's peaks of reserved and of allocated device memory during the op where it has them."""
     if _TRACE:
         line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(time.perf_counter() - started, 3)}
-        if peak_bytes is not None:
-            line["peak_gb"] = round(peak_bytes / 1e9, 3)
+        if peak_bytes:
+            line["peak_gb"], line["peak_allocated_gb"] = (round(b / 1e9, 3) for b in peak_bytes)
         with open(_TRACE, "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -191,7 +191,7 @@ class WorkerProcess:
         self._pool = pool if not prefix else None
         self.warm = False
 
-    def _trace(self, op: str, started: float, peak_bytes: int | None = None) -> None:
+    def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
         trace(self.role, op, self.warm, started, peak_bytes)
 
     async def __aenter__(self) -> WorkerProcess:

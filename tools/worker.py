@@ -342,7 +342,7 @@ def _device_peak_tracker() -> Callable[[], dict[str, Any]]:
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return dict
     torch.cuda.reset_peak_memory_stats()
-    return lambda: {"device_peak_bytes": torch.cuda.max_memory_reserved()}
+    return lambda: {"device_peak_bytes": [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]}
 
 
 def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> None:
