@@ -14,12 +14,13 @@ from typing import Any
 __all__ = ["VARIANTS", "SeededSets", "apply_variant", "build_model", "probe_preserving_", "poison_allocator",
            "seeded_inputs", "to_float64"]
 
-# (name, transform of one floating tensor); trial i uses VARIANTS[i % len(VARIANTS)].
+# (name, in-place transform of one floating tensor); trial i uses VARIANTS[i % len(VARIANTS)]. In place: a
+# several-GB input must not be held twice (or three times) while its variant is made.
 VARIANTS: list[tuple[str, Any]] = [
     ("native", lambda x: x),
-    ("zero_mean", lambda x: x - x.mean()),
-    ("scaled_x1/8", lambda x: x * 0.125),
-    ("zero_mean_scaled_x1/8", lambda x: (x - x.mean()) * 0.125),
+    ("zero_mean", lambda x: x.sub_(x.mean())),
+    ("scaled_x1/8", lambda x: x.mul_(0.125)),
+    ("zero_mean_scaled_x1/8", lambda x: x.sub_(x.mean()).mul_(0.125)),
 ]
 # Scaled down, not up: element-wise tolerances are absolute, and a product of inputs scaled up by s
 # grows by s^2, so rounding that is harmless at the native scale would fail an honest kernel.
@@ -46,10 +47,22 @@ def build_model(make: Any, seed: int, backend: Any) -> Any:
 
 
 def apply_variant(inputs: list[Any], variant: str) -> list[Any]:
+    """`inputs` (made for this call, owned by the caller) in the distribution `variant`, changed in place; an
+    input whose memory another input shares (`[x, x]`, views) is changed on a copy, so it changes once."""
     import torch
 
     fn = dict(VARIANTS)[variant]
-    return [fn(x) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1 else x for x in inputs]
+    if variant == "native":
+        return inputs
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if isinstance(t, torch.Tensor) else None
+             for t in inputs]
+
+    def shared(i: int) -> bool:
+        return spans[i] is not None and any(j != i and s is not None and s[0] < spans[i][0] + spans[i][1]
+                                            and spans[i][0] < s[0] + s[1] for j, s in enumerate(spans))
+
+    return [fn(x if not shared(i) else x.clone()) if isinstance(x, torch.Tensor) and x.is_floating_point()
+            and x.numel() > 1 else x for i, x in enumerate(inputs)]
 
 
 def to_float64(value: Any) -> Any:

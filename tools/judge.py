@@ -60,6 +60,7 @@ def _all_finite(outputs: list[Any]) -> bool:
 # The float64 run of the reference (the exact outputs) is skipped when its inputs and outputs in float64
 # would take more than this share of the device's memory: the judge would crowd out the candidate.
 _EXACT_MEMORY_SHARE = 0.125
+_REAL_FLOP_COUNT_BYTES = 2**30  # where meta cannot count a call's FLOPs, a real call counts them up to this size
 
 
 class JudgeOps:
@@ -95,7 +96,7 @@ class JudgeOps:
         seeds = msg["seeds"]
         try:
             torch.manual_seed(msg["init_seed"])
-            init_inputs = list(self.module.get_init_inputs())
+            init_inputs = self.init_inputs = list(self.module.get_init_inputs())
             self.model = build_model(lambda: self.module.Model(*init_inputs), msg["init_seed"], self.backend)
             self.sets = SeededSets(self.module, seeds, ["native"] * len(seeds), self.backend)
             self.distributions = [None] * len(seeds)
@@ -127,6 +128,7 @@ class JudgeOps:
             self.sets.variants[i] = variant
             inputs = self.sets.fresh(i)
             self.input_bytes = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+            self._input_shapes = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
             t0 = time.perf_counter()
             out = self._reference_outputs(self.model, inputs)
             seconds = time.perf_counter() - t0
@@ -290,16 +292,31 @@ class JudgeOps:
         i = self.expected_index or 0
         outputs = sum(t.numel() * t.element_size() for t in self.expected if isinstance(t, torch.Tensor))
         flops = None
-        try:
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                self.model(*self.sets.fresh(i))
-            flops = int(counter.get_total_flops())
-        except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
-            pass
+        # Counted on the meta device (shapes only): a real call held another set of inputs and outputs, several
+        # GB on a large problem, beside the trial's. Counted for real only where meta cannot run it.
+        attempts = [self._meta_call] + ([] if self.input_bytes + outputs > _REAL_FLOP_COUNT_BYTES else
+                                        [lambda: self.model(*self.sets.fresh(i))])
+        for call in attempts:
+            try:
+                with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                    call()
+                flops = int(counter.get_total_flops())
+                break
+            except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
+                continue
         return_free_memory(self.backend.device)
         out = self.expected[0] if self.expected else None
         return {"problem_bytes": self.input_bytes + outputs, "problem_flops": flops,
                 "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
+
+    def _meta_call(self) -> None:
+        """The reference called on the meta device: a model built there (no weights made) on inputs of the
+        trial's shapes."""
+        import torch
+
+        with torch.device("meta"):
+            model = self.module.Model(*self.init_inputs)
+        model(*self._input_shapes)
 
     def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
         """Judge a candidate's outputs (`item["outputs"]`, descriptors) against the reference run now on
