@@ -26,6 +26,8 @@ from .judge import JudgeOps
 __all__ = ["main"]
 
 
+_KEPT_CACHE_BYTES = 256 * 2**20  # free device memory a worker may keep cached between ops (small problems reuse it)
+
 def _set_limits(memory_bytes: int | None, file_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing candidate must not fill the disk
     if memory_bytes:
@@ -335,14 +337,23 @@ def main() -> None:
     _serve(proto_in, proto_out, None, "host")
 
 
-def _device_peak_tracker() -> Callable[[], dict[str, Any]]:
-    """Where the device memory goes (KFORGE_TRACE): the op's peak of this process's reserved device memory.
-    Read only once CUDA is up in the worker; a reading for the trace, never for a verdict."""
+def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
+    """Called before an op; what it returns is called after it: cached device memory beyond
+    `_KEPT_CACHE_BYTES` goes back to the GPU (between ops the other worker of the job runs, and on a
+    several-GB problem it needs that room: blocks cached by one process are invisible to the other), and
+    the op's peaks of reserved and allocated device memory, for KFORGE_TRACE (never for a verdict)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return dict
     torch.cuda.reset_peak_memory_stats()
-    return lambda: {"device_peak_bytes": [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]}
+
+    def after() -> dict[str, Any]:
+        peaks = [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > _KEPT_CACHE_BYTES:
+            torch.cuda.empty_cache()
+        return {"device_peak_bytes": peaks}
+
+    return after
 
 
 def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> None:
@@ -373,8 +384,8 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> No
             reply({"fatal": f"unknown op {msg['op']!r}", "nonce": msg.get("nonce")})
             continue
         try:
-            peak = _device_peak_tracker()
-            reply({"ok": True, **handler(msg), **peak(), "nonce": msg.get("nonce")})
+            after_op = _device_memory_around_op()
+            reply({"ok": True, **handler(msg), **after_op(), "nonce": msg.get("nonce")})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
             reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
         sys.stdout.flush()
