@@ -3,6 +3,8 @@
 Each candidate of tests/candidates/analyst/ is built (ptxas -v, or Triton's compiled metadata), verified,
 timed and profiled by the real tools; summarize_profile reads the stored profile, kernel resources and code.
 The first recommendation must be the known right one, and none may propose what the kernel has.
+The asserted advice comes from the source, ptxas/Triton resources and the timed call's ops, not from
+hardware counters: profile_kernel runs without its Nsight Compute pass (~30 s per candidate).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ async def _profile_and_summarize(ctx, backend: str, candidate: str, reference: s
     from kforge.tools.summarize import summarize_profile
 
     prof = await profile_kernel(ctx, backend, (CANDIDATES / f"{reference}.py").read_text(),
-                                (CANDIDATES / f"{candidate}.py").read_text(), baselines=("eager",), budget_s=1.0)
-    assert prof.ok and prof.output_correct, prof.failure
+                                (CANDIDATES / f"{candidate}.py").read_text(), baselines=("eager",), budget_s=1.0,
+                                hardware_counters=False)
+    assert prof.ok and prof.output_correct, prof.failure or prof.output_check
     summary = await summarize_profile(ctx, profile_id=prof.profile_id)
     return prof, summary.analysis
 

@@ -14,11 +14,11 @@ cuda_source = r"""
 __global__ void rowsum_kernel(const float* __restrict__ x, float* __restrict__ out, int rows, int cols) {
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows) return;
-    float acc = 0.f;
+    double acc = 0.0;  // a float sum of 4096 values in order misses torch's by >1e-4 (fp32 atol) on rows near 0
     for (int j = 0; j < cols; ++j) {
         acc += x[row * cols + j];
     }
-    out[row] = acc;
+    out[row] = (float)acc;
 }
 
 torch::Tensor rowsum(torch::Tensor x) {

@@ -1,4 +1,4 @@
-"""The recurrence of cuda_spills.py over 4M elements: 48 values per element, 4 rounds, an alternating sum."""
+"""The recurrence of cuda_spills.py over 4M elements: 48 values per element, 4 rounds, their sum."""
 import torch
 import torch.nn as nn
 
@@ -11,8 +11,7 @@ class Model(nn.Module):
         h = x[:, None] * c
         for _ in range(4):
             h = 0.5 * h + 0.25 * torch.roll(h, -1, dims=1) + x[:, None]
-        sign = torch.tensor([1.0 if k % 2 else -1.0 for k in range(K)], device=x.device, dtype=x.dtype)
-        return (h * sign).sum(dim=1)
+        return h.sum(dim=1)
 
 
 def get_inputs():
