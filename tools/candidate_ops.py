@@ -94,12 +94,20 @@ class CandidateOps:
 
     def op_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial 0's inputs (a fresh copy) through `_decoy_record`."""
-        return self._decoy_record(self.sets.fresh(0), msg["shift"], msg.get("handoff"), "forward")
+        try:
+            args = self.sets.fresh(0)
+        except BaseException as exc:  # noqa: BLE001 - e.g. a device the candidate's earlier fault left unusable
+            return {"decoy_shift": msg["shift"], "error": self._failure(exc, "forward")["failure"]["message"]}
+        return self._decoy_record(args, msg["shift"], msg.get("handoff"), "forward")
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The judge is done with the held outputs; their memory goes back to the device for the judge's next
-        trial (a no-op for small problems, whose blocks are soon cached again)."""
+        trial (a no-op for small problems, whose blocks are soon cached again). Timed outputs kept for the
+        judge are let go too: it has read them (released only after the timing's revalidation)."""
         self.shelf.clear()
+        for series in self.series.values():
+            if series.get("keep") is not None:
+                series["keep"] = None
         return_free_memory(self.backend.device)
         return {}
 

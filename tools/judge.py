@@ -353,9 +353,14 @@ class JudgeOps:
         wrong, decoy = [], None
         for item in msg["items"]:
             timing_set = self.timing_sets[item["set"] % len(self.timing_sets)]
-            ok, problems = self._judge_on([a.clone() if isinstance(a, torch.Tensor) else a for a in timing_set], item, msg)
+            if "decoy_shift" in item:  # changed in place for the decoy: on a copy (a reference leaves its inputs be)
+                timing_set = [a.clone() if isinstance(a, torch.Tensor) else a for a in timing_set]
+            ok, problems = self._judge_on(list(timing_set), item, msg)
             if "decoy_shift" in item:
                 decoy = {"correct": ok, "problems": problems}
             elif not ok:
                 wrong.append({"call": item["call"], "problems": problems})
+        if decoy is not None:  # the timing's last check: its inputs are not needed again
+            self.timing_sets = []
+            return_free_memory(self.backend.device)
         return {"checked": len(msg["items"]) - (decoy is not None), "wrong": wrong, "decoy": decoy}

@@ -85,7 +85,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         if on_trial is not None:
             await on_trial(i)
     try:
-        if decoy_shift is not None:
+        if decoy_shift is not None and not any(outcome.failures):  # a failed trial already decided the verdict
             record = await worker.call("decoy", stage="forward", shift=decoy_shift, handoff=handoff,
                                        timeout_s=deadline, timeout_why=why)
             outcome.decoy = (await judge.call("check_decoy", stage="compare", record=record, handoff=handoff,

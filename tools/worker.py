@@ -345,12 +345,18 @@ def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return dict
-    torch.cuda.reset_peak_memory_stats()
+    try:
+        torch.cuda.reset_peak_memory_stats()
+    except Exception:  # noqa: BLE001 - a device the candidate's fault left unusable: the op reports that
+        return dict
 
     def after() -> dict[str, Any]:
-        peaks = [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]
-        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > _KEPT_CACHE_BYTES:
-            torch.cuda.empty_cache()
+        try:
+            peaks = [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]
+            if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > _KEPT_CACHE_BYTES:
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            return {}
         return {"device_peak_bytes": peaks}
 
     return after
