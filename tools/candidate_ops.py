@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-
 from .handoff import return_free_memory
 
 __all__ = ["CandidateOps"]
@@ -106,8 +105,7 @@ class CandidateOps:
         judge are let go too: it has read them (released only after the timing's revalidation)."""
         self.shelf.clear()
         for series in self.series.values():
-            if series.get("keep") is not None:
-                series["keep"] = None
+            series["keep"] = None
         return_free_memory(self.backend.device)
         return {}
 

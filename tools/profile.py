@@ -297,6 +297,13 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     # A round is its budget plus warm-up, the estimate and the cross-check: ~_CALLS_OUTSIDE_BUDGET calls.
     deadline, why = ctx.limits.hang_deadline(reference_call_s, _CALLS_OUTSIDE_BUDGET)
     deadline = deadline and deadline + budget_s / _ROUNDS
+
+    async def time_baseline(name: str) -> dict[str, Any]:
+        """One round of a baseline in the judge; torch.compile's first one compiles, under the compile deadline."""
+        first_compile = name == "torch.compile" and not replies[name]
+        return await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
+                                policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None)
+
     for r in range(_ROUNDS):
         await step(f"timing round {r + 1} of {_ROUNDS}: {', '.join(order)}")
         for name in order[r % len(order):] + order[:r % len(order)]:
@@ -309,9 +316,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
                 if reply.get("failure"):
                     raise _TimingFailed(Failure(**reply["failure"]))
             else:
-                first_compile = name == "torch.compile" and not replies[name]
-                reply = await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
-                                         policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None)
+                reply = await time_baseline(name)
                 if name == "eager" and r == 0:  # the canary: decides which stored baselines still hold
                     order, stored = _check_canary(order, stored, reply)
                     replies.update({n: [] for n in order if n not in replies})
@@ -329,8 +334,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             replies[name] = []
             await step(f"the host moved since the stored {name} baseline: timing it again")
             for _ in range(_ROUNDS):
-                reply = await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
-                                         policy=policy, timeout_s=_COMPILE_TIMEOUT_S if not replies[name] else None)
+                reply = await time_baseline(name)
                 if reply.get("failure"):
                     failures[name] = Failure(**reply["failure"])
                     break

@@ -270,24 +270,21 @@ def _rule_speed(report: ProfileReport, bottleneck: Bottleneck, out: _Findings) -
             "Get faster than eager first", SLOWER_THAN_EAGER[bottleneck], None, why,
             f"reach at least eager's speed: -{_pct(1 - eager)} of the candidate's time", "high",
             list(ev.values()), 1 - eager, speed_based=True, generic=True))
-    elif compiled is not None and compiled < 1 and fully_fused(report):
-        why = (f"torch.compile's version is x{1 / compiled:.2f} faster, and the candidate already does the whole "
-               "forward in one kernel: the gap is the kernel's own code, not fusion")
-        out.drafts.append(_Draft(
-            "Close the gap to torch.compile inside your kernel",
-            "Compare your kernel's loops with the code inductor generates for the reference (TORCH_LOGS=output_code): "
-            "its loop order, tiling, vectorization and math functions show what makes the same work faster.",
-            None, why, f"up to {_pct(1 - compiled)} of the candidate's time", "medium",
-            list(ev.values()), 1 - compiled, speed_based=True, generic=True))
     elif compiled is not None and compiled < 1:
-        why = (f"torch.compile's fused version is x{1 / compiled:.2f} faster than the candidate"
-               + (f", which already beats eager (x{eager:.2f})" if eager is not None else ""))
-        out.drafts.append(_Draft(
-            "Fuse as much as torch.compile does",
-            "torch.compile's fusion shows the headroom: fuse the same ops into your kernel so data makes one pass "
-            "through memory. Run the reference under TORCH_LOGS=output_code to see which ops inductor fused.",
-            None, why, f"up to {_pct(1 - compiled)} of the candidate's time", "medium",
-            list(ev.values()), 1 - compiled, speed_based=True, generic=True))
+        if fully_fused(report):
+            title = "Close the gap to torch.compile inside your kernel"
+            why = (f"torch.compile's version is x{1 / compiled:.2f} faster, and the candidate already does the whole "
+                   "forward in one kernel: the gap is the kernel's own code, not fusion")
+            action = ("Compare your kernel's loops with the code inductor generates for the reference (TORCH_LOGS=output_code): "
+                      "its loop order, tiling, vectorization and math functions show what makes the same work faster.")
+        else:
+            title = "Fuse as much as torch.compile does"
+            why = (f"torch.compile's fused version is x{1 / compiled:.2f} faster than the candidate"
+                   + (f", which already beats eager (x{eager:.2f})" if eager is not None else ""))
+            action = ("torch.compile's fusion shows the headroom: fuse the same ops into your kernel so data makes one "
+                      "pass through memory. Run the reference under TORCH_LOGS=output_code to see which ops inductor fused.")
+        out.drafts.append(_Draft(title, action, None, why, f"up to {_pct(1 - compiled)} of the candidate's time",
+                                 "medium", list(ev.values()), 1 - compiled, speed_based=True, generic=True))
 
 
 def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str, confidence: str, out: _Findings) -> None:
