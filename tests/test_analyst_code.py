@@ -9,11 +9,13 @@ stored profile, in-process and through an MCP client.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from kforge.profilers.analyst import RulesAnalyst
+from kforge.profilers.analyst._stride import stride_kind
 from kforge.profilers.analyst.model import analyst_request, parse_answer
 from kforge.profilers.analyst.redundant import already_present, prune
 from kforge.profilers.analyst.source import read_source
@@ -25,6 +27,8 @@ from kforge.tools.diagnostics import SourceMap, parse_ptxas_resources
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "analyst"
 CANDIDATES = HERE / "candidates" / "analyst"
+READ_ONLY = "Load the read-only inputs through the read-only cache"
+COALESCE = "Coalesce the global loads"
 
 # Words that would advise adding what a candidate has: (feature, pattern in a recommendation's title or action).
 ADVISES = {"parallel": r"omp parallel|paralleli[sz]e", "simd": r"omp simd", "fusion": r"\bfuse\b|fusion"}
@@ -64,8 +68,6 @@ def _softmax_compiler() -> CompilerFacts:
 
 
 def _advises(rec, feature: str) -> bool:
-    import re
-
     return bool(re.search(ADVISES[feature], f"{rec.title} {rec.action}", re.I))
 
 
@@ -223,3 +225,134 @@ def test_launch_bound_from_the_timed_call_when_the_profiler_inflates_short_ops()
     assert a.recommendations[0].title == "Fuse the small ops into one kernel"
     assert any(e.metric == "timed us per op call" for e in a.recommendations[0].evidence)
     assert not any(_advises(r, "parallel") for r in a.recommendations)
+
+
+# -- GPU loads: uncached read-only inputs (CUDA) and strided blocks (Triton) -------------------------------------
+
+def _line(code: str, text: str) -> int:
+    return next(n for n, line in enumerate(code.splitlines(), 1) if text in line)
+
+
+def _restrict(code: str) -> str:
+    """The stencil with its read-only inputs declared `const float* __restrict__`."""
+    return code.replace("const float* x, const float* w,", "const float* __restrict__ x, const float* __restrict__ w,")
+
+
+def test_read_only_inputs_without_restrict_are_found():
+    code = _code("cuda_uncached_stencil")
+    facts = read_source(code)
+    params = _line(code, "__global__ void stencil_kernel(")
+    assert [(u.param.name, u.param.line, u.loop_line) for u in facts.uncached_inputs] == \
+        [("x", params, _line(code, "for (int k = 0")), ("w", params, _line(code, "for (int k = 0"))]
+    assert facts.uncached_inputs[0].param.suggested == "const float* __restrict__ x"
+    assert "read-only cache" not in already_present(facts, None)
+    for variant in (_restrict(code), code.replace("__fmul_rn(w[k], x[(long)row * cols + c])",
+                                                  "__fmul_rn(__ldg(&w[k]), __ldg(&x[(long)row * cols + c]))")):
+        marked = read_source(variant)
+        assert not marked.uncached_inputs
+        assert "read-only cache" in already_present(marked, None)
+    store = "    out[(long)row * cols + col] = acc;"
+    written = code.replace(store, store + "\n    ((float*)w)[0] = 0.f;")
+    assert [u.param.name for u in read_source(written).uncached_inputs] == ["x"]  # w is cast to a writable pointer
+
+
+def test_read_only_input_advice_is_ranked_by_its_small_effect():
+    code = _code("cuda_uncached_stencil")
+    a = RulesAnalyst().analyze(_report(backend="cuda", eager=1.5), code=code)
+    top = a.recommendations[0]
+    assert top.title == READ_ONLY, str(a)  # the only code finding; the bottleneck is unmeasured
+    assert top.where == f"line {_line(code, '__global__ void stencil_kernel(')}" and top.confidence == "medium"
+    assert "`const float* __restrict__ x`" in top.action and "__ldg" in top.action
+    assert any(e.source == "source" and "x (line" in str(e.value) for e in top.evidence)
+    slower = RulesAnalyst().analyze(_report(backend="cuda"), code=code)  # slower than eager: that says more
+    assert [r.title for r in slower.recommendations][:2] == ["Get faster than eager first", READ_ONLY], str(slower)
+    marked = RulesAnalyst().analyze(_report(backend="cuda", eager=1.5), code=_restrict(code))
+    assert not any(re.search(r"__restrict__|__ldg|read-only", f"{r.title} {r.action}") for r in marked.recommendations)
+    # A measured class (ncu: re-reads from cache) outranks the hint, and a bigger code finding too.
+    case = HERE / "data" / "known_bottlenecks" / "naive_matmul"
+    naive = RulesAnalyst().analyze(ProfileReport(**json.loads((case / "report.json").read_text())),
+                                   code=(case / "candidate.py").read_text())
+    titles = [r.title for r in naive.recommendations]
+    assert titles[0] == "Reuse data in registers and shared memory" and READ_ONLY in titles[1:], titles
+    both = code.replace("x[(long)row * cols + c]", "x[(long)c * cols + row]")  # neighbouring threads a row apart
+    titles = [r.title for r in RulesAnalyst().analyze(_report(backend="cuda", eager=1.5), code=both).recommendations]
+    assert titles == [COALESCE, READ_ONLY], titles
+
+
+def test_model_answer_advising_restrict_is_kept_only_where_missing():
+    reply = json.dumps({"bottleneck": "memory-bound", "bottleneck_why": "loads", "recommendations": [
+        {"title": "Use the read-only cache", "action": "Mark x `const float* __restrict__`."},
+        {"title": "Coalesce the loads", "action": "Give each warp a row. Load x with __ldg."}]})
+    marked = parse_answer(reply, "openai:test", None, code=_code("cuda_uncoalesced_rowsum"), report=_report(backend="cuda"))
+    assert [(r.title, r.action) for r in marked.recommendations] == [("Coalesce the loads", "Give each warp a row.")]
+    assert any("dropped 'Use the read-only cache'" in n and "__restrict__" in n for n in marked.notes)
+    missing = parse_answer(reply, "openai:test", None, code=_code("cuda_uncached_stencil"), report=_report(backend="cuda"))
+    assert [r.title for r in missing.recommendations] == ["Use the read-only cache", "Coalesce the loads"]
+    assert "Already in the code" in analyst_request(_report(backend="cuda"), None, code=_code("cuda_uncoalesced_rowsum")).user
+
+
+def test_stride_factors_are_decided_only_where_the_source_says():
+    assert [stride_kind(f) for f in ("cols", "n_cols", "N", "4", "blockDim.x", "row_stride", "(long)K")] == ["strided"] * 7
+    assert [stride_kind(f) for f in ("stride", "stride_xk", "s", "0")] == ["unknown"] * 4
+    assert stride_kind("1") == "unit" and stride_kind("K", {"K": 1}) == "unit" and stride_kind("S", {"S": 48}) == "strided"
+
+
+def test_triton_strided_load_gets_the_coalescing_advice():
+    code = _code("triton_strided_colsum")
+    a = RulesAnalyst().analyze(_report(backend="triton", eager=1.5), code=code)
+    top = a.recommendations[0]
+    assert top.title == COALESCE and top.where == f"line {_line(code, 'acc += tl.load(')}", str(a)
+    assert "n_cols" in top.why and "tl.arange" in top.action and a.bottleneck == "memory-bound"
+    assert any(e.metric == "load offset" and e.value == "x_ptr + rows * n_cols + col" for e in top.evidence)
+
+
+_TRITON = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def k(x_ptr, y_ptr, M, N, stride_m, stride_n, BLOCK: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rn = tl.arange(0, BLOCK)
+    {body}
+
+
+def launch(x, y):
+    M, N = x.shape
+    k[(1,)](x, y, M, N, {strides}, BLOCK=64)
+"""
+
+
+@pytest.mark.parametrize("body, strides, flagged", [
+    # the tutorial matmul's tile: runtime strides on both axes, 1 on the last for a contiguous tensor
+    ("a = tl.load(x_ptr + rm[:, None] * stride_m + rn[None, :] * stride_n)", "x.stride(0), x.stride(1)", False),
+    # the unit stride is on axis 0: Triton's coalesce pass orders the layout by contiguity, so it is the fastest
+    ("a = tl.load(x_ptr + rm[:, None] + rn[None, :] * stride_n)", "x.stride(0), x.stride(0)", False),
+    ("a = tl.load(x_ptr + rm * stride_m)", "x.stride(0), x.stride(1)", True),  # a column of a 2-D tensor
+    ("a = tl.load(x_ptr + rm * stride_n)", "x.stride(0), x.stride(1)", False),  # its rows: stride 1
+    ("a = tl.load(x_ptr + rm[:, None] * N + rn[None, :] * 2)", "1, 1", True),
+    ("i = tl.load(y_ptr + rm)\n    a = tl.load(x_ptr + i * N)", "1, 1", False),  # a gather: stride unknown
+])
+def test_triton_coalescing_is_advised_only_where_the_source_decides(body, strides, flagged):
+    code = _TRITON.format(body=body, strides=strides)
+    a = RulesAnalyst().analyze(_report(backend="triton", eager=1.5), code=code)
+    assert any(r.title == COALESCE for r in a.recommendations) is flagged, str(a)
+
+
+@pytest.mark.parametrize("path", [CANDIDATES / "triton_spills.py",
+                                  HERE / "adversarial" / "candidates" / "triton_matmul_default_dot.py"])
+def test_coalesced_triton_kernels_get_no_coalescing_advice(path):
+    a = RulesAnalyst().analyze(_report(backend="triton"), code=path.read_text())
+    assert not any(r.title == COALESCE for r in a.recommendations), str(a)
+
+
+def test_no_gpu_load_findings_on_the_other_candidates():
+    """The two load rules on every candidate in the repository: only the known shapes are found."""
+    found = {}
+    for path in sorted([*(HERE / "candidates").rglob("*.py"), *(HERE / "adversarial" / "candidates").glob("*.py")]):
+        facts = read_source(path.read_text())
+        names = [u.param.name for u in facts.uncached_inputs] + [f"load@{s.line}" for s in facts.triton_strided_loads]
+        if names:
+            found[path.stem] = names
+    assert found == {"cuda_kb_matmul": ["a", "b"],  # a tiled matmul on plain `const float*`: right, and a minor hint
+                     "cuda_uncached_stencil": ["x", "w"], "triton_strided_colsum": ["load@22"]}, found

@@ -74,3 +74,17 @@ async def test_triton_register_spills(ctx):
     assert a.recommendations[0].title == "Stop the register spills in softmax_kernel", str(a)
     assert "num_warps=1" in a.recommendations[0].action
     _never_advises_fusion(a)
+
+
+async def test_cuda_uncached_read_only_inputs(ctx):
+    prof, a = await _profile_and_summarize(ctx, "cuda", "cuda_uncached_stencil", "ref_stencil")
+    titles = [r.title for r in a.recommendations]
+    hint = "Load the read-only inputs through the read-only cache"
+    assert hint in titles, str(a)
+    code = (CANDIDATES / "cuda_uncached_stencil.py").read_text().splitlines()
+    params = next(n for n, line in enumerate(code, 1) if "__global__ void stencil_kernel(" in line)
+    assert a.recommendations[titles.index(hint)].where == f"line {params}", str(a)  # const float* x, const float* w
+    # First, unless the timing classified the kernel (at the bandwidth ceiling, moving fewer bytes is the bigger lever).
+    assert titles.index(hint) == 0 or (a.bottleneck != "unknown" and titles.index(hint) == 1), str(a)
+    assert "Coalesce the global loads" not in titles, str(a)  # neighbouring threads read neighbouring x
+    _never_advises_fusion(a)

@@ -1,16 +1,21 @@
-"""What rules produce before ranking: draft recommendations and the collected claims, evidence and notes."""
+"""What rules produce before ranking: draft recommendations and the collected claims, evidence and notes,
+and the measurements every code rule weighs its drafts by."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kforge.profilers.report import ProfileReport
+
 from ._hardware import Claim
 from .base import Evidence
 
-__all__ = ["CONFIDENCE_WEIGHT", "Draft", "Findings"]
+__all__ = ["CONFIDENCE_WEIGHT", "PRIORITY_CODE", "Draft", "Findings", "own_share", "pct", "roofline_evidence"]
 
 # Expected effect counts for less when the rule is less sure: ranking uses gain x weight.
 CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.7, "low": 0.4}
+# Claims from the code rank after Nsight Compute's (which measures the kernel) and beside perf's.
+PRIORITY_CODE = 5
 
 
 @dataclass
@@ -33,6 +38,9 @@ class Draft:
     gain: float | None = None
     located: bool = False
     generic: bool = False  # a text by bottleneck class, not about this code: yields to located findings
+    # A located change of small expected effect (a `__restrict__`): it does not displace the texts by a
+    # measured bottleneck class, only the 'unknown' one, which asks for a measurement the notes already name.
+    hint: bool = False
 
     @property
     def expected_gain(self) -> float:
@@ -47,3 +55,25 @@ class Findings:
     notes: list[str] = field(default_factory=list)
     # Features not to advise though the code lacks them, with why (a parallel region on a 5 us call).
     avoid: dict[str, str] = field(default_factory=dict)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def own_share(report: ProfileReport | None) -> float:
+    """The share of time the candidate's own code holds: what code changes can save."""
+    if report is None or report.custom_share is None:
+        return 1.0
+    return max(0.0, min(1.0, report.custom_share))
+
+
+def roofline_evidence(report: ProfileReport | None) -> list[Evidence]:
+    ev = []
+    if report is not None and report.bandwidth_fraction is not None:
+        ev.append(Evidence(metric="bandwidth_fraction", value=report.bandwidth_fraction,
+                           judged_against="1.0 = the measured copy bandwidth", source="timing"))
+    if report is not None and report.compute_fraction is not None:
+        ev.append(Evidence(metric="compute_fraction", value=report.compute_fraction,
+                           judged_against="1.0 = the measured matmul rate", source="timing"))
+    return ev

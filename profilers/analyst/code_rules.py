@@ -12,28 +12,23 @@ from __future__ import annotations
 import os
 import re
 
-from kforge.profilers.compiler_report import CompilerFacts, KernelResources
+from kforge.profilers.compiler_report import CompilerFacts
 from kforge.profilers.report import ProfileReport
 
-from ._compare import locate_definition
-from ._findings import Draft, Findings
-from ._hardware import Claim, _uncoalesced
-from ._remedies import REMEDIES
+from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_evidence
+from ._gpu_code import gpu_findings
+from ._hardware import Claim
 from .base import Evidence
 from .source import Loop, SourceFacts
 
 __all__ = ["PRIORITY_CODE", "code_findings"]
 
-# Claims from the code rank after Nsight Compute's (which measures the kernel) and beside perf's.
-PRIORITY_CODE = 5
 # Below this much time per call of the candidate's own code, a parallel region costs about what it saves.
 PARALLEL_MIN_US = 50.0
 GAIN_GEMM_TILING = 0.85
 GAIN_STRIDED = 0.75
-GAIN_UNCOALESCED = 0.7
 GAIN_SCALAR_MATH = 0.6
 GAIN_ATOMICS = 0.5
-GAIN_SPILLS = 0.4
 GAIN_WIDER_VECTORS = 0.25
 GAIN_ONE_PASS = 0.2
 
@@ -43,17 +38,6 @@ _ARCH_FLAG = re.compile(r"[\"']-(march|mcpu|mavx)")
 _FAST_MATH = re.compile(r"[\"']-(ffast-math|Ofast|fno-math-errno)")
 _SCALAR_SYMBOL = {"exp": ("exp", "expf"), "expf": ("expf",), "log": ("log", "logf"), "logf": ("logf",),
                   "tanh": ("tanh", "tanhf"), "tanhf": ("tanhf",), "pow": ("pow", "powf"), "powf": ("powf",)}
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def _own_share(report: ProfileReport | None) -> float:
-    """The share of time the candidate's own code holds: what code changes can save."""
-    if report is None or report.custom_share is None:
-        return 1.0
-    return max(0.0, min(1.0, report.custom_share))
 
 
 def _own_us_per_call(report: ProfileReport | None) -> float | None:
@@ -82,17 +66,6 @@ def _loop_remark(compiler: CompilerFacts | None, loop: Loop):
     return None
 
 
-def _roofline_evidence(report: ProfileReport | None) -> list[Evidence]:
-    ev = []
-    if report is not None and report.bandwidth_fraction is not None:
-        ev.append(Evidence(metric="bandwidth_fraction", value=report.bandwidth_fraction,
-                           judged_against="1.0 = the measured copy bandwidth", source="timing"))
-    if report is not None and report.compute_fraction is not None:
-        ev.append(Evidence(metric="compute_fraction", value=report.compute_fraction,
-                           judged_against="1.0 = the measured matmul rate", source="timing"))
-    return ev
-
-
 def _gemm_nests(facts: SourceFacts) -> list[tuple[int, list[int]]]:
     """(innermost loop, its chain) for loop nests of depth >= 3 that accumulate a product of two arrays."""
     found = []
@@ -106,8 +79,8 @@ def _gemm_nests(facts: SourceFacts) -> list[tuple[int, list[int]]]:
 
 
 def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None, out: Findings) -> None:
-    share = _own_share(report)
-    roof = _roofline_evidence(report)
+    share = own_share(report)
+    roof = roofline_evidence(report)
     code = "\n".join(facts.lines)
     gemm_loops: set[int] = set()
     for inner, chain in _gemm_nests(facts):
@@ -126,7 +99,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             "Block the three loops into tiles that fit in cache (e.g. 64x64 of C, 256 of k), put k outside j so the "
             "innermost loop runs over a row of B and of C (unit stride, contiguous), keep the C tile's partial sums "
             "in registers or L1, and let that inner loop vectorize (`#pragma omp simd`).",
-            f"line {outer.line}", why, f"most of {_pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
+            f"line {outer.line}", why, f"most of {pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
             "high", ev, share, gain=share * GAIN_GEMM_TILING, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
     for i in facts.innermost():
@@ -150,7 +123,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             f"index that is added without a stride inside (keep one accumulator per output in a small array or the "
             "output row itself); where the order cannot change, process a block of columns per pass so each cache "
             "line is used fully.",
-            f"line {strided[0][0]}", why, f"most of {_pct(share)} of the time: a strided walk moves up to 16x the bytes",
+            f"line {strided[0][0]}", why, f"most of {pct(share)} of the time: a strided walk moves up to 16x the bytes",
             "high" if remark is not None or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
     _serial(report, facts, out, share, roof)
@@ -181,7 +154,7 @@ def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, sha
         "Parallelize the outer loop",
         f"Put `#pragma omp parallel for` on the outer loop at line {top.line} (the build links OpenMP): each thread "
         "takes a contiguous block of iterations. Keep per-thread state inside the loop body.",
-        f"line {top.line}", why, f"up to {_pct(1 - 1 / cores)} of the candidate's time on {cores} cores",
+        f"line {top.line}", why, f"up to {pct(1 - 1 / cores)} of the candidate's time on {cores} cores",
         "high" if per_call is not None else "medium", ev, share, gain=share * (1 - 1 / cores), located=True))
     out.claims.append(Claim("latency-bound", PRIORITY_CODE, why, ev, "medium"))
 
@@ -272,72 +245,12 @@ def _atomics(facts: SourceFacts, out: Findings, share: float) -> None:
         share, gain=share * GAIN_ATOMICS, located=True))
 
 
-def _gpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None, out: Findings) -> None:
-    share = _own_share(report)
-    ncu_ev = _uncoalesced(max(report.ncu, key=lambda k: k.metrics.get("Duration [us]", 0.0))) if report and report.ncu else []
-    for kernel in facts.gpu_kernels:
-        scaled = [re.compile(rf"(?<![\w.])({re.escape(v)}\s*\*\s*[\w(]|[\w)]\s*\*\s*{re.escape(v)}\b)")
-                  for v in kernel.fast_vars]
-        hits = []
-        for n in range(kernel.line, kernel.last + 1):
-            for m in re.finditer(r"(?P<name>[A-Za-z_]\w*)\s*\[(?P<index>[^\[\]]+)\]", facts.lines[n - 1].split("//")[0]):
-                if any(p.search(m.group("index")) for p in scaled):
-                    hits.append((n, m.group(0)))
-        if not hits:
-            continue
-        line, access = hits[0]
-        ev = _roofline_evidence(report) + ncu_ev + [Evidence(
-            metric="global index", value=access, judged_against="threadIdx.x-derived index added without a stride",
-            source="source")]
-        why = (f"{access} at line {line} multiplies the thread's index ({', '.join(kernel.fast_vars)}) by a stride: "
-               "neighbouring threads of a warp touch addresses a row apart, so each load takes its own 32-byte sector")
-        out.drafts.append(Draft(
-            "Coalesce the global loads", REMEDIES["gpu"]["memory-bound:uncoalesced"], f"line {line}", why,
-            f"most of {_pct(share)} of the time: uncoalesced loads move up to 8-32x the bytes",
-            "high" if ncu_ev else "medium", ev, share, gain=share * GAIN_UNCOALESCED, located=True))
-        out.claims.append(Claim("memory-bound", PRIORITY_CODE - (1 if ncu_ev else 0), why, ev, "high" if ncu_ev else "medium",
-                                "memory-bound:uncoalesced"))
-        break
-    for k in compiler.kernels if compiler else []:
-        _spills(k, facts, out, share)
-
-
-def _spills(k: KernelResources, facts: SourceFacts, out: Findings, share: float) -> None:
-    spilled = k.spill_store_bytes or 0
-    local = k.local_bytes or k.stack_bytes or 0
-    if spilled <= 0 and local <= 0:
-        return
-    triton = k.num_warps is not None
-    line = locate_definition(k.kernel, "\n".join(facts.lines))
-    arrays = [a for a in facts.local_arrays if line is None or a[0] >= line]
-    what = (f"{spilled} bytes of spill stores ({k.spill_load_bytes or 0} of loads) per thread at {k.registers} registers"
-            if spilled else f"{local} bytes of local memory per thread at {k.registers} registers")
-    ev = [Evidence(metric="spill stores [B]" if spilled else "local memory [B]", value=float(spilled or local),
-                   judged_against="0 (everything in registers)", source="ptxas" if not triton else "triton metadata")]
-    if k.registers is not None:
-        ev.append(Evidence(metric="registers per thread", value=float(k.registers), judged_against="255 max", source=ev[0].source))
-    if triton:
-        action = (f"Give each program less to hold: a smaller BLOCK size (or a loop over chunks of it) or more warps "
-                  f"(num_warps={k.num_warps} now: more warps spread the block over more registers), so the tile fits in "
-                  "registers; check `n_spills` of the compiled kernel after the change.")
-    else:
-        action = ("Keep per-thread arrays small and indexed by compile-time constants (fully unrolled loops) so they live "
-                  "in registers, move large per-thread buffers to shared memory, split a thread's work over more threads, "
-                  "and do not cap registers (`__launch_bounds__` min-blocks, -maxrregcount) below what the kernel needs.")
-    where = f"line {arrays[0][0]}" if arrays else (f"line {line}" if line else k.kernel)
-    why = f"{k.kernel} spills: {what}; spilled values go through local memory (L1/L2/DRAM) on every use"
-    out.drafts.append(Draft(f"Stop the register spills in {k.kernel.split('(')[0]}", action, where, why,
-                            "spill traffic removed from every thread's inner loop", "high", ev, share,
-                            gain=share * GAIN_SPILLS, located=True))
-    out.claims.append(Claim("memory-bound", PRIORITY_CODE + 1, why, ev, "medium"))
-
-
 def code_findings(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None,
                   family: str, out: Findings) -> None:
     """Add the code's findings to `out`: CPU loop rules for C++, GPU rules for CUDA/Triton kernels."""
     if family == "cpu":
         _cpu_rules(report, facts, compiler, out)
     else:
-        _gpu_rules(report, facts, compiler, out)
+        gpu_findings(report, facts, compiler, out)
         if facts.atomics:
-            _atomics(facts, out, _own_share(report))
+            _atomics(facts, out, own_share(report))

@@ -1,8 +1,9 @@
 """The "never recommend what is already there" rule, for the built-in rules and model answers alike.
 
-A recommendation proposes features (a parallel loop, simd, tiling, fusion, tensor cores, -march);
-where the candidate already has one, the sentences proposing it are cut, and a recommendation left
-with nothing to do is dropped with a note that says what the code already has and where.
+A recommendation proposes features (a parallel loop, simd, tiling, fusion, tensor cores, -march, the
+read-only cache path of `const __restrict__` / `__ldg`); where the candidate already has one, the
+sentences proposing it are cut, and a recommendation left with nothing to do is dropped with a note
+that says what the code already has and where.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ _PROPOSES = {
                          r"single kernel", re.I),
     "tensor cores": re.compile(r"tensor cores?|\bwmma\b|mma\.sync|tl\.dot", re.I),
     "-march": re.compile(r"-march=native", re.I),
+    "read-only cache": re.compile(r"__restrict(__)?\b|__ldg\b|read-only (data |texture )?cache|non-coherent|"
+                                  r"ld\.global\.nc|texture cache", re.I),
 }
 _VECTOR_MATH = re.compile(r"\b(exp|expf|log|tanh|sin|cos|pow|erf|libmvec|math)\b", re.I)
 _SENTENCE = re.compile(r"(?<=[.;])\s+(?=[A-Z`(])")
@@ -62,6 +65,10 @@ def already_present(facts: SourceFacts | None, report: ProfileReport | None) -> 
             found["tensor cores"] = Present("tensor cores", code.count("\n", 0, m.start()) + 1, m.group(0))
         if m := re.search(r"[\"']-march=native", code):
             found["-march"] = Present("-march", code.count("\n", 0, m.start()) + 1, "-march=native")
+        # Only where no kernel reads an input off that path: otherwise advice to mark that input is right.
+        if facts.read_only_marked is not None and not facts.uncached_inputs:
+            line, how = facts.read_only_marked
+            found["read-only cache"] = Present("read-only cache", line, how)
     if report is not None and fully_fused(report):
         custom = next(r for r in report.ops if r.is_custom)
         found["fusion"] = Present("fusion", None, f"one kernel of yours ({custom.name}) does the whole forward")

@@ -348,11 +348,17 @@ def _rank(drafts: list[_Draft], code: str | None) -> list[Recommendation]:
     return recs
 
 
-def _keep_specific(out: _Findings) -> None:
-    """Advice located in the code replaces texts chosen by bottleneck class alone; the speed facts become a note."""
-    if not any(d.located for d in out.drafts):
+def _keep_specific(out: _Findings, bottleneck: Bottleneck) -> None:
+    """Advice located in the code replaces texts chosen by bottleneck class alone; the speed facts become a note.
+
+    A hint (a located change of small effect) replaces only the 'unknown' class text: a measured class
+    names a bigger lever than the hint, and the speed comparison says more than it.
+    """
+    located = [d for d in out.drafts if d.located]
+    if not located:
         return
-    for d in [d for d in out.drafts if d.generic]:
+    strong = any(not d.hint for d in located)
+    for d in [d for d in out.drafts if d.generic and (strong or (bottleneck == "unknown" and not d.speed_based))]:
         out.drafts.remove(d)
         if d.speed_based:
             out.notes.append(f"{d.why}; the recommendations above say where in the code the time goes")
@@ -470,7 +476,7 @@ class RulesAnalyst:
         remedy = (winner.remedy if winner else None) or bottleneck
         _rule_hot_kernel(report, bottleneck, remedy, winner.confidence if winner else "low", out)
         _rule_noise(report, out)
-        _keep_specific(out)
+        _keep_specific(out, bottleneck)
         _drop_what_is_there(out, facts, report)
         if text is not None:
             out.notes.append(f"analysed {report.collector} output parsed from text, so fewer facts: no timing, "

@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ._cuda_params import PointerParam, UncachedInput, blank_comments, pointer_params, uncached_inputs
+from ._stride import int_constants, scaled
+from ._triton_access import StridedLoad, strided_loads
+
 __all__ = ["GpuKernel", "Loop", "SourceFacts", "read_source"]
 
 # Math functions that cost tens of cycles as scalar libm calls (std:: or C spellings).
@@ -22,7 +26,9 @@ _PRAGMA = re.compile(r"^\s*#\s*pragma\s+omp\b(?P<rest>.*)$")
 _SUBSCRIPT = re.compile(r"(?P<name>[A-Za-z_]\w*)\s*\[(?P<index>[^\[\]]+)\]")
 _ATOMIC = re.compile(r"#\s*pragma\s+omp\s+(atomic|critical)|\batomic(Add|Sub|Max|Min|Exch|CAS|_add)\b|std::atomic|"
                      r"\btl\.atomic_\w+")
-_GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?\w[\w\s:<>*]*?\b(?P<name>[A-Za-z_]\w*)\s*\(")
+# `__launch_bounds__(...)` may come before or after the return type; the name is the word before the '('.
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+_GLOBAL = re.compile(rf"__global__\s+{_BOUNDS}\w[\w\s:<>*]*?\s{_BOUNDS}\b(?P<name>(?!__launch_bounds__)[A-Za-z_]\w*)\s*\(")
 _ASSIGN = re.compile(r"(?:^|[;{(]\s*|\b(?:const\s+)?(?:int|unsigned|int64_t|long|size_t|auto|int32_t)\s+)"
                      r"(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<expr>[^;=][^;]*);")
 _LOCAL_ARRAY = re.compile(r"^\s*(?:float|double|int|half|__half|float4|float2)\s+(?P<name>\w+)\s*\[(?P<size>[^\]]+)\]\s*;")
@@ -62,6 +68,8 @@ class GpuKernel:
     line: int
     last: int
     fast_vars: tuple[str, ...]  # vary by one between neighbouring threads (threadIdx.x-derived)
+    params: tuple[PointerParam, ...] = ()  # its pointer parameters
+    body: tuple[int, int] = (0, 0)  # offsets of its body's braces in the scanned text
 
 
 @dataclass
@@ -76,6 +84,10 @@ class SourceFacts:
     gpu_kernels: list[GpuKernel] = field(default_factory=list)
     local_arrays: list[tuple[int, str, str]] = field(default_factory=list)  # (line, name, size) in GPU kernels
     triton_kernels: list[tuple[int, str]] = field(default_factory=list)
+    constants: dict[str, int] = field(default_factory=dict)  # compile-time integers of the C/CUDA text
+    uncached_inputs: list[UncachedInput] = field(default_factory=list)  # read-only inputs off the read-only path
+    read_only_marked: tuple[int, str] | None = None  # (line, how): a `const T* __restrict__` parameter or `__ldg`
+    triton_strided_loads: list[StridedLoad] = field(default_factory=list)
 
     @property
     def has_cpp_loops(self) -> bool:
@@ -101,15 +113,14 @@ class SourceFacts:
         loop = self.loops[index]
         if loop.var is None:
             return []
-        var = re.escape(loop.var)
-        scaled = re.compile(rf"(?<![\w.])({var}\s*\*\s*[\w(]|[\w)]\s*\*\s*{var}\b)")
+        by_stride = scaled(loop.var)
         found = []
         for n in range(loop.line, loop.last + 1):
             code = _code(self.lines[n - 1])
             if n == loop.line:
                 code = code[code.find(")") + 1:] if ")" in code else ""
             for m in _SUBSCRIPT.finditer(code):
-                if scaled.search(m.group("index")):
+                if by_stride.search(m.group("index")):
                     found.append((n, m.group(0)))
         return found
 
@@ -208,9 +219,10 @@ def _loops(text: str, lines: list[str]) -> list[Loop]:
 def _gpu_kernels(text: str, lines: list[str]) -> tuple[list[GpuKernel], list[tuple[int, str, str]]]:
     kernels, arrays = [], []
     for m in _GLOBAL.finditer(text):
-        brace = text.find("{", m.end())
-        if brace < 0:
-            continue
+        close = _matching(text, m.end() - 1, "(", ")")
+        brace = re.compile(r"\s*").match(text, close + 1).end()
+        if not text.startswith("{", brace):
+            continue  # a declaration (`...);`): its definition comes later
         end = _matching(text, brace, "{", "}")
         body = text[brace:end]
         fast: list[str] = []
@@ -221,7 +233,9 @@ def _gpu_kernels(text: str, lines: list[str]) -> tuple[list[GpuKernel], list[tup
             if thread_x and not re.search(r"/", expr) and a.group("name") not in fast:
                 fast.append(a.group("name"))
         first, last = _line_of(text, m.start()), _line_of(text, end)
-        kernels.append(GpuKernel(name=m.group("name"), line=first, last=last, fast_vars=tuple(fast)))
+        params = pointer_params(text[m.end():close], _line_of(text, m.end() - 1))
+        kernels.append(GpuKernel(name=m.group("name"), line=first, last=last, fast_vars=tuple(fast), params=tuple(params),
+                                 body=(brace, end)))
         for n in range(first, last + 1):
             if am := _LOCAL_ARRAY.match(_code(lines[n - 1])):
                 arrays.append((n, am.group("name"), am.group("size").strip()))
@@ -260,4 +274,20 @@ def read_source(code: str) -> SourceFacts:
         facts.atomics += [n for n in range(k.line, k.last + 1) if n not in facts.atomics and _ATOMIC.search(_code(lines[n - 1]))]
     facts.atomics.sort()
     facts.triton_kernels = _triton_kernels(lines)
+    facts.constants = int_constants(code)
+    _read_only_inputs(code, facts)
+    facts.triton_strided_loads = strided_loads(code) if facts.triton_kernels else []
     return facts
+
+
+def _read_only_inputs(text: str, facts: SourceFacts) -> None:
+    """Fill `uncached_inputs` and `read_only_marked` from the CUDA kernels' parameters and bodies."""
+    for k in facts.gpu_kernels:
+        brace, end = k.body
+        body = blank_comments(text[brace:end + 1])
+        if facts.read_only_marked is None and (marked := next((p for p in k.params if p.marked), None)):
+            facts.read_only_marked = (marked.line, marked.decl)
+        if facts.read_only_marked is None and (ldg := body.find("__ldg(")) >= 0:
+            facts.read_only_marked = (_line_of(text, brace + ldg), "__ldg(...)")
+        loops = [(loop.line, loop.first, loop.last) for loop in facts.loops if k.line <= loop.line <= k.last]
+        facts.uncached_inputs += uncached_inputs(k.name, body, _line_of(text, brace), list(k.params), loops)
