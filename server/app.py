@@ -29,6 +29,7 @@ from kforge.tools.context import RequestError, ToolContext
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES
+from kforge.tools.runner import traced
 from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
 from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
@@ -185,7 +186,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
             why = "" if timing_here or found is None else found.reason
             return _result(model, text=model.summary(timing_here=timing_here, why_not_timed=why))
         if isinstance(model, ProfileResult):  # drawing takes a few hundred ms of CPU: off the event loop
-            model, images = await anyio.to_thread.run_sync(profile_pictures, tools.store, model)
+            with traced("server", "pictures"):
+                model, images = await anyio.to_thread.run_sync(profile_pictures, tools.store, model)
             return _result(model, images=images)
         return _result(model)
 
@@ -196,10 +198,11 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
 
     async def run_job(ctx: Context, request: JobRequest, wait_s: float) -> CallToolResult:
         with _request_errors():
-            job = await jobs.submit(request, _client_key(ctx))
-            if isinstance(job, JobStatus):  # busy
-                return _result(job)
-            return await answer(await jobs.wait(job, wait_s, _progress(ctx)))
+            with traced("server", request.tool):
+                job = await jobs.submit(request, _client_key(ctx))
+                if isinstance(job, JobStatus):  # busy
+                    return _result(job)
+                return await answer(await jobs.wait(job, wait_s, _progress(ctx)))
 
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,

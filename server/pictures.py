@@ -12,7 +12,7 @@ import base64
 
 from mcp.types import ImageContent
 
-from kforge.profilers.charts import Chart, before_after_chart, profile_charts
+from kforge.profilers.charts import PROFILE_CHARTS, Chart, before_after_chart, profile_charts
 from kforge.profilers.report import ProfileReport
 from kforge.tools.models import ProfileResult
 from kforge.tools.store import ResultStore
@@ -24,8 +24,12 @@ def artifact_uris(store: ResultStore, profile_id: str) -> list[str]:
     return [f"kforge://profiles/{profile_id}/artifacts/{n}" for n in store.artifact_names(profile_id)]
 
 
+def _png_image(png: bytes) -> ImageContent:
+    return ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
+
+
 def _image(chart: Chart) -> ImageContent:
-    return ImageContent(type="image", data=base64.b64encode(chart.png).decode(), mime_type="image/png")
+    return _png_image(chart.png)
 
 
 def _keep(store: ResultStore, profile_id: str, chart: Chart) -> None:
@@ -35,14 +39,19 @@ def _keep(store: ResultStore, profile_id: str, chart: Chart) -> None:
 
 
 def profile_pictures(store: ResultStore, result: ProfileResult) -> tuple[ProfileResult, list[ImageContent]]:
-    """`result` listing its chart artifacts, and the charts as images (none for a failed profile)."""
+    """`result` listing its chart artifacts, and the charts as images (none for a failed profile). profile_kernel
+    draws them beside its last steps (`kforge.tools.profile`); a profile stored without them is drawn here."""
     if not result.ok or result.report is None or result.profile_id is None:
         return result, []
-    charts = profile_charts(result.report)
-    for chart in charts:
-        _keep(store, result.profile_id, chart)
+    where = store.artifact_dir(result.profile_id)
+    pngs = [(where / name).read_bytes() for name in PROFILE_CHARTS if (where / name).exists()]
+    if not pngs:
+        charts = profile_charts(result.report)
+        for chart in charts:
+            _keep(store, result.profile_id, chart)
+        pngs = [c.png for c in charts]
     listed = result.model_copy(update={"artifacts": artifact_uris(store, result.profile_id)})
-    return listed, [_image(c) for c in charts]
+    return listed, [_png_image(png) for png in pngs]
 
 
 def _report(store: ResultStore, profile_id: str) -> ProfileReport | None:

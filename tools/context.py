@@ -18,7 +18,7 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from .pool import WorkerPool
-from .runner import WorkerLimits, WorkerProcess
+from .runner import WorkerLimits, WorkerProcess, traced
 from .store import ResultStore
 
 __all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress"]
@@ -87,6 +87,15 @@ class ToolContext:
                 self.pool = None
                 tg.cancel_scope.cancel()
 
+    def hold_forks(self) -> Callable[[], None]:
+        """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
+        return self.pool.hold_forks() if self.pool is not None else (lambda: None)
+
+    async def forks_finished(self) -> None:
+        """Return once no warm worker is being started: nothing else readies a device beside a timing."""
+        if self.pool is not None:
+            await self.pool.forks_finished()
+
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.
 
@@ -103,7 +112,8 @@ class ToolContext:
             yield path
         finally:
             if not self.keep_scratch:
-                shutil.rmtree(path, ignore_errors=True)
+                with traced("server", f"{tool}.scratch_removed"):
+                    shutil.rmtree(path, ignore_errors=True)
 
     async def availability(self) -> list[Availability]:
         """Probe every known backend once, in a worker (the server itself never imports torch)."""

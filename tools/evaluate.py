@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
@@ -20,7 +19,7 @@ from .compare import PRECISIONS
 from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
-from .runner import WorkerDied, WorkerProcess
+from .runner import WorkerDied, WorkerGroup, WorkerProcess
 from .handoff import handoff_directory
 from .static_scan import scan_candidate
 from .trials import as_reference_failure, judge_trials
@@ -52,21 +51,40 @@ def _compile_result(spec: JobSpec, reply: dict[str, Any] | None, failure: Failur
                          diagnostics=diagnostics, failure=failure)
 
 
-async def _start(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, role: str,
+async def _start(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, role: str,
                  extra_env: dict[str, str] | None = None) -> WorkerProcess:
-    return await stack.enter_async_context(ctx.worker(backend, scratch / role, role, extra_env=extra_env))
+    return await workers.start(ctx.worker(backend, scratch / role, role, extra_env=extra_env))
 
 
-async def _load_candidate(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
+async def _load_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
                           code: str, *, extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess | None, CompileResult]:
     try:
-        worker = await _start(stack, ctx, backend, scratch, "candidate", extra_env)
+        worker = await _start(workers, ctx, backend, scratch, "candidate", extra_env)
         reply = await worker.call("load", stage="load", role="candidate", source=code)
     except WorkerDied as died:
         return None, _compile_result(spec, None, died.failure)
     result = _compile_result(spec, reply, None)
     worker.kernel_names = reply.get("kernel_names", [])  # the candidate's own kernels, for profilers
     return (worker if result.ok else None), result
+
+
+async def _ready_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
+                           code: str, inputs: dict[str, Any], *, extra_env: dict[str, str] | None = None,
+                           ) -> tuple[WorkerProcess | None, CompileResult, dict[str, Any], Failure | None]:
+    """Build the candidate, then its ModelNew with the reference's initial weights (`setup`): the worker, the
+    build, the setup's reply, and the failure that stopped it. `inputs` are seeds and the reference's source,
+    known before the judge ran anything, so this runs beside the judge's preparation; the seeds reach the
+    candidate's process only after its module was imported."""
+    worker, compiled = await _load_candidate(workers, ctx, backend, scratch, spec, code, extra_env=extra_env)
+    if worker is None:
+        return None, compiled, {}, compiled.failure
+    try:
+        setup = await worker.call("setup", stage="init", **inputs)
+    except WorkerDied as died:
+        return None, compiled, {}, died.failure
+    if setup.get("failure"):
+        return None, compiled, setup, Failure(**setup["failure"])
+    return worker, compiled, setup, None
 
 
 A = TypeVar("A")
@@ -91,13 +109,13 @@ async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], A
     return results[0], results[1]
 
 
-async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, reference: str,
+async def _prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, reference: str,
                          seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
                          ) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
     """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
     prepared, or the reference's failure."""
     try:
-        judge = await _start(stack, ctx, backend, scratch, "judge")
+        judge = await _start(workers, ctx, backend, scratch, "judge")
         reply = await judge.call("load", stage="reference", role="reference", source=reference)
         if reply.get("failure"):
             return None, as_reference_failure(Failure(**reply["failure"])), {}
@@ -107,9 +125,13 @@ async def _prepare_judge(stack: AsyncExitStack, ctx: ToolContext, backend: str, 
             return None, as_reference_failure(Failure(**reply["failure"])), {}
     except WorkerDied as died:
         return None, as_reference_failure(died.failure), {}
-    # What a candidate's process needs to make the same inputs and initial weights itself (see `setup`).
-    reply["inputs"] = {"reference_source": reference, "init_seed": init_seed, "seeds": seeds}
+    reply["inputs"] = _candidate_inputs(reference, seeds, init_seed)
     return judge, None, reply
+
+
+def _candidate_inputs(reference: str, seeds: list[int], init_seed: int) -> dict[str, Any]:
+    """What a candidate's process needs to make the judge's inputs and initial weights itself (see `setup`)."""
+    return {"reference_source": reference, "init_seed": init_seed, "seeds": seeds}
 
 
 def _fresh_seeds(n: int) -> tuple[int, list[int]]:
@@ -134,21 +156,21 @@ async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *,
     steps = 2.0 if reference_code is not None else 1.0
     await progress(0, steps, "building the candidate in a worker")
     with ctx.scratch("compile") as scratch:
-        async with AsyncExitStack() as stack:
-            worker, result = await _load_candidate(stack, ctx, backend, scratch, spec, candidate_code)
+        async with WorkerGroup(ctx.pool) as workers:
+            worker, result = await _load_candidate(workers, ctx, backend, scratch, spec, candidate_code)
             if worker is not None and reference_code is not None:
                 await progress(1, steps, "launching the candidate once on the reference's inputs")
-                result = await _launch_once(stack, ctx, backend, scratch, worker, result, reference_code)
+                result = await _launch_once(workers, ctx, backend, scratch, worker, result, reference_code)
     # The store keeps it only if it depends on nothing but the code (`verdict.why_not_stored`).
     ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
     await progress(steps, steps, "built" if result.ok else "build failed")
     return result
 
 
-async def _launch_once(stack: AsyncExitStack, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
+async def _launch_once(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
     init_seed, seeds = _fresh_seeds(1)
-    _, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed,
+    _, failure, prepared = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
                                                 exact=False)
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
@@ -191,25 +213,20 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     steps = 4.0
     judging = {"atol": atol, "rtol": rtol, "precision": precision}
     with ctx.scratch("verify") as scratch:
-        async with AsyncExitStack() as stack:
+        async with WorkerGroup(ctx.pool) as workers:
             await progress(0, steps, "running the reference in the judge worker while the candidate builds")
             # Synchronous launches: a device fault is raised at the candidate line that launched it.
-            (judge, failure, prepared), (worker, compiled) = await concurrently(
-                lambda: _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds, init_seed),
-                lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code, extra_env=SYNC_LAUNCHES))
+            (judge, failure, prepared), (worker, compiled, setup, cand_failure) = await concurrently(
+                lambda: _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
+                lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
+                                         _candidate_inputs(reference_code, seeds, init_seed), extra_env=SYNC_LAUNCHES))
             if failure is not None:
                 return done(failure=failure, checks=[scan])
             await progress(1, steps, "built the candidate")
             if worker is None:
-                return done(compile=compiled, failure=compiled.failure, checks=[scan])
+                return done(compile=compiled, failure=cand_failure, checks=[scan])
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
                                      "compared with the reference before the next")
-            try:
-                setup = await worker.call("setup", stage="init", **prepared["inputs"])
-            except WorkerDied as died:
-                return done(compile=compiled, failure=died.failure, checks=[scan])
-            if setup.get("failure"):
-                return done(compile=compiled, failure=Failure(**setup["failure"]), checks=[scan])
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).
             deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2)
             async def judged(i: int) -> None:

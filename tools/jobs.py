@@ -200,6 +200,7 @@ class JobManager:
                 if view != sent and (job.done is not None or job.status == "queued"):
                     await progress(job.done or 0.0, job.total, view[2])  # the last one too ("done")
                     sent = view
+                    continue  # the job may have moved on (even finished) while this went out: look again
                 if job.status not in ACTIVE:
                     break
                 await changed.wait()

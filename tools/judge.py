@@ -207,11 +207,14 @@ class JudgeOps:
 
         i, record = msg["i"], msg["record"]
         self._current(i)
+        started = time.perf_counter()
         trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
                                  "aliases": record.get("aliases", []),
                                  "inputs_modified": record.get("inputs_modified", [])}
         got = open_outputs(record["outputs"], msg.get("handoff"))
+        opened = time.perf_counter()
         trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, msg, record.get("devices"))]
+        compared = time.perf_counter()
         if "repeat" in record:  # the same inputs again after poisoning memory with NaN
             again = open_outputs(record["repeat"], msg.get("handoff"))
             rechecks = self._compare(again, msg, record.get("devices"))
@@ -222,7 +225,8 @@ class JudgeOps:
         del got
         release_opened()
         return_free_memory(self.backend.device)
-        return {"trial": trial}
+        return {"trial": trial, "trace_parts": {"open": opened - started, "compare": compared - opened,
+                                                "repeat_and_release": time.perf_counter() - compared}}
 
     def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Would trivial candidates pass trial i's check? Each null named in `nulls` is judged like a candidate."""
@@ -239,10 +243,11 @@ class JudgeOps:
         }
         if msg.get("precision", "strict") == "strict":
             makers["the reference computed in bfloat16"] = lambda e: self._in_bfloat16(i, e)
-        verdicts = []
+        verdicts, parts = [], {}
         for name in msg.get("nulls") or list(makers):
             if name not in makers:
                 continue
+            started = time.perf_counter()
             outcome = {"null": name, "applicable": True, "passes": False, "elementwise_passes": False}
             try:
                 got = makers[name](self.expected)
@@ -259,7 +264,8 @@ class JudgeOps:
                 outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
             verdicts.append(outcome)
             return_free_memory(self.backend.device)
-        return {"nulls": verdicts}
+            parts[name] = time.perf_counter() - started
+        return {"nulls": verdicts, "trace_parts": parts}
 
     def _passthrough(self, i: int, expected: list[Any]) -> list[Any] | None:
         import torch

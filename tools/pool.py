@@ -27,6 +27,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import anyio
 from anyio.abc import UNIXSocketStream
@@ -39,6 +40,7 @@ __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 logger = logging.getLogger(__name__)
 _ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _FORK_TIMEOUT_S = 60.0  # a fork and a device start
+_REAP_BEFORE_NEXT_BYTES = 4 * 2**30  # killed workers that held more device memory are gone before the next job
 _WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
@@ -187,6 +189,10 @@ class WorkerPool:
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
+        self._quiet = 0  # timings in progress or about to start: no new fork until they end (`hold_forks`)
+        self._forks_done = anyio.Event()  # set when no fork is under way
+        self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
+        self._reaped = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep warm workers per wanted kind (`size`, growing on misses) until cancelled; kill idle ones on exit."""
@@ -214,6 +220,62 @@ class WorkerPool:
                         await zygote.close()
                 self._zygotes.clear()
 
+    def hold_forks(self) -> Callable[[], None]:
+        """Start no fork until the returned release is called (once or more), except forks a job waits for.
+
+        A fork starts a device context and warms the libraries (~1.3 s of GPU and CPU work on an H100):
+        beside a timing it slowed the timed calls 2-3x (a profile's first round, H100 trace, 2026-11-24). A
+        profile holds this from the moment it takes its workers until it is done with the device, so the
+        refills its takes ask for start after it, and waits for forks already under way (`forks_finished`)
+        before timing."""
+        self._quiet += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._quiet -= 1
+                self._wake.set()
+        return release
+
+    async def forks_finished(self) -> None:
+        """Wait until no fork is under way."""
+        with anyio.move_on_after(_FORK_TIMEOUT_S):
+            while sum(self._starting.values()):
+                await self._forks_done.wait()
+
+    def reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> bool:
+        """Await killed workers' exits in the background (each a device context's teardown, 0.15-0.2 s on an
+        H100), so a job answers without waiting for them; False when the pool is not running (await them).
+        `device_bytes`: the memory they held; over `_REAP_BEFORE_NEXT_BYTES`, the next job waits for it."""
+        if self._tg is None:
+            return False
+        self._reaping += 1
+        self._reaping_bytes += device_bytes
+        self._tg.start_soon(self._reap, closes, device_bytes)
+        return True
+
+    async def _reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> None:
+        try:
+            with anyio.CancelScope(shield=True):  # a server shutting down still collects what it killed
+                async with anyio.create_task_group() as tg:
+                    for close in closes:
+                        tg.start_soon(close)
+        finally:
+            self._reaping -= 1
+            self._reaping_bytes -= device_bytes
+            if not self._reaping:
+                self._reaped.set()
+                self._reaped = anyio.Event()
+
+    async def reaped(self) -> None:
+        """Wait until the last jobs' workers are gone if they held much device memory: a new job of several GB
+        must find it free. Small ones are not waited for (a back-to-back call would wait ~0.15 s for nothing)."""
+        with anyio.move_on_after(10):
+            while self._reaping and self._reaping_bytes > _REAP_BEFORE_NEXT_BYTES:
+                await self._reaped.wait()
+
     def want(self, backend: str, extra_env: dict[str, str] | None = None) -> None:
         """Start keeping warm workers of this kind (an available backend, or a kind just asked for)."""
         kind = _kind(backend, extra_env)
@@ -240,6 +302,7 @@ class WorkerPool:
         would start (4-5 s), and a cold worker then pays several seconds of first-use costs (H100
         traces in bench/results), so waiting wins.
         """
+        await self.reaped()
         warm = self.take(backend, extra_env)
         kind = _kind(backend, extra_env)
         if warm is not None or self._tg is None:
@@ -277,7 +340,8 @@ class WorkerPool:
         if self._tg is None:
             return
         for kind in self._wanted:
-            missing = self._target[kind] + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
+            target = 0 if self._quiet else self._target[kind]  # while quiet, only forks a job waits for
+            missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
@@ -307,6 +371,9 @@ class WorkerPool:
             warm = f"{type(exc).__name__}: {exc}"
         finally:
             self._starting[kind] -= 1
+            if not sum(self._starting.values()):
+                self._forks_done.set()
+                self._forks_done = anyio.Event()
         if isinstance(warm, str):  # stop trying; cold workers report the problem properly
             self._wanted.discard(kind)
             self.problems.append(f"{backend} {dict(env) or ''}: {warm}")

@@ -19,7 +19,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from kforge.backends.base import DeviceFacts
+from kforge.profilers.charts import profile_charts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
@@ -27,10 +30,10 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .evaluate import _fresh_seeds, _load_candidate, _prepare_judge, _spec, concurrently, launch_once, with_jit_kernels
+from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, concurrently, launch_once, with_jit_kernels
 from .handoff import handoff_directory
 from .models import Failure, OutputCheck, ProfileResult
-from .runner import HarnessError, WorkerDied, WorkerProcess
+from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .static_scan import scan_candidate
 from .timing import merge_rounds
 from .trials import judge_trials
@@ -84,10 +87,14 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
 
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
+            workers = await stack.enter_async_context(WorkerGroup(ctx.pool))
+            # The refills of the workers taken here start once this job is done with the device: no fork
+            # readies a device beside its timing, revalidation or torch.profiler window (`WorkerPool.hold_forks`).
+            stack.callback(ctx.hold_forks())
             await step("running the reference in the judge worker while the candidate builds")
 
             async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
-                judge, failure, prepared = await _prepare_judge(stack, ctx, backend, scratch, reference_code, seeds,
+                judge, failure, prepared = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds,
                                                                 init_seed, exact=False)
                 if judge is None:
                     return judge, failure, {}
@@ -95,12 +102,13 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s"),
                                      "inputs": prepared["inputs"], "prepared": prepared}
 
-            (judge, failure, problem), (worker, compiled) = await concurrently(
-                judge_side, lambda: _load_candidate(stack, ctx, backend, scratch, spec, candidate_code))
+            (judge, failure, problem), (worker, compiled, _, cand_failure) = await concurrently(
+                judge_side, lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
+                                                     _candidate_inputs(reference_code, seeds, init_seed)))
             if failure is not None:
                 return failed(failure)
             if worker is None:
-                return failed(compiled.failure)
+                return failed(cand_failure)
             await step("checking the candidate's output, then making the timing inputs on both sides")
             # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
             # be replayed from earlier calls, nor computed ahead at import. Each process makes them on its
@@ -108,9 +116,6 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
             try:
-                setup = await worker.call("setup", stage="init", **problem["inputs"])
-                if setup.get("failure"):
-                    return failed(Failure(**setup["failure"]))
                 with handoff_directory(scratch) as handoff:
                     outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
                                                           handoff=str(handoff), judging={"precision": precision},
@@ -133,6 +138,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             check, output_correct = _first_wrong(outcome.trials)
             async with ctx.device_lock(avail.device_name or backend):
                 handoff = stack.enter_context(handoff_directory(scratch))
+                await ctx.forks_finished()
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, handoff,
                                                    fresh_baselines, step, problem["reference_call_s"])
@@ -141,50 +147,44 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 except WorkerDied as died:
                     return failed(died.failure)
                 cand = series["candidate"]
+                artifacts = ctx.store.artifact_dir(profile_id)
                 try:
-                    revalidated = await _revalidate(judge, worker, cand["revalidation"], handoff, precision,
-                                                    ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
-                    await step("profiling the candidate")
-                    artifacts = ctx.store.artifact_dir(profile_id)
-                    prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
-                                             calls=_PROFILED_CALLS, perf=avail.hardware_profiler == "perf")
-                    if prof.get("failure"):
-                        return failed(Failure(**prof["failure"]))
                     await step("reading the device's ceilings (measured once per device)")
                     device = DeviceFacts(**(await worker.call("ceilings", stage="ceilings"))["facts"])
-                    ncu_kernels, ncu_note = [], None
-                    if avail.hardware_profiler == "ncu" and hardware_counters:
-                        await step("collecting Nsight Compute metrics of the candidate's kernels")
-                        ncu_kernels, ncu_note = await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
-                                                                worker.kernel_names, artifacts, problem["inputs"])
+                    timed = _timing_report(backend, device, series, cand, baselines, problem)
+                    # The charts need only the timings: drawn (~0.5 s of the server's CPU) beside the last steps.
+                    async with anyio.create_task_group() as drawing:
+                        drawing.start_soon(anyio.to_thread.run_sync, _draw_charts, timed, artifacts)
+                        revalidated = await _revalidate(judge, worker, cand["revalidation"], handoff, precision,
+                                                        ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
+                        await step("profiling the candidate")
+                        prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
+                                                 calls=_PROFILED_CALLS, perf=avail.hardware_profiler == "perf")
+                        if prof.get("failure"):
+                            return failed(Failure(**prof["failure"]))
+                        ncu_kernels, ncu_note = [], None
+                        if avail.hardware_profiler == "ncu" and hardware_counters:
+                            await step("collecting Nsight Compute metrics of the candidate's kernels")
+                            ncu_kernels, ncu_note = await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
+                                                                    worker.kernel_names, artifacts, problem["inputs"])
                 except WorkerDied as died:
                     return failed(died.failure)
-            (artifacts / CANDIDATE_ARTIFACT).write_text(candidate_code)  # summarize_profile reads the code
-            if prof.get("trace"):
-                shutil.copy(scratch / "candidate" / prof["trace"], artifacts / "trace.json")
-            if (table := scratch / "candidate" / TABLE_ARTIFACT).exists():
-                shutil.copy(table, artifacts / TABLE_ARTIFACT)
-            for role in ("candidate", "judge"):
-                log = scratch / role / f"{role}.log"
-                if log.exists() and log.stat().st_size:
-                    shutil.copy(log, artifacts / f"{role}.log")
+            with traced("server", "profile.artifacts"):
+                _keep_artifacts(scratch, artifacts, candidate_code, prof.get("trace"))
 
+    result_started = time.perf_counter()
     candidate_stats = cand["stats"]
-    report = ProfileReport(
-        backend=backend, device_name=prof["facts"]["device_name"], collector="torch.profiler",
-        candidate=candidate_stats, baselines=tuple(_baseline(n, series[n], cand) for n in baselines),
-        ops=tuple(OpRow(**r) for r in prof["rows"]), profiled_calls=_PROFILED_CALLS,
-        custom_share=custom_share([OpRow(**r) for r in prof["rows"]], prof["total_us"], prof["basis"]),
+    rows = [OpRow(**r) for r in prof["rows"]]
+    report = timed.model_copy(update=dict(
+        collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
+        custom_share=custom_share(rows, prof["total_us"], prof["basis"]),
         counters=tuple(Counter(**c) for c in prof["counters"]) + tuple(counters_for(ncu_kernels)),
         counters_note=_counters_note(avail.hardware_profiler, prof["counters_note"], ncu_kernels, ncu_note),
         ncu=tuple(ncu_kernels),
         notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
                f"(candidate, eager and torch.compile each with {candidate_stats.threads} host threads: torch's "
-               "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",),
-        device=device, problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
-        **ProfileReport.roofline(device, candidate_stats.median_us, problem["problem_bytes"],
-                                 problem["problem_flops"], problem["dtype"]))
+               "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",)))
     warnings = list(candidate_stats.warnings)
     threads = {n: t["stats"].threads for n, t in series.items() if "stats" in t}
     if len(set(threads.values())) > 1:
@@ -209,6 +209,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                              candidate_sha256=spec.candidate_sha256, tool=spec.tool, correct=output_correct,
                              speedup_eager=speedups.get("eager"), speedup_compile=speedups.get("torch.compile"),
                              median_us=candidate_stats.median_us, trusted=trusted, profile_id=profile_id)
+    trace("server", "profile.result", True, result_started)
     await progress(steps, steps, "done")
     return result
 
@@ -228,6 +229,38 @@ async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[di
                               precision=precision)
     await worker.call("release", stage="timing")
     return {**revalidated, "decoy": judged["decoy"]}
+
+
+def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str, Any]], cand: dict[str, Any],
+                   baselines: tuple[str, ...], problem: dict[str, Any]) -> ProfileReport:
+    """The report's timings, speedups and roofline: all the charts show, before the op table and counters."""
+    stats = cand["stats"]
+    return ProfileReport(
+        backend=backend, device_name=device.device_name, collector="torch.profiler", candidate=stats,
+        baselines=tuple(_baseline(n, series[n], cand) for n in baselines), device=device,
+        problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
+        **ProfileReport.roofline(device, stats.median_us, problem["problem_bytes"], problem["problem_flops"],
+                                 problem["dtype"]))
+
+
+def _draw_charts(report: ProfileReport, artifacts: Path) -> None:
+    """The profile's charts, kept as its artifacts (served with the result: `kforge.server.pictures`)."""
+    with traced("server", "profile.charts"):
+        for chart in profile_charts(report):
+            (artifacts / chart.name).write_bytes(chart.png)
+
+
+def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:
+    """What summarize_profile and the artifact resources read later: the code, the trace, the op table, the logs."""
+    (artifacts / CANDIDATE_ARTIFACT).write_text(candidate_code)
+    if trace:
+        shutil.copy(scratch / "candidate" / trace, artifacts / "trace.json")
+    if (table := scratch / "candidate" / TABLE_ARTIFACT).exists():
+        shutil.copy(table, artifacts / TABLE_ARTIFACT)
+    for role in ("candidate", "judge"):
+        log = scratch / role / f"{role}.log"
+        if log.exists() and log.stat().st_size:
+            shutil.copy(log, artifacts / f"{role}.log")
 
 
 def _first_wrong(trials: list[dict[str, Any]]) -> tuple[OutputCheck | None, bool]:

@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -28,7 +29,7 @@ from .models import Failure
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "trace", "worker_env"]
+__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "trace", "traced", "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
@@ -161,15 +162,56 @@ async def kill_group(proc: Any) -> None:
         await proc.wait()
 
 
-def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None) -> None:
-    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter), and the
-    worker's peaks of reserved and of allocated device memory during the op where it has them."""
+def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None,
+          seconds: float | None = None) -> None:
+    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter) for
+    `seconds` (default: until now), and the worker's peaks of reserved and of allocated device memory during
+    the op where it has them."""
     if _TRACE:
-        line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(time.perf_counter() - started, 3)}
+        took = time.perf_counter() - started if seconds is None else seconds
+        line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(took, 3)}
         if peak_bytes:
             line["peak_gb"], line["peak_allocated_gb"] = (round(b / 1e9, 3) for b in peak_bytes)
         with open(_TRACE, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+class WorkerGroup:
+    """The workers of one job, ended together: every one is killed at once, then their exits (a GPU
+    context's teardown each) are awaited side by side, by the pool in the background where one runs (the
+    job answers without waiting; the pool's next job waits for them), else here."""
+
+    def __init__(self, pool: WorkerPool | None = None) -> None:
+        self.workers: list[WorkerProcess] = []
+        self._pool = pool
+
+    async def start(self, worker: WorkerProcess) -> WorkerProcess:
+        self.workers.append(worker)
+        return await worker.__aenter__()
+
+    async def __aenter__(self) -> WorkerGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            for worker in self.workers:
+                worker.kill_now()
+            held = sum(w.device_bytes for w in self.workers)
+            if self._pool is not None and self._pool.reap([w.aclose for w in self.workers], held):
+                return
+            async with anyio.create_task_group() as tg:
+                for worker in self.workers:
+                    tg.start_soon(worker.aclose)
+
+
+@contextmanager
+def traced(role: str, op: str) -> Iterator[None]:
+    """KFORGE_TRACE a span of the server's own work (an op of no worker): where a call's time goes between ops."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        trace(role, op, True, started)
 
 
 class WorkerProcess:
@@ -190,6 +232,7 @@ class WorkerProcess:
         # A worker under a profiler (ncu) needs its own process; the others may come warm.
         self._pool = pool if not prefix else None
         self.warm = False
+        self.device_bytes = 0  # the most device memory its ops reserved (their reported peaks)
 
     def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
         trace(self.role, op, self.warm, started, peak_bytes)
@@ -239,7 +282,12 @@ class WorkerProcess:
         started = time.perf_counter()
         await self._send({"op": op, "nonce": nonce, **payload})
         reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
-        self._trace(op, started, reply.pop("device_peak_bytes", None))
+        peaks = reply.pop("device_peak_bytes", None)
+        self._trace(op, started, peaks)
+        if peaks:
+            self.device_bytes = max(self.device_bytes, peaks[0])
+        for part, seconds in (reply.pop("trace_parts", None) or {}).items():  # where a slow op's time went
+            trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
         if reply.get("nonce") != nonce:
             await self.kill()
             raise WorkerDied(Failure(
@@ -291,9 +339,16 @@ class WorkerProcess:
         if self._proc is not None:
             await kill_group(self._proc)
 
+    def kill_now(self) -> None:
+        """SIGKILL the worker's session without waiting; `aclose` still waits for it. Not for a worker under a
+        profiler, which writes its report as it exits."""
+        if self._proc is not None and not self._prefix and self._proc.returncode is None:
+            killpg(self._proc.pid)
+
     async def aclose(self) -> None:
         if self._proc is None:
             return
+        started = time.perf_counter()
         if self._proc.returncode is None and self._proc.stdin is not None:
             try:
                 await self._proc.stdin.aclose()  # EOF: the worker's loop ends on its own
@@ -308,3 +363,4 @@ class WorkerProcess:
         await self.kill()
         await self._proc.aclose()
         self._proc = None
+        self._trace("close", started)

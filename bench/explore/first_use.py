@@ -1,0 +1,132 @@
+"""Which first uses does a warm worker still pay inside a job? (issue 16: verify's calibrate and profile's first
+check took 0.27-0.45 s on GEMM problems where later calls took 0.01-0.06 s.)
+
+Each step runs in a fresh process forked from a parent that preloaded what the pool's zygote preloads, readied
+as the pool readies a forked worker (`_warm_device`, and in the second column also `_warm_libraries`), then
+runs the step twice: the first time pays what is still cold, the second is the step's own cost. Printed as a
+table and as JSON. Run on a GPU host with the checkout importable as `kforge` (as scripts/run_gpu_tests.sh
+arranges): python3 bench/explore/first_use.py
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import multiprocessing as mp
+import time
+
+N = 4096  # level1/1's size: KernelBench's square matmul
+
+
+def _setup(libraries: bool):
+    import torch
+
+    from kforge.backends import load_backend
+    from kforge.tools.worker import _warm_device, _warm_libraries
+
+    backend = load_backend("cuda")
+    backend.setup()
+    _warm_device(backend)
+    if libraries:
+        _warm_libraries(backend)
+    return torch, backend
+
+
+def compare_fp32(torch, backend):
+    from kforge.tools.compare import compare_outputs
+
+    e = torch.randn(N, N, device="cuda")
+    g = e + 1e-6
+    compare_outputs([e], [g], exact=[e.double()], device="cuda")
+
+
+def compare_no_exact(torch, backend):
+    from kforge.tools.compare import compare_outputs
+
+    e = torch.randn(N, N, device="cuda")
+    compare_outputs([e], [e.clone()], device="cuda")
+
+
+def linear_bf16(torch, backend):
+    m = torch.nn.Linear(N, N, device="cuda")
+    b = copy.deepcopy(m).to(torch.bfloat16)
+    with torch.no_grad():
+        b(torch.randn(N, N, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+
+
+def matmul_fp64(torch, backend):
+    a = torch.randn(N, N, device="cuda", dtype=torch.float64)
+    (a @ a).sum().item()
+
+
+def matmul_fp32(torch, backend):
+    a = torch.randn(N, N, device="cuda")
+    (a @ a).sum().item()
+
+
+def conv2d_fp32(torch, backend):
+    x = torch.randn(16, 64, 64, 64, device="cuda")
+    w = torch.randn(64, 64, 3, 3, device="cuda")
+    torch.nn.functional.conv2d(x, w).sum().item()
+
+
+def mean64(torch, backend):
+    from kforge.tools.judge import _mean64
+
+    _mean64(torch.randn(N, N, device="cuda"))
+
+
+def flop_count_meta(torch, backend):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m = torch.nn.Linear(N, N, device="meta")
+    with FlopCounterMode(display=False) as fc:
+        m(torch.empty(N, N, device="meta"))
+    fc.get_total_flops()
+
+
+STEPS = [compare_fp32, compare_no_exact, linear_bf16, matmul_fp64, matmul_fp32, conv2d_fp32, mean64, flop_count_meta]
+
+
+def _run(name: str, libraries: bool, q) -> None:
+    t0 = time.perf_counter()
+    torch, backend = _setup(libraries)
+    ready = time.perf_counter() - t0
+    step = {s.__name__: s for s in STEPS}[name]
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        step(torch, backend)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    q.put({"step": name, "libraries_warmed": libraries, "ready_s": round(ready, 3), "first_s": round(times[0], 4), "second_s": round(times[1], 4)})
+
+
+def main() -> None:
+    import os
+
+    from kforge.tools.worker import _NVML_CHECK, _preload
+
+    os.environ[_NVML_CHECK] = "1"  # as the zygote: asking whether CUDA exists must not start it
+    _preload("cuda")
+    os.environ.pop(_NVML_CHECK)
+    ctx = mp.get_context("fork")
+    rows = []
+    for libraries in (False, True):
+        for s in STEPS:
+            q = ctx.Queue()
+            p = ctx.Process(target=_run, args=(s.__name__, libraries, q))
+            p.start()
+            rows.append(q.get(timeout=300))
+            p.join()
+    print("| step | warmed | ready s | first use s | again s | first - again s |\n|---|---|---|---|---|---|")
+    for r in rows:
+        warmed = "device + libraries" if r["libraries_warmed"] else "device"
+        print(f"| {r['step']} | {warmed} | {r['ready_s']} | {r['first_s']} | {r['second_s']} | "
+              f"{r['first_s'] - r['second_s']:.3f} |")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

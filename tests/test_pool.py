@@ -1,0 +1,114 @@
+"""The warm-worker pool around a timing: no fork readies a device beside it, and a job's workers end in the
+background without leaving anything for the next job to share the device with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kforge.tools.context import SYNC_LAUNCHES, ToolContext
+from kforge.tools.runner import WorkerGroup, kill_group
+
+pytestmark = pytest.mark.anyio
+
+
+def _idle(pool, *kind) -> int:
+    return len(pool._idle[("cpu", tuple(sorted(dict(kind).items())))])
+
+
+async def _ready(pool, n: int) -> None:
+    """Wait until n warm cpu workers are idle, over both kinds."""
+    with anyio.fail_after(180):
+        while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
+            await anyio.sleep(0.1)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+async def test_held_forks_start_after_the_release_but_a_waiting_job_still_gets_one(tmp_path):
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 2)
+        release = ctx.hold_forks()
+        taken = pool.take("cpu")
+        assert taken is not None
+        await anyio.sleep(1.0)  # a refill would have started by now
+        assert _idle(pool) == 0 and not pool._starting[("cpu", ())], "a fork started while held"
+        # A job that finds none idle waits for a fork even while held: it cannot go on without one.
+        with anyio.fail_after(120):
+            waited = await pool.acquire("cpu")
+        assert waited is not None
+        await ctx.forks_finished()
+        assert not sum(pool._starting.values())  # every kind's
+        release()
+        release()  # idempotent
+        with anyio.fail_after(120):
+            while _idle(pool) < 1:
+                await anyio.sleep(0.1)
+        assert pool._quiet == 0
+        for warm in (taken, waited):
+            await kill_group(warm.proc)
+            await warm.proc.aclose()
+
+
+async def test_a_jobs_workers_are_killed_at_once_and_collected_in_the_background(tmp_path):
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 2)
+        scratch = tmp_path / "job"
+        async with WorkerGroup(pool) as group:
+            judge = await group.start(ctx.worker("cpu", scratch / "judge", "judge"))
+            candidate = await group.start(ctx.worker("cpu", scratch / "candidate", "candidate",
+                                                     extra_env=SYNC_LAUNCHES))
+            pids = [judge._proc.pid, candidate._proc.pid]
+            assert judge.warm and candidate.warm
+        # Killed before the group's exit returned; their exits are awaited by the pool.
+        with anyio.fail_after(10):
+            while not all(_gone(p) for p in pids):
+                await anyio.sleep(0.02)
+        with anyio.fail_after(10):
+            while pool._reaping:
+                await anyio.sleep(0.02)
+        assert judge._proc is None and candidate._proc is None  # closed: streams and process handles let go
+        with anyio.fail_after(120):
+            nxt = await pool.acquire("cpu")
+        assert nxt is not None and nxt.proc.pid not in pids
+        await kill_group(nxt.proc)
+        await nxt.proc.aclose()
+
+
+async def test_without_a_pool_a_group_waits_for_its_workers(tmp_path):
+    ctx = ToolContext(home=tmp_path / "home")
+    async with WorkerGroup(ctx.pool) as group:
+        worker = await group.start(ctx.worker("cpu", tmp_path / "w", "candidate"))
+        pid = worker._proc.pid
+        assert not worker.warm
+    assert worker._proc is None and _gone(pid)
+    assert os.path.isdir(tmp_path / "w")
+
+
+async def test_the_next_job_waits_for_killed_workers_only_when_they_held_much_device_memory(tmp_path):
+    """A job of several GB must find the last job's memory free; after a small one, nothing is waited for."""
+    from kforge.tools.pool import _REAP_BEFORE_NEXT_BYTES
+
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(0) as pool:
+        for held, waits in ((_REAP_BEFORE_NEXT_BYTES + 1, True), (2**20, False)):
+            closed = anyio.Event()
+
+            async def close() -> None:
+                await anyio.sleep(0.5)
+                closed.set()
+            assert pool.reap([close], held)
+            await pool.reaped()
+            assert closed.is_set() is waits
+            with anyio.fail_after(5):
+                await closed.wait()
