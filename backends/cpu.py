@@ -17,6 +17,15 @@ this process (involuntary context switches); `contention()` says how many window
 
 Memory: `setup` fixes glibc's malloc thresholds (`_keep_freed_memory`), so the harness's fresh input
 copies do not make timed calls pay page faults that the same call in a loop never pays.
+
+Cache flush: last-level caches protect lines that were used more than once from a stream of lines written
+once (scan resistance). After one pass writing 64 MiB (the flush until 2026-11-24) a 4 MiB input read twice
+just before it was partly still in the 32 MiB L3 (AMD EPYC, Zen 5): an RMSNorm call ran 18-22% faster than
+after the same flush of an input read once, and torch.utils.benchmark's `timeit(1)`, which makes two untimed
+calls before each timed one, read 6-12% lower than KForge's loop (bench/explore/cpu_call_gap.py). So a "cold"
+time depended on what ran before the flush. `flush_cache` now writes each chunk of a larger buffer twice in
+a row: the second write hits, the flush's own lines become the re-used ones and push the rest out, and the
+same loops agree within 2% (all of them colder than before: 0.38 ms where the old flush gave 0.24-0.30).
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ from typing import Any
 from ._host import WallTimer, cpu_name, llc_bytes, measure_cpu_ceilings
 from .base import Availability, DeviceFacts
 
-__all__ = ["VEC_REPORT_FILE", "CpuBackend", "CpuTimer", "openmp_runtimes", "threads_wanted", "usable_cpus",
-           "vectorizer_flags"]
+__all__ = ["VEC_REPORT_FILE", "CpuBackend", "CpuTimer", "flush_plan", "llc_layout", "openmp_runtimes", "threads_wanted",
+           "usable_cpus", "vectorizer_flags"]
 
 # GCC appends its vectorizer report here, relative to the build directory (ninja compiles there).
 VEC_REPORT_FILE = "kforge-vec.txt"
@@ -151,8 +160,44 @@ class CpuTimer(WallTimer):
             self._tally[0] += 1
             self._tally[1] += self.preemptions > 0
 
-# Large enough to evict the last-level cache of common server CPUs (tens of MiB); see flush_cache.
-_FLUSH_BYTES = 64 * 1024 * 1024
+# The flush buffer: at least this large, and at least twice all the last-level caches of the usable CPUs.
+_FLUSH_MIN_BYTES = 64 * 2**20
+_FLUSH_MAX_BYTES = 2**30
+# At most this many chunks: each write of a chunk is a parallel region, and on a busy host each region may wait
+# out another process's time slice (8 MiB chunks, 16 regions, made a flush take 390 ms on the loaded 2-core VM).
+_FLUSH_MAX_CHUNKS = 8
+
+
+def llc_layout() -> tuple[int, int] | None:
+    """(bytes of one last-level cache, how many distinct ones serve this process's CPUs), from sysfs, or None."""
+    caches: dict[str, tuple[int, int]] = {}  # shared_cpu_list -> (level, bytes), of the deepest data cache
+    for cpu in sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]:
+        for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                raw = (index / "size").read_text().strip()
+                size = int(raw.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(raw[-1], 1)
+                caches[(index / "shared_cpu_list").read_text().strip() + f"@{level}"] = (level, size)
+            except (OSError, ValueError):
+                continue
+    if not caches:
+        return None
+    top = max(level for level, _ in caches.values())
+    sizes = [size for level, size in caches.values() if level == top]
+    return max(sizes), len(sizes)
+
+
+def flush_plan() -> tuple[int, int]:
+    """(buffer bytes, chunk bytes) of `CpuBackend.flush_cache` on this machine.
+
+    A chunk is half of all the last-level caches (the threads spread it over them), so its second write hits;
+    where those are small, chunks grow to an eighth of the buffer, which then outsizes the caches many times."""
+    llc, count = llc_layout() or (32 * 2**20, 1)
+    total = min(_FLUSH_MAX_BYTES, max(_FLUSH_MIN_BYTES, 2 * llc * count))
+    chunk = max(llc * count // 2, total // _FLUSH_MAX_CHUNKS) // 2**20 * 2**20
+    return -(-total // chunk) * chunk, chunk
 
 
 def vectorizer_flags() -> list[str]:
@@ -275,12 +320,15 @@ class CpuBackend:
         return {"windows": windows, "preempted": preempted, "warning": warning}
 
     def flush_cache(self) -> None:
+        """Evict what earlier calls left in the caches, whatever they did with it (see the module's docstring)."""
         import torch
 
         if self._flush_buf is None:
-            self._flush_buf = torch.empty(_FLUSH_BYTES // 4, dtype=torch.float32)
-        # Writing the whole buffer evicts what the previous call left in the caches.
-        self._flush_buf.fill_(1.0)
+            total, chunk = flush_plan()
+            self._flush_buf = torch.empty(total // 4, dtype=torch.float32).split(chunk // 4)
+        for part in self._flush_buf:
+            part.fill_(1.0)
+            part.fill_(2.0)  # hits in the cache: these lines are now the re-used ones, and they outrank the rest
 
     def facts(self) -> DeviceFacts:
         return DeviceFacts(backend=self.name, device_name=cpu_name(),

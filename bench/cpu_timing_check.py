@@ -6,8 +6,11 @@ For each case, in the same run and round by round:
   (b) the very library KForge built (the `.so` from its build cache, loaded in this process) called
       with `torch.utils.benchmark.Timer`, with the thread count KForge reported, half the budget just
       before KForge's timing and half just after (round 1: all after, once the library exists):
-        cold: `Timer(stmt, setup="flush()").timeit(1)` repeated, the flush being KForge's own (64 MiB
-              written), so each call starts from DRAM as in KForge's timing loop;
+        cold: `Timer(stmt, setup="flush()").timeit(1)` repeated, the flush being KForge's own
+              (`CpuBackend.flush_cache`), so each call starts from DRAM as in KForge's timing loop. timeit(1)
+              first makes two untimed calls (its warm-up), so the input was used twice just before the timed
+              call's flush: a flush that left such data in the cache made this column 6-12% low (the ratios
+              of 1.12-1.14 on 2026-11-23; bench/explore/cpu_call_gap.py, kforge.backends.cpu);
         warm: `blocked_autorange`, calls back to back on one input (what most people run);
   (c) eager: the reference model in KForge (judge worker) and through `torch.utils.benchmark` as in (b).
 Ratios are KForge / torch.utils.benchmark. KForge flushes the caches before every timed call (see
@@ -125,10 +128,18 @@ def candidate_model(source: str, ext: Any, init_inputs: list[Any]) -> Any:
 
 def outside_all(ext: Any, stmt: str, modelnew: Any, model: Any, x: Any, threads: int, budget_s: float) -> dict:
     """Outside KForge: the extension function (cold and warm), the candidate's ModelNew as KForge calls it
-    (cold, under no_grad), and the eager reference (cold and warm)."""
-    return {"function": time_outside(stmt, {"ext": ext, "x": x}, threads, budget_s),
-            "modelnew": time_outside("m(x)", {"m": _eager(modelnew), "x": x}, threads, budget_s, warm=False),
-            "eager": time_outside("eager(x)", {"eager": _eager(model), "x": x}, threads, budget_s)}
+    (cold), and the eager reference (cold and warm).
+
+    Grad mode is off around the Timers, as KForge's worker turns it off once around its timing loop: entering
+    `torch.no_grad()` inside each timed call adds Python run from flushed caches (0.405 against 0.380 ms for
+    a cold RMSNorm ModelNew call in one process, 10 interleaved repetitions; the `nograd` loop of
+    bench/explore/cpu_call_gap.py), which this column had until 2026-11-24."""
+    import torch
+
+    with torch.no_grad():
+        return {"function": time_outside(stmt, {"ext": ext, "x": x}, threads, budget_s),
+                "modelnew": time_outside("m(x)", {"m": modelnew, "x": x}, threads, budget_s, warm=False),
+                "eager": time_outside("eager(x)", {"eager": model, "x": x}, threads, budget_s)}
 
 
 def _average(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +210,7 @@ while os.path.exists(f"/proc/{root}"):
 async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     import torch
 
-    from kforge.backends.cpu import openmp_runtimes, threads_wanted
+    from kforge.backends.cpu import flush_plan, llc_layout, openmp_runtimes, threads_wanted
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.profile import profile_kernel
@@ -275,7 +286,8 @@ async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                   f"outside cold {outside['eager']['cold_ms']:.4f}", flush=True)
         rows.append(summarize(name, x, rounds))
     return {"date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S"), "device": avail.device_name,
-            "machine": {"cpus": os.cpu_count(), "usable_cpus": threads_wanted(), "platform": platform.platform()},
+            "machine": {"cpus": os.cpu_count(), "usable_cpus": threads_wanted(), "platform": platform.platform(),
+                        "llc": llc_layout(), "flush_bytes_chunk": flush_plan()},
             "versions": {**avail.versions, "python": platform.python_version(), "torch": torch.__version__},
             "rounds": args.rounds, "budget_s": args.budget, "shielded": args.shield, "tag": args.tag,
             "outside_malloc": "glibc defaults" if args.default_malloc else "as KForge's workers (fixed thresholds)",
@@ -330,6 +342,12 @@ COLUMNS = [  # (header, key)
 ]
 
 
+def _flush_words(plan: list[int] | None) -> str:
+    if not plan:
+        return "one pass writing 64 MiB"  # results written before 2026-11-24
+    return f"{plan[0] >> 20} MiB in chunks of {plan[1] >> 20} MiB, each written twice"
+
+
 def table(result: dict[str, Any]) -> str:
     def cell(row: dict[str, Any], key: str) -> str:
         value = row.get(key)
@@ -352,9 +370,10 @@ def table(result: dict[str, Any]) -> str:
              f"malloc outside KForge: {result.get('outside_malloc', 'glibc defaults')}", "",
              f"Medians of {result['rounds']} rounds. A round: profile_kernel (budget {result['budget_s']:g} s in 3 "
              "interleaved timing rounds, cold workers), bracketed by the same library and the reference timed with "
-             "torch.utils.benchmark (ub) at KForge's thread count. cold: KForge's 64 MiB flush in the Timer's setup, "
+             "torch.utils.benchmark (ub) at KForge's thread count. cold: KForge's flush "
+             f"({_flush_words(result['machine'].get('flush_bytes_chunk'))}) in the Timer's setup, "
              "timeit(1) per call, as KForge times; warm: blocked_autorange. fn: the extension function; ModelNew: "
-             "the candidate's module around it, called as KForge calls it. ratio: KForge / ub. threads: KForge "
+             "the candidate's module around it, called as KForge calls it (grad mode off around the loop). ratio: KForge / ub. threads: KForge "
              "candidate / eager / torch.compile / ub. ub after/before: drift of the host between the two brackets. "
              "ub calls preempted: outside calls during which another process took a CPU; ub faults/call: page faults per "
              "cold outside call (median; the worst of fn, ModelNew and eager). host busy: all CPUs' busy share while "
