@@ -72,7 +72,7 @@ async def test_cuda_errors_are_located_and_faults_contained(kforge_home, candida
 
         fault = data(await client.call_tool("verify_against_reference", {
             "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_illegal_address"), "trials": 1}))
-        assert not fault["correct"] and fault["failure"]["kind"] == "device_fault", fault["failure"]
+        assert not fault["correct"] and (fault.get("failure") or {}).get("kind") == "device_fault", fault
         assert "illegal memory access" in fault["failure"]["message"]
 
         healthy = data(await client.call_tool("verify_against_reference", {

@@ -1,4 +1,8 @@
-"""CUDA, device fault: writes 1 GiB past the end of the output (KernelBench load_inline convention)."""
+"""CUDA, device fault: writes 4 TiB past the end of the output (KernelBench load_inline convention).
+
+Far past anything a process maps: at 1 GiB past, a warm worker (which pre-started cuBLAS, cuDNN and the
+judge's comparison, and keeps freed blocks cached) could own that address, and the write landed silently
+(a wrong output, not a fault; H100, 2026-11-24)."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -11,7 +15,7 @@ __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, 
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = x[i];
-        y[i + (1 << 28)] = v;  // far out of bounds
+        y[(long long)i + (1LL << 40)] = v;  // far out of bounds
     }
 }
 
