@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import platform
 import time
+from pathlib import Path
 
-__all__ = ["WallTimer", "cpu_name", "llc_bytes"]
+__all__ = ["WallTimer", "cpu_name", "llc_bytes", "llc_layout"]
 
 
 class WallTimer:
@@ -35,18 +36,32 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def llc_bytes() -> int | None:
-    """Size of the largest CPU cache that sysfs reports, or None."""
-    sizes = []
-    root = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in os.listdir(root):
-            raw = open(os.path.join(root, entry, "size")).read().strip()
-            mult = {"K": 1024, "M": 1024**2}.get(raw[-1], 1)
-            sizes.append(int(raw.rstrip("KM")) * mult)
-    except (OSError, ValueError):
+def llc_layout() -> tuple[int, int] | None:
+    """(bytes of one last-level cache, how many distinct ones serve this process's CPUs), from sysfs, or None."""
+    caches: dict[str, tuple[int, int]] = {}  # shared_cpu_list -> (level, bytes), of the deepest data cache
+    for cpu in sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]:
+        for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                raw = (index / "size").read_text().strip()
+                size = int(raw.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(raw[-1], 1)
+                caches[(index / "shared_cpu_list").read_text().strip() + f"@{level}"] = (level, size)
+            except (OSError, ValueError):
+                continue
+    if not caches:
         return None
-    return max(sizes) if sizes else None
+    top = max(level for level, _ in caches.values())
+    sizes = [size for level, size in caches.values() if level == top]
+    return max(sizes), len(sizes)
+
+
+def llc_bytes() -> int | None:
+    """Size of one last-level cache that sysfs reports, or None. (It read each entry of the cache directory as
+    a cache, `uevent` among them, and so always answered None.)"""
+    layout = llc_layout()
+    return layout[0] if layout else None
 
 
 def measure_cpu_ceilings() -> dict:

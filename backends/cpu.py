@@ -40,7 +40,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ._host import WallTimer, cpu_name, llc_bytes, measure_cpu_ceilings
+from ._host import WallTimer, cpu_name, llc_bytes, llc_layout, measure_cpu_ceilings
 from .base import Availability, DeviceFacts
 
 __all__ = ["VEC_REPORT_FILE", "CpuBackend", "CpuTimer", "flush_plan", "llc_layout", "openmp_runtimes", "threads_wanted",
@@ -166,27 +166,6 @@ _FLUSH_MAX_BYTES = 2**30
 # At most this many chunks: each write of a chunk is a parallel region, and on a busy host each region may wait
 # out another process's time slice (8 MiB chunks, 16 regions, made a flush take 390 ms on the loaded 2-core VM).
 _FLUSH_MAX_CHUNKS = 8
-
-
-def llc_layout() -> tuple[int, int] | None:
-    """(bytes of one last-level cache, how many distinct ones serve this process's CPUs), from sysfs, or None."""
-    caches: dict[str, tuple[int, int]] = {}  # shared_cpu_list -> (level, bytes), of the deepest data cache
-    for cpu in sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]:
-        for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
-            try:
-                if (index / "type").read_text().strip() == "Instruction":
-                    continue
-                level = int((index / "level").read_text())
-                raw = (index / "size").read_text().strip()
-                size = int(raw.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(raw[-1], 1)
-                caches[(index / "shared_cpu_list").read_text().strip() + f"@{level}"] = (level, size)
-            except (OSError, ValueError):
-                continue
-    if not caches:
-        return None
-    top = max(level for level, _ in caches.values())
-    sizes = [size for level, size in caches.values() if level == top]
-    return max(sizes), len(sizes)
 
 
 def flush_plan() -> tuple[int, int]:
