@@ -112,3 +112,14 @@ async def test_the_next_job_waits_for_killed_workers_only_when_they_held_much_de
             assert closed.is_set() is waits
             with anyio.fail_after(5):
                 await closed.wait()
+
+
+async def test_a_candidate_that_dies_in_the_profilers_window_is_reported_as_exited(tmp_path, cpu_example, candidate):
+    """The charts are drawn beside the profile's last steps: a worker's death there is still the candidate's."""
+    from kforge.tools.profile import profile_kernel
+
+    ctx = ToolContext(home=tmp_path / "home")
+    result = await profile_kernel(ctx, "cpu", cpu_example["reference"], candidate("exits_when_profiled"),
+                                  baselines=("eager",), budget_s=0.3, hardware_counters=False)
+    assert not result.ok and result.failure is not None, str(result)
+    assert result.failure.kind == "exited" and "code 3" in result.failure.message, result.failure
