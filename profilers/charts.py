@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from .report import ProfileReport, TimingStats
 
-__all__ = ["PROFILE_CHARTS", "Chart", "before_after_chart", "profile_charts", "roofline_chart", "timing_chart"]
+__all__ = ["PROFILE_CHARTS", "Chart", "before_after_chart", "keep", "profile_charts", "roofline_chart", "timing_chart"]
 
 _SIZE_IN = (8.0, 3.4)  # small: every image costs the reading model context
 _DPI = 100
@@ -41,6 +42,14 @@ class Chart(BaseModel):
 
 
 PROFILE_CHARTS = ("timings.png", "roofline.png")  # the file names of what `profile_charts` draws, in its order
+
+
+def keep(chart: Chart, directory: Path) -> None:
+    """Write `chart` into `directory` (a profile's artifacts) unless it is there: drawn from the same stored
+    numbers, the file already there is the same picture."""
+    path = directory / chart.name
+    if not path.exists():
+        path.write_bytes(chart.png)
 
 
 def profile_charts(report: ProfileReport) -> list[Chart]:

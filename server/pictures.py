@@ -12,7 +12,7 @@ import base64
 
 from mcp.types import ImageContent
 
-from kforge.profilers.charts import PROFILE_CHARTS, Chart, before_after_chart, profile_charts
+from kforge.profilers.charts import PROFILE_CHARTS, Chart, before_after_chart, keep, profile_charts
 from kforge.profilers.report import ProfileReport
 from kforge.tools.models import ProfileResult
 from kforge.tools.store import ResultStore
@@ -33,9 +33,7 @@ def _image(chart: Chart) -> ImageContent:
 
 
 def _keep(store: ResultStore, profile_id: str, chart: Chart) -> None:
-    path = store.artifact_dir(profile_id) / chart.name
-    if not path.exists():  # drawn from the same stored numbers: the file already there is the same picture
-        path.write_bytes(chart.png)
+    keep(chart, store.artifact_dir(profile_id))
 
 
 def profile_pictures(store: ResultStore, result: ProfileResult) -> tuple[ProfileResult, list[ImageContent]]:

@@ -33,7 +33,7 @@ import anyio
 from anyio.abc import UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .runner import kill_group, killpg, trace
+from .runner import close_together, kill_group, killpg, trace
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -259,9 +259,7 @@ class WorkerPool:
     async def _reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> None:
         try:
             with anyio.CancelScope(shield=True):  # a server shutting down still collects what it killed
-                async with anyio.create_task_group() as tg:
-                    for close in closes:
-                        tg.start_soon(close)
+                await close_together(closes)
         finally:
             self._reaping -= 1
             self._reaping_bytes -= device_bytes

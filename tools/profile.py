@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from kforge.backends.base import DeviceFacts
-from kforge.profilers.charts import profile_charts
+from kforge.profilers.charts import keep, profile_charts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
@@ -250,7 +250,7 @@ def _draw_charts(report: ProfileReport, artifacts: Path) -> None:
     """The profile's charts, kept as its artifacts (served with the result: `kforge.server.pictures`)."""
     with traced("server", "profile.charts"):
         for chart in profile_charts(report):
-            (artifacts / chart.name).write_bytes(chart.png)
+            keep(chart, artifacts)
 
 
 def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:

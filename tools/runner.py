@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -29,7 +29,7 @@ from .models import Failure
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "kill_group", "killpg", "trace", "traced", "worker_env"]
+__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "trace", "traced", "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
@@ -176,10 +176,17 @@ def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] 
             f.write(json.dumps(line) + "\n")
 
 
+async def close_together(closes: list[Callable[[], Awaitable[None]]]) -> None:
+    """Run every close at once and return when all are done (workers' exits overlap instead of adding up)."""
+    async with anyio.create_task_group() as tg:
+        for close in closes:
+            tg.start_soon(close)
+
+
 class WorkerGroup:
     """The workers of one job, ended together: every one is killed at once, then their exits (a GPU
     context's teardown each) are awaited side by side, by the pool in the background where one runs (the
-    job answers without waiting; the pool's next job waits for them), else here."""
+    job answers without waiting; the next job waits only if they held much device memory), else here."""
 
     def __init__(self, pool: WorkerPool | None = None) -> None:
         self.workers: list[WorkerProcess] = []
@@ -197,11 +204,9 @@ class WorkerGroup:
             for worker in self.workers:
                 worker.kill_now()
             held = sum(w.device_bytes for w in self.workers)
-            if self._pool is not None and self._pool.reap([w.aclose for w in self.workers], held):
-                return
-            async with anyio.create_task_group() as tg:
-                for worker in self.workers:
-                    tg.start_soon(worker.aclose)
+            closes = [w.aclose for w in self.workers]
+            if self._pool is None or not self._pool.reap(closes, held):
+                await close_together(closes)
 
 
 @contextmanager
@@ -283,11 +288,8 @@ class WorkerProcess:
         await self._send({"op": op, "nonce": nonce, **payload})
         reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         peaks = reply.pop("device_peak_bytes", None)
+        parts = reply.pop("trace_parts", None) or {}  # where a slow op's time went
         self._trace(op, started, peaks)
-        if peaks:
-            self.device_bytes = max(self.device_bytes, peaks[0])
-        for part, seconds in (reply.pop("trace_parts", None) or {}).items():  # where a slow op's time went
-            trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
         if reply.get("nonce") != nonce:
             await self.kill()
             raise WorkerDied(Failure(
@@ -295,6 +297,10 @@ class WorkerProcess:
                 message="the worker's reply did not carry this call's secret: the candidate wrote to the harness's "
                         "result channel; the worker was killed and nothing it sent is trusted",
                 output_tail=_tail(self.log)))
+        for part, seconds in parts.items():
+            trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
+        if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
+            self.device_bytes = max(self.device_bytes, peaks[0])
         if "fatal" in reply:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
         return reply
