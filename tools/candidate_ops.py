@@ -297,11 +297,15 @@ class _Reservoir:
     """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last.
 
     Kept across a series' rounds; the last call's output is held by reference, so nothing may call the
-    model between the last timed call and the encoding of the sample (see `op_time`)."""
+    model between the last timed call and the encoding of the sample (see `op_time`). The k copies' memory is
+    taken once, at the first call, and reused by every later copy: copies that allocated as the sample filled
+    and changed grew and trimmed the CPU heap, so a later timed call's output landed on new pages and paid
+    their faults inside its window (issue 16)."""
 
     def __init__(self, k: int) -> None:
         self.k, self.seen = k, 0
         self.kept: dict[int, Any] = {}
+        self.free: list[list[Any]] = []  # copies' buffers not holding a kept call
         self.last: tuple[int, Any] | None = None
 
     def offer(self, set_index: int, out: Any) -> None:
@@ -313,6 +317,8 @@ class _Reservoir:
         if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (outputs larger: only the last)
             size = sum(o.numel() * o.element_size() for o in outputs if type(o) is torch.Tensor)
             self.k = min(self.k, _KEPT_OUTPUT_BYTES // max(1, size))
+            self.free = [[torch.empty_like(o) if type(o) is torch.Tensor else o for o in outputs]
+                         for _ in range(self.k)]
         call = self.seen
         self.seen += 1
         self.last = (call, (set_index, out))  # no later call runs before the sample is saved: no copy needed
@@ -321,9 +327,9 @@ class _Reservoir:
         slot = len(self.kept) if len(self.kept) < self.k else secrets.randbelow(self.seen)
         if slot < self.k:
             if len(self.kept) >= self.k:
-                del self.kept[sorted(self.kept)[slot]]
+                self.free.append(self.kept.pop(sorted(self.kept)[slot])[1])
             # Copied now: a candidate may reuse its output buffer on the next call.
-            self.kept[call] = (set_index, [o.detach().clone() if type(o) is torch.Tensor else o for o in outputs])
+            self.kept[call] = (set_index, _copy_into(self.free.pop() if self.free else None, outputs))
 
     def drop_last(self) -> None:
         self.last = None
@@ -333,6 +339,21 @@ class _Reservoir:
         if self.last is not None:
             items[self.last[0]] = self.last[1]
         return sorted(items.items())
+
+
+def _copy_into(buffers: list[Any] | None, outputs: list[Any]) -> list[Any]:
+    """Copies of `outputs`, written into `buffers` where they match them tensor for tensor (same shape, dtype,
+    device, layout), else newly allocated."""
+    import torch
+
+    def fits(b: Any, o: Any) -> bool:
+        return (type(b) is torch.Tensor and b.shape == o.shape and b.dtype == o.dtype and b.device == o.device
+                and b.layout == o.layout == torch.strided)
+
+    if buffers is not None and len(buffers) == len(outputs) and all(
+            fits(b, o) for b, o in zip(buffers, outputs) if type(o) is torch.Tensor):
+        return [b.copy_(o.detach()) if type(o) is torch.Tensor else o for b, o in zip(buffers, outputs)]
+    return [o.detach().clone() if type(o) is torch.Tensor else o for o in outputs]
 
 
 def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:
