@@ -72,6 +72,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if token is not None and settings.certfile is None and exposed:
         print("kforge: warning: plain HTTP beyond loopback sends the token in clear text; give --certfile/--keyfile "
               "or put a TLS reverse proxy in front (README: Remote GPU hosts)", file=sys.stderr)
+    if (missing := _sandbox_missing(settings)) and not settings.allow_partial_sandbox:
+        return _refuse("refusing to serve HTTP: this host refuses part of the workers' sandbox, so candidates from "
+                       f"the network would run with less isolation: {'; '.join(missing)}. Fix the host (README: "
+                       "Security), or pass --allow-partial-sandbox (KFORGE_ALLOW_PARTIAL_SANDBOX=1) to accept it.")
     if token is not None:
         print(f"kforge: bearer token read from {source}", file=sys.stderr)
     scheme = "https" if settings.certfile else "http"
@@ -79,6 +83,18 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     serve_http(build_server(settings, auth=auth_arguments(token), on_start=_on_start(settings, where)), settings,
                host=args.host, port=args.port, has_token=token is not None)
     return 0
+
+
+def _sandbox_missing(settings: Settings) -> list[str]:
+    """What of the workers' sandbox this host refuses (a trial sandbox, entered by a child of this process)."""
+    if not settings.worker_sandbox:
+        return ["the sandbox is off (KFORGE_WORKER_SANDBOX=0)"]
+    from kforge.tools.sandbox import Confinement, trial
+
+    from .settings import secret_files
+
+    return trial(Confinement(home=str(settings.home), hidden=secret_files(settings),
+                             isolate_network=settings.worker_network == "isolated"))["missing"]
 
 
 def _refuse(message: str) -> int:
@@ -104,6 +120,7 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     disk = disk_usage(settings.home)
     if args.json:
         print(json.dumps({"kforge": __version__, "home": str(settings.home), "worker_network": tools.worker_network,
+                          "worker_sandbox": tools.worker_isolation,
                           "backends": [a.model_dump(mode="json") for a in found],
                           "devices": {k: v.model_dump(mode="json") for k, v in facts.items()},
                           "disk": {"total_bytes": disk.total_bytes, "store_bytes": disk.store_bytes,
@@ -112,6 +129,10 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         return 0 if any(a.ok for a in found) else 1
     print(f"kforge {__version__}; data directory {settings.home}")
     print(f"workers: network {tools.worker_network}")
+    sandbox = tools.worker_isolation
+    print(f"workers: sandbox {', '.join(sandbox.get('applied', [])) or 'none'}")
+    for piece in sandbox.get("missing", []):
+        print(f"-- sandbox missing: {piece}")
     for a in found:
         mark = "ok " if a.ok else "-- "
         print(f"{mark} {a.backend:8s} {a.reason}" + (f" [{a.device_name}]" if a.device_name else ""))
@@ -170,6 +191,8 @@ def parser() -> argparse.ArgumentParser:
                        help="HTTP: a Host name clients use to reach this server (the public name behind a proxy); repeatable")
     serve.add_argument("--certfile", type=Path, help="HTTP: TLS certificate (PEM), to serve HTTPS")
     serve.add_argument("--keyfile", type=Path, help="HTTP: TLS private key (PEM)")
+    serve.add_argument("--allow-partial-sandbox", action="store_true", default=None,
+                       help="HTTP: serve even where the host refuses part of the workers' sandbox (README: Security)")
     doctor = sub.add_parser("doctor", help="say which backends this host offers and why others are missing")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--no-measure", dest="measure", action="store_false",
@@ -187,10 +210,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    overrides = {k: v for k in ("token_file", "certfile", "keyfile") if (v := getattr(args, k, None)) is not None}
+    overrides = {k: v for k in ("token_file", "certfile", "keyfile", "allow_partial_sandbox")
+                 if (v := getattr(args, k, None)) is not None}
     if getattr(args, "allowed_host", None):
         overrides["allowed_hosts"] = args.allowed_host
-    flags = {"token_file": "--token-file", "certfile": "--certfile", "keyfile": "--keyfile", "allowed_hosts": "--allowed-host"}
+    flags = {"token_file": "--token-file", "certfile": "--certfile", "keyfile": "--keyfile", "allowed_hosts": "--allowed-host",
+             "allow_partial_sandbox": "--allow-partial-sandbox"}
     try:
         settings = load_settings(flags=flags, **overrides)
         analyst_config(settings)  # a misconfigured analyst stops here, with what to set

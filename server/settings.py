@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     worker_network: Literal["isolated", "host"] = Field(
         default="isolated", description="Workers start in a network namespace of their own (no network), where the "
         "OS allows it; 'host' leaves them on the host's network.")
+    worker_sandbox: bool = Field(default=True, description="Workers run in a sandbox of their own (namespaces, "
+        "private /tmp, Landlock, no capabilities, a system-call filter: README, Security); off only to debug it.")
+    allow_partial_sandbox: bool = Field(default=False, description="Let `serve --transport http` run where the host "
+        "refuses part of the sandbox (what is missing is still reported by doctor and in every result).")
     worker_file_mb: int | None = Field(default=16384, description="Largest file a worker may write (RLIMIT_FSIZE); 0 disables it.")
     # Jobs: desktop clients cancel a call after about 60 s, so a heavy call answers with a job handle before that.
     job_wait_s: float = Field(default=45.0, ge=0, description="How long a heavy call waits before returning a job handle.")
@@ -181,6 +185,11 @@ def analyst_config(settings: Settings) -> AnalystConfig:
     return AnalystConfig(provider=settings.analyst)
 
 
+def secret_files(settings: Settings) -> tuple[str, ...]:
+    """Files of the server's that no worker may read: the token file and the TLS key."""
+    return tuple(str(p.expanduser().resolve()) for p in (settings.token_file, settings.keyfile) if p is not None)
+
+
 def tool_context(settings: Settings) -> ToolContext:
     """The tools' context for these settings: configuration is read once here and passed down."""
     memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
@@ -188,4 +197,5 @@ def tool_context(settings: Settings) -> ToolContext:
     return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
                                            isolate_network=settings.worker_network == "isolated",
+                                           sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
                                            precompiled_headers=settings.precompiled_headers))

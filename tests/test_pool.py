@@ -63,7 +63,7 @@ async def test_a_jobs_workers_are_killed_at_once_and_collected_in_the_background
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
         await _ready(pool, 2)
-        scratch = tmp_path / "job"
+        scratch = ctx.home / "jobs" / "job"  # where warm workers can write (their sandbox predates the job)
         async with WorkerGroup(pool) as group:
             judge = await group.start(ctx.worker("cpu", scratch / "judge", "judge"))
             candidate = await group.start(ctx.worker("cpu", scratch / "candidate", "candidate",

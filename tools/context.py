@@ -18,7 +18,7 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from .pool import WorkerPool
-from .runner import WorkerLimits, WorkerProcess, traced
+from .runner import WorkerLimits, WorkerProcess, sandbox_args, traced
 from .store import ResultStore
 
 __all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress"]
@@ -48,6 +48,7 @@ class ToolContext:
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
+    worker_isolation: dict[str, list[str]] = field(default_factory=dict, init=False)  # its sandbox: applied, missing
     #: warm workers, while a server runs the pool (`kforge.tools.pool`); None: every worker starts cold
     pool: WorkerPool | None = field(default=None, init=False)
     #: baseline timings by (reference, baseline, budget, environment): (when measured, the judge's reply)
@@ -65,7 +66,8 @@ class ToolContext:
     @asynccontextmanager
     async def warm_workers(self, size: int) -> AsyncIterator[WorkerPool]:
         """Keep `size` warm workers per available backend while the block runs (a server's lifetime)."""
-        pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network)
+        pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network,
+                          sandbox=sandbox_args(self.home, self.limits))
 
         async def want_available() -> None:
             try:
@@ -86,6 +88,11 @@ class ToolContext:
             finally:
                 self.pool = None
                 tg.cancel_scope.cancel()
+
+    def sandbox_warnings(self) -> list[str]:
+        """What of the workers' sandbox this host refused, as the results' warnings (degrade loudly)."""
+        missing = self.worker_isolation.get("missing", [])
+        return [f"the workers' sandbox is incomplete on this host: {'; '.join(missing)}"] if missing else []
 
     def hold_forks(self) -> Callable[[], None]:
         """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
@@ -123,7 +130,7 @@ class ToolContext:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
                         reply = await w.call("probe", stage="probe", timeout_s=120, backends=backend_names())
-                        self.worker_network = w.network
+                        self.worker_network, self.worker_isolation = w.network, w.isolation
                 self._availability = [Availability(**b) for b in reply["backends"]]
             return self._availability
 

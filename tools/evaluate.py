@@ -232,7 +232,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             async def judged(i: int) -> None:
                 await progress(2 + (i + 1) / (trials + 1), steps, f"trial {i + 1} of {trials} compared with the reference")
 
-            with handoff_directory(scratch) as handoff:
+            with handoff_directory(ctx.home) as handoff:
                 outcome, failure = await judge_trials(judge, worker, prepared, trials, handoff=str(handoff),
                                                       judging=judging, decoy_shift=1 + secrets.randbelow(2**30),
                                                       deadline=deadline, why=why, on_trial=judged)
@@ -253,7 +253,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     judged = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
     checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.get("custom_work"),
                                         precision, outcome.decoy)
-    warnings = _verify_warnings(reports, weights)
+    warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)
     if avail.mode:
         warnings.append(f"ran in {avail.mode} mode: {avail.reason}")

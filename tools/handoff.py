@@ -31,12 +31,15 @@ class NonTensor:
 
 
 @contextmanager
-def handoff_directory(scratch: Path) -> Iterator[Path]:
-    """Where a job's CPU outputs are shared: memory (`/dev/shm`) when the host has it, else the scratch
-    directory. Removed when the job ends, whatever happened to its workers."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else scratch
-    path = Path(tempfile.mkdtemp(prefix="kforge-handoff-", dir=base))
+def handoff_directory(home: Path) -> Iterator[Path]:
+    """Where a job's CPU outputs are shared: beneath the data directory's handoff root, in memory (`/dev/shm`)
+    when the host has it, the one place both workers' sandboxes share (`kforge.tools.sandbox.handoff_root`).
+    Removed when the job ends, whatever happened to its workers."""
+    from .sandbox import handoff_root
+
+    base = Path(handoff_root(home))
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="job-", dir=base))
     try:
         yield path
     finally:

@@ -172,8 +172,10 @@ class _Zygote:
 
 
 class WorkerPool:
-    def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None) -> None:
+    def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
+                 sandbox: list[str] | None = None) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
+        self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`runner.sandbox_args`)
         # A kind asked for while none was idle keeps one more ready from then on, up to max_size: the pool
         # grows to the concurrency it sees (4 candidates at once want ~4 of each kind) instead of starving.
         self.max_size = max(size, max_size if max_size is not None else 4 * size)
@@ -352,6 +354,7 @@ class WorkerPool:
                 scratch = self.home / "cache" / "pool"
                 scratch.mkdir(parents=True, exist_ok=True)
                 extra = ["--isolate-network"] if self.isolate_network else []
+                extra += self.sandbox
                 zygote = await _Zygote.start(backend, extra, worker_env(self.home, scratch), scratch)
                 self._zygotes[backend] = zygote
                 if isinstance(zygote, _Zygote) and self._tg is not None:

@@ -116,7 +116,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
             try:
-                with handoff_directory(scratch) as handoff:
+                with handoff_directory(ctx.home) as handoff:
                     outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
                                                           handoff=str(handoff), judging={"precision": precision},
                                                           repeat=False, calibrate=False, deadline=deadline, why=why)
@@ -137,7 +137,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
             async with ctx.device_lock(avail.device_name or backend):
-                handoff = stack.enter_context(handoff_directory(scratch))
+                handoff = stack.enter_context(handoff_directory(ctx.home))
                 await ctx.forks_finished()
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, handoff,
@@ -188,7 +188,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
                f"(candidate, eager and torch.compile each with {candidate_stats.threads} host threads: torch's "
                "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",)))
-    warnings = list(candidate_stats.warnings)
+    warnings = list(candidate_stats.warnings) + ctx.sandbox_warnings()
     threads = {n: t["stats"].threads for n, t in series.items() if "stats" in t}
     if len(set(threads.values())) > 1:
         warnings.append("the series were timed with different thread counts ("

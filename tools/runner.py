@@ -29,7 +29,8 @@ from .models import Failure
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "trace", "traced", "worker_env"]
+__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
+           "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
@@ -65,6 +66,8 @@ class WorkerLimits:
     memory_bytes: int | None = None
     file_bytes: int | None = None
     isolate_network: bool = True
+    sandbox: bool = True  # `kforge.tools.sandbox` around every worker (off: for debugging only)
+    hidden_files: tuple[str, ...] = ()  # files no worker may read (the server's token file)
     precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
     # A candidate's run is called hung after this many times the reference's time for the same calls, but
     # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
@@ -80,6 +83,17 @@ class WorkerLimits:
                           f"per call for {calls} calls, at least {self.hang_floor_s:g} s)")
 
 
+def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
+    """The worker's command-line arguments that ask for its sandbox (none when the sandbox is off); a cold
+    worker's scratch directory may lie outside the data directory's jobs/."""
+    if not limits.sandbox:
+        return []
+    from .sandbox import Confinement
+
+    return ["--sandbox", Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
+                                     extra_writable=(str(scratch),) if scratch else ()).as_arg()]
+
+
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST}
     here = Path(__file__).resolve().parents[1]  # the kforge package directory
@@ -93,6 +107,7 @@ def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -
         "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
+        "CUDA_CACHE_PATH": str(cache / "nv"),  # the driver's JIT cache: the sandbox lets a worker write only here
         # Inductor compiles in-process: a worker pool would look like (and be) background processes.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
     })
@@ -234,10 +249,16 @@ class WorkerProcess:
         self.kernel_names: list[str] = []
         self._out: BufferedByteReceiveStream | None = None
         self.network = "host"  # what the worker reported: "isolated" or why not
+        self.isolation: dict[str, list[str]] = {"applied": [], "missing": []}  # its sandbox (`kforge.tools.sandbox`)
         # A worker under a profiler (ncu) needs its own process; the others may come warm.
         self._pool = pool if not prefix else None
         self.warm = False
         self.device_bytes = 0  # the most device memory its ops reserved (their reported peaks)
+
+    def _sandbox_args(self) -> list[str]:
+        if self._prefix:  # a profiler's front-end (ncu) and its target share one sandbox: not built yet
+            return []
+        return sandbox_args(self.home, self.limits, self.scratch)
 
     def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
         trace(self.role, op, self.warm, started, peak_bytes)
@@ -246,13 +267,17 @@ class WorkerProcess:
         started = time.perf_counter()
         self.scratch.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
-        warm = await self._pool.acquire(self.backend, self._extra_env) if self._pool is not None and self.backend else None
+        # A warm worker's sandbox was made before its job: it can write only beneath the data directory's jobs/.
+        in_jobs = self.scratch.resolve().is_relative_to((self.home / "jobs").resolve())
+        warm = (await self._pool.acquire(self.backend, self._extra_env)
+                if self._pool is not None and self.backend and in_jobs else None)
         if warm is not None:
             self._proc, self._out, self.warm = warm.proc, warm.out, True
         else:
             with open(self.log, "ab") as errlog:
                 self._proc = await anyio.open_process(
-                    [*self._prefix, sys.executable, "-m", "kforge.tools.worker"], stdin=subprocess.PIPE,
+                    [*self._prefix, sys.executable, "-m", "kforge.tools.worker", *self._sandbox_args()],
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=errlog, cwd=str(self.scratch),
                     env=worker_env(self.home, self.scratch, self._extra_env), start_new_session=True)
             self._out = BufferedByteReceiveStream(self._proc.stdout)
@@ -267,6 +292,7 @@ class WorkerProcess:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
         self.network = reply.get("network", "host")
+        self.isolation = reply.get("isolation") or self.isolation
         self._trace("start", started)
         return self
 

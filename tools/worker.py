@@ -311,13 +311,14 @@ def _warm_libraries(backend: Any) -> None:
     backend.synchronize()
 
 
-def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket], None]:
-    """The body of a worker forked by the zygote: its kind's environment, the device, then one job."""
+def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callable[[socket.socket], None]:
+    """The body of a worker forked by the zygote: its sandbox, its kind's environment, the device, then one job."""
     def run(sock: socket.socket) -> None:
         from kforge.backends import load_backend
 
         from .forkserver import child_streams
 
+        isolation = _isolation(confinement, network)  # still one thread: a fork's only one
         proto_in, proto_out = child_streams(sock)
 
         first = json.loads(proto_in.readline() or "null")
@@ -333,8 +334,8 @@ def _forked_worker(backend_name: str, network: str) -> Callable[[socket.socket],
         except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
             _write_line(proto_out, {"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        _write_line(proto_out, {"warm": True, "pid": os.getpid()})
-        _serve(proto_in, proto_out, backend, network)
+        _write_line(proto_out, {"warm": True, "pid": isolation["host_pid"]})
+        _serve(proto_in, proto_out, backend, isolation)
 
     return run
 
@@ -357,11 +358,34 @@ def main() -> None:
         network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
             network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
-        serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network))
+        serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network, _confinement()))
         return
+    isolation = _isolation(_confinement(), "host")  # before torch: still one thread
     proto_in = os.fdopen(first_fd, "r")
     proto_out = os.fdopen(os.dup(1), "w", buffering=1)
-    _serve(proto_in, proto_out, None, "host")
+    _serve(proto_in, proto_out, None, isolation)
+
+
+def _confinement() -> Any:
+    """The sandbox the server asked for (`--sandbox <json>`), or None."""
+    if "--sandbox" not in sys.argv:
+        return None
+    from .sandbox import Confinement
+
+    return Confinement.from_arg(sys.argv[sys.argv.index("--sandbox") + 1])
+
+
+def _isolation(confinement: Any, network: str) -> dict[str, Any]:
+    """Enter the sandbox (`kforge.tools.sandbox`) where one was asked for; what holds, and what is missing."""
+    if confinement is None:
+        return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0, or a worker under ncu, whose front-end must share it)"],
+                "network": network}
+    from .sandbox import enter
+
+    report = enter(confinement)
+    report["network"] = "isolated" if "network namespace" in report["applied"] or network == "isolated" else (
+        next((m for m in report["missing"] if "namespace" in m), network))
+    return report
 
 
 def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
@@ -388,7 +412,7 @@ def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
     return after
 
 
-def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> None:
+def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str, Any]) -> None:
     """Take the job's init, start the Worker, then answer ops until the parent closes the channel."""
     init = json.loads(proto_in.readline() or "null")
     if init is None:
@@ -397,8 +421,9 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> No
     os.chdir(init["scratch"])
     os.environ["TMPDIR"] = init["scratch"]
     tempfile.tempdir = None  # a warm worker may have cached the pool's directory
-    if warm_backend is None and init.get("isolate_network") and sys.platform == "linux":
-        network = _isolate_network()
+    if warm_backend is None and init.get("isolate_network") and sys.platform == "linux" and (
+            isolation["network"] != "isolated"):
+        isolation["network"] = _isolate_network()
 
     def reply(payload: dict[str, Any]) -> None:
         _write_line(proto_out, payload)
@@ -408,7 +433,8 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, network: str) -> No
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
-    reply({"ready": True, "pid": os.getpid(), "network": network})
+    reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
+           "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
     for line in proto_in:
         msg = json.loads(line)
         handler = getattr(worker, f"op_{msg['op']}", None)
