@@ -213,6 +213,33 @@ async def test_a_stopping_server_leaves_its_jobs_for_the_next_one(tmp_path, monk
     assert tools.started.count("interrupted") == 2 and tools.started.count("waiting") == 1
 
 
+async def test_a_job_whose_server_died_running_it_twice_fails_with_the_reason(tmp_path, monkeypatch):
+    """A job that kills its server must not kill every server that resumes it: retried once, then failed."""
+    monkeypatch.setattr(jobs_module, "parse_request", lambda data: SleepRequest(**data))
+    tools = FakeTools(tmp_path)
+    dead = f"{os.uname().nodename}:{2**22 + 1}"
+    assert not jobs_module._pid_alive(2**22 + 1)
+    tools.store.insert_job({"job_id": "j1", "key": "k", "tool": "compile_kernel", "backend": "cpu", "client": "a",
+                            "device": "test-cpu", "owner": dead, "status": "running",
+                            "request": SleepRequest(candidate_code="killer", seconds=30).model_dump(),
+                            "created_at": time.time()})
+    for attempt in (1, 2):
+        manager = JobManager(tools)
+        async with manager.running():
+            if attempt == 1:  # resumed once, and running again
+                with anyio.fail_after(5):
+                    while tools.store.get_job("j1")["status"] != "running":
+                        await anyio.sleep(0.02)
+                assert tools.store.get_job("j1")["crashes"] == 1
+                manager._tg.cancel_scope.cancel()  # stands for the server's death: ...
+            await anyio.sleep(0.05)
+        if attempt == 1:
+            tools.store.update_job("j1", status="running", owner=dead)  # ... which leaves it "running"
+    job = tools.store.get_job("j1")
+    assert job["status"] == "failed" and job["crashes"] == 2 and "died while running this job 2 times" in job["error"]
+    assert tools.started.count("killer") == 1
+
+
 async def test_a_live_servers_jobs_are_not_taken(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs_module, "parse_request", lambda data: SleepRequest(**data))
     tools = FakeTools(tmp_path)

@@ -40,6 +40,7 @@ log = logging.getLogger("kforge.jobs")
 
 _KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetchable this long
 _DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
+_MAX_CRASH_RETRIES = 1  # a job its server died running is run once more, then failed with the reason
 _CANCEL_WAIT_S = 20.0  # cancel_job waits this long for a running job's workers to be killed
 
 
@@ -154,8 +155,21 @@ class JobManager:
             owner_host, _, pid = row["owner"].rpartition(":")
             if owner_host != host or (pid.isdigit() and _pid_alive(int(pid))):
                 continue  # another live server's job (or another machine's): not ours to run
-            if not self.store.update_job(row["job_id"], expect_owner=row["owner"], owner=self.owner, status="queued",
-                                         message="resumed: the server that accepted it stopped before it finished"):
+            if row["status"] == "running" and row.get("crashes", 0) >= _MAX_CRASH_RETRIES:
+                # Its server died while running it, again: the job may be what kills servers. Not run a third time.
+                self.store.update_job(row["job_id"], expect_owner=row["owner"], owner=self.owner, status="failed",
+                                      finished_at=time.time(), crashes=row["crashes"] + 1, message="failed",
+                                      error=f"the server died while running this job {row['crashes'] + 1} times (it was "
+                                            f"retried {_MAX_CRASH_RETRIES} time(s)); it is not run again. If the "
+                                            "server's log shows no other cause, the job itself brings the server down")
+                log.warning("job %s failed: its server died while running it %d times", row["job_id"], row["crashes"] + 1)
+                continue
+            crashed = row["status"] == "running"  # a graceful stop puts its jobs back in "queued"
+            if not self.store.update_job(
+                    row["job_id"], expect_owner=row["owner"], owner=self.owner, status="queued",
+                    crashes=row.get("crashes", 0) + crashed,
+                    message="resumed: the server running it died; if it dies again while running it, the job fails"
+                    if crashed else "resumed: the server that accepted it stopped before it finished"):
                 continue  # another server claimed it first
             job = _Job(id=row["job_id"], request=parse_request(row["request"]), key=row["key"], client=row["client"],
                        device=row["device"], created_at=row["created_at"], message=row["message"] or "")

@@ -45,13 +45,15 @@ CREATE INDEX IF NOT EXISTS history_by_problem ON history (reference_sha256, crea
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, key TEXT NOT NULL, tool TEXT NOT NULL, backend TEXT NOT NULL, client TEXT NOT NULL,
     device TEXT NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, created_at REAL NOT NULL,
-    started_at REAL, finished_at REAL, done REAL, total REAL, message TEXT, result TEXT, error TEXT);
+    started_at REAL, finished_at REAL, done REAL, total REAL, message TEXT, result TEXT, error TEXT,
+    crashes INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
 """
 # A problem's history keeps this many of its latest entries in a read.
 _HISTORY_LIMIT = 200
 # Columns a job's update may set (the rest are fixed at submission).
-_JOB_UPDATABLE = {"owner", "status", "started_at", "finished_at", "done", "total", "message", "result", "error"}
+_JOB_UPDATABLE = {"owner", "status", "started_at", "finished_at", "done", "total", "message", "result", "error",
+                  "crashes"}
 _JOB_JSON = ("request", "result")
 # A job in one of these has not finished: it is kept, and a server resumes it.
 ACTIVE_JOB_STATUSES = ("queued", "running")
@@ -66,6 +68,8 @@ class ResultStore:
         with closing(self._connect()) as db, db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+            if "crashes" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a store from before it
+                db.execute("ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
