@@ -18,6 +18,7 @@ _ENV = {"KFORGE_WORKER_TIMEOUT_S": "25", "KFORGE_WORKER_MEMORY_MB": "6144"}
     ("endless", "timeout", "no answer within 25 s"),
     ("memory_hog", "out_of_memory", "allocate"),
     ("raises", "exception", "RuntimeError"),
+    ("fd_hog", "resource_limit", "RLIMIT_NOFILE"),
 ])
 async def test_bad_runtime_behaviour_is_a_result(tmp_path, cpu_example, candidate, name, kind, says):
     args = {"backend": "cpu", "reference_code": cpu_example["reference"], "trials": 1}

@@ -13,6 +13,7 @@ replaced by a wrapper that
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -137,6 +138,12 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
                 or any(m in text.lower() for m in OUT_OF_MEMORY_MESSAGES)
                 else "import_error" if isinstance(exc, ImportError) else "exception")
     message = f"{type(exc).__name__}: {exc}".strip()
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        import resource
+
+        kind = "resource_limit"
+        message += (f" (this worker may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} open file descriptors, "
+                    "RLIMIT_NOFILE: the candidate opened files, sockets or pipes and did not close them)")
     tb = "".join(traceback.format_exception(exc))
     return Failure(stage=stage, kind=kind, message=message[:2000], line=line, traceback_tail=_tail(tb))
 

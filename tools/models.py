@@ -182,7 +182,7 @@ class BuildInfo(BaseModel):
 
 FailureKind = Literal[
     "syntax_error", "import_error", "build_error", "interface_error", "exception",
-    "timeout", "crashed", "exited", "out_of_memory", "device_fault", "tampering",
+    "timeout", "crashed", "exited", "out_of_memory", "device_fault", "tampering", "resource_limit",
 ]
 
 

@@ -10,6 +10,7 @@ the expected outputs in its own memory; the *candidate* worker gets inputs only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -27,10 +28,14 @@ from .judge import JudgeOps
 __all__ = ["main"]
 
 
+_MAX_FILES = 4096  # open file descriptors per worker (RLIMIT_NOFILE): torch, a build and the harness need far fewer
 _KEPT_CACHE_BYTES = 256 * 2**20  # free device memory a worker may keep cached between ops (small problems reuse it)
 
 def _set_limits(memory_bytes: int | None, file_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing candidate must not fill the disk
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # descriptors: bounded per worker, the limit named when hit
+    wanted = _MAX_FILES if hard == resource.RLIM_INFINITY else min(hard, _MAX_FILES)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     if file_bytes:
@@ -444,6 +449,16 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str
         try:
             after_op = _device_memory_around_op()
             reply({"ok": True, **handler(msg), **after_op(), "nonce": msg.get("nonce")})
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
+                continue
+            # The harness could not open a file because the candidate holds every descriptor: its failure.
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            reply({"failure": {"stage": msg.get("stage") or msg["op"], "kind": "resource_limit",
+                               "message": f"the process ran out of file descriptors (the limit is {limit}, RLIMIT_NOFILE): "
+                                          "the candidate opened files, sockets or pipes and did not close them"},
+                   "nonce": msg.get("nonce")})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
             reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
         sys.stdout.flush()
