@@ -197,16 +197,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _tagged_sleeper(tag: str) -> tuple[int, int] | None:
+    """(worker, child) as this host sees them: the `sleep 600.<tag>` process and its parent."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == f"sleep\x00600.{tag}\x00".encode():
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                return int(stat[stat.rindex(")") + 2:].split()[1]), int(pid)
+        except OSError:
+            continue
+    return None
+
+
 async def test_cancel_kills_the_worker_and_everything_it_started(remote, tmp_path):
-    pidfile = tmp_path / "pids"
-    code = _unique(_source("spawns_and_spins", PIDFILE=str(pidfile)))
+    tag = str(time.time_ns())
+    code = _unique(_source("spawns_and_spins", TAG=tag))
     async with remote.session() as client:
         handle = await client.call_tool("compile_kernel", {"backend": "cpu", "candidate_code": code, "wait_s": 0})
         job_id = handle.structured_content["job_id"]
         with anyio.fail_after(120):
-            while not pidfile.exists() or len(pidfile.read_text().split()) < 2:
+            while (found := _tagged_sleeper(tag)) is None:
                 await anyio.sleep(0.2)
-        worker, child = map(int, pidfile.read_text().split())
+        worker, child = found
         assert _alive(worker) and _alive(child)
         cancelled = await client.call_tool("cancel_job", {"job_id": job_id})
         assert not cancelled.is_error
