@@ -91,6 +91,8 @@ class Settings(BaseSettings):
         "OS allows it; 'host' leaves them on the host's network.")
     worker_sandbox: bool = Field(default=True, description="Workers run in a sandbox of their own (namespaces, "
         "private /tmp, Landlock, no capabilities, a system-call filter: README, Security); off only to debug it.")
+    worker_read_paths: list[Path] = Field(default_factory=list, description="Directories workers may read beyond "
+        "the system's and Python's, e.g. a CUTLASS checkout that candidates' builds include (read-only).")
     allow_partial_sandbox: bool = Field(default=False, description="Let `serve --transport http` run where the host "
         "refuses part of the sandbox (what is missing is still reported by doctor and in every result).")
     worker_file_mb: int | None = Field(default=16384, description="Largest file a worker may write (RLIMIT_FSIZE); 0 disables it.")
@@ -198,4 +200,5 @@ def tool_context(settings: Settings) -> ToolContext:
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
                                            isolate_network=settings.worker_network == "isolated",
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
+                                           read_paths=tuple(str(p.expanduser().resolve()) for p in settings.worker_read_paths),
                                            precompiled_headers=settings.precompiled_headers))

@@ -48,7 +48,7 @@ class ModelNew(torch.nn.Module):
 
 @pytest.fixture
 def ctx(tmp_path) -> ToolContext:
-    return ToolContext(home=tmp_path / "home")
+    return ToolContext(home=tmp_path / "home", limits=WorkerLimits(read_paths=(str(tmp_path / "include"),)))
 
 
 @pytest.fixture

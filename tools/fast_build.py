@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_key", "lean_cuda_sources", "pch_dir_for", "start_pch_build", "toolchain_id"]
+__all__ = ["build_key", "build_pch_now", "lean_cuda_sources", "pch_dir_for", "start_pch_build", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -163,45 +163,65 @@ def builder_gone(marker: Path) -> bool:
     return False
 
 
-def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
-    """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it).
-
-    Written under a unique name and renamed into place, so concurrent builders and readers only ever
-    see a whole file. Runs in its own session, orphaned at start, with a time limit: it outlives the worker
-    that asked and is never one of its processes.
-    """
+def _pch_script(pch_dir: Path, build_dir: Path, who: str) -> str | None:
+    """The shell script that builds the header and renames it into place (None: built, being built, or no
+    flags to build it with); claims the build by creating the marker, which holds `who` (a pid, or a word)."""
     from torch.utils import cpp_extension
 
     marker = pch_dir / "building"
     if builder_gone(marker):
         marker.unlink(missing_ok=True)  # its builder died without cleaning up
     if (pch_dir / "torch" / "extension.h.gch").exists() or marker.exists():
-        return False
+        return None
     cmd = _main_cpp_flags(build_dir / "build.ninja")
     if cmd is None:
-        return False
+        return None
     real = Path(cpp_extension.include_paths()[0]) / "torch" / "extension.h"
     (pch_dir / "torch").mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(pch_dir / "building", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         os.close(fd)
     except FileExistsError:
-        return False  # another worker is on it
+        return None  # another worker is on it
     header = pch_dir / "torch" / "extension.h"
     if not header.exists():
         shutil.copyfile(real, header)
     tmp = pch_dir / "torch" / f"extension.h.gch.{uuid.uuid4().hex[:8]}"
     gch = pch_dir / "torch" / "extension.h.gch"
-    script = (f"echo $$ > {shlex.quote(str(marker))}; "  # who builds: a marker whose builder is gone is stale
+    script = (f"echo {who} > {shlex.quote(str(marker))}; "  # who builds: a marker whose builder is gone is stale
               f"timeout {_PCH_TIMEOUT_S} {shlex.join(cmd)} -x c++-header {shlex.quote(str(header))} -o {shlex.quote(str(tmp))} "
               f"> {shlex.quote(str(pch_dir / 'build.log'))} 2>&1 && mv -f {shlex.quote(str(tmp))} {shlex.quote(str(gch))}; "
               f"rm -f {shlex.quote(str(tmp))} {shlex.quote(str(pch_dir / 'building'))}")
+    return script
+
+
+def build_pch_now(pch_dir: Path, build_dir: Path) -> bool:
+    """`start_pch_build`'s work, here and now (the process is the detached builder: the server started it in
+    a sandbox of its own). The marker holds no pid: pids of another PID namespace mean nothing here."""
+    script = _pch_script(pch_dir, build_dir, "sandboxed")
+    if script is None:
+        return False
+    subprocess.run(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=str(pch_dir), check=False)
+    return True
+
+
+def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
+    """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it).
+
+    Written under a unique name and renamed into place, so concurrent builders and readers only ever
+    see a whole file. Runs in its own session, orphaned at start, with a time limit: it outlives the worker
+    that asked and is never one of its processes. (A sandboxed worker's processes all die with it: there the
+    server starts the build instead, in a sandbox of its own, `build_pch_now` through `runner.spawn_pch_build`.)
+    """
+    script = _pch_script(pch_dir, build_dir, "$$")
+    if script is None:
+        return False
     # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background and exits
     # at once, so the builder is reparented away (to init, or the nearest subreaper) and is never a child of
     # the worker that asked, nor in its session. A candidate's worker reports the processes it left running
     # (its children and its session: `integrity.HarnessSnapshot.background_work`); KForge's own header build
-    # must not count against it, and nothing is exempted there that a candidate could also do. (Were workers
-    # given a PID namespace of their own, the builder would have to start outside it, e.g. from the server.)
+    # must not count against it, and nothing is exempted there that a candidate could also do.
     # The launcher leads a session of its own, and Linux shares CPU time between sessions (autogroups), so
     # `nice` alone ranks the build only within its session: the session's own priority is lowered too. A
     # build at full share beside a timed OpenMP kernel on 2 cores made it 25x slower (8 ms stalls per region).
@@ -215,3 +235,7 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
         launcher.kill()
         launcher.wait()
     return True
+
+
+if __name__ == "__main__":  # the server's detached header build, inside its sandbox: PCH_DIR BUILD_DIR
+    build_pch_now(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -216,8 +216,9 @@ class _InlineBuilder:
     """
 
     def __init__(self, original: Any, *, candidate_text: str, cache_dir: Path, backend: Any,
-                 precompiled_headers: bool = False) -> None:
+                 precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None) -> None:
         self.original = original
+        self.pch_requests = pch_requests
         self.cache_dir = cache_dir
         self.backend = backend
         self.precompiled_headers = precompiled_headers
@@ -241,7 +242,7 @@ class _InlineBuilder:
             if self.precompiled_headers:  # e.g. the header build of an earlier run was killed with its server
                 pch_dir, ready = pch_dir_for(self.cache_dir, kwargs)
                 if not ready:
-                    start_pch_build(pch_dir, final, name)
+                    self._start_pch(pch_dir, final, name)
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
                                                  functions=fn_names, kernels=self._kernel_resources("", final),
                                                  compiler_report=self._compiler_report(name, kwargs, final)))
@@ -258,8 +259,14 @@ class _InlineBuilder:
                          compiler_report=self._compiler_report(name, kwargs, build_dir))
         if self.precompiled_headers and "precompiled header" not in how:
             pch_dir, _ = pch_dir_for(self.cache_dir, kwargs)
-            start_pch_build(pch_dir, build_dir, name)  # the next build with these flags uses it
+            self._start_pch(pch_dir, build_dir, name)  # the next build with these flags uses it
         return self._built(module, info)
+
+    def _start_pch(self, pch_dir: Path, build_dir: Path, name: str) -> None:
+        if self.pch_requests is None:
+            start_pch_build(pch_dir, build_dir, name)
+        elif [str(pch_dir), str(build_dir)] not in self.pch_requests:  # every process it starts dies with it
+            self.pch_requests.append([str(pch_dir), str(build_dir)])
 
     def _built(self, module: Any, info: BuildInfo) -> Any:
         self.builds.append(info)
@@ -437,8 +444,9 @@ def _read_generated(build_dir: Path, file_name: str, line: int) -> str | None:
 
 
 def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any,
-                     precompiled_headers: bool = False) -> LoadOutcome:
-    """Import `source` as module `module_name` from file `path`, building its extensions.
+                     precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None) -> LoadOutcome:
+    """Import `source` as module `module_name` from file `path`, building its extensions. With `pch_requests`
+    (a sandboxed worker), the header builds it wants are appended there for the server to start.
 
     Never raises for problems in the user's code: they come back as `LoadOutcome.failure`.
     """
@@ -455,6 +463,7 @@ def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Pa
     from torch.utils import cpp_extension
 
     builder = _InlineBuilder(cpp_extension.load_inline, candidate_text=source, cache_dir=cache_dir, backend=backend,
+                             pch_requests=pch_requests,
                              precompiled_headers=precompiled_headers)
     module = ModuleType(module_name)
     module.__file__ = str(path)

@@ -68,6 +68,7 @@ class WorkerLimits:
     isolate_network: bool = True
     sandbox: bool = True  # `kforge.tools.sandbox` around every worker (off: for debugging only)
     hidden_files: tuple[str, ...] = ()  # files no worker may read (the server's token file)
+    read_paths: tuple[str, ...] = ()  # directories builds may read beyond the system's and Python's (headers)
     precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
     # A candidate's run is called hung after this many times the reference's time for the same calls, but
     # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
@@ -91,7 +92,28 @@ def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) 
     from .sandbox import Confinement
 
     return ["--sandbox", Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
-                                     extra_writable=(str(scratch),) if scratch else ()).as_arg()]
+                                     extra_writable=(str(scratch),) if scratch else (),
+                                     extra_readable=limits.read_paths).as_arg()]
+
+
+def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
+    """Start the precompiled-header build a sandboxed worker asked for (everything it starts dies with it), in a
+    sandbox of its own, at the lowest priority, detached: nobody waits for it (a thread reaps it)."""
+    import threading
+
+    cache = (home / "cache").resolve()
+    if not (pch_dir.resolve().is_relative_to(cache) and build_dir.resolve().is_relative_to(cache)):
+        return  # the worker's reply names only the cache's directories
+    pch_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
+    if limits.sandbox:
+        command = [sys.executable, "-m", "kforge.tools.sandbox", sandbox_args(home, limits)[1], "--", *command]
+    # Linux shares CPU time between sessions (autogroups): the session's priority is lowered as well as nice.
+    proc = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; exec nice -n 19 "$@"',
+                             "kforge-pch", *command], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir),
+                            env=worker_env(home, pch_dir))
+    threading.Thread(target=proc.wait, name="kforge-pch-reaper", daemon=True).start()
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -325,6 +347,8 @@ class WorkerProcess:
                 output_tail=_tail(self.log)))
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
+        for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
+            spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
         if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
             self.device_bytes = max(self.device_bytes, peaks[0])
         if "fatal" in reply:

@@ -66,6 +66,7 @@ class Confinement:
     hidden: tuple[str, ...] = ()
     isolate_network: bool = True
     extra_writable: tuple[str, ...] = field(default=())
+    extra_readable: tuple[str, ...] = field(default=())  # e.g. a CUTLASS checkout that builds include
 
     def writable(self) -> list[str]:
         home = Path(self.home)
@@ -75,7 +76,8 @@ class Confinement:
         import json
 
         return json.dumps({"home": self.home, "hidden": list(self.hidden), "isolate_network": self.isolate_network,
-                           "extra_writable": list(self.extra_writable)})
+                           "extra_writable": list(self.extra_writable),
+                           "extra_readable": list(self.extra_readable)})
 
     @classmethod
     def from_arg(cls, text: str) -> Confinement:
@@ -83,7 +85,8 @@ class Confinement:
 
         raw = json.loads(text)
         return cls(home=raw["home"], hidden=tuple(raw.get("hidden", ())), isolate_network=bool(raw.get("isolate_network", True)),
-                   extra_writable=tuple(raw.get("extra_writable", ())))
+                   extra_writable=tuple(raw.get("extra_writable", ())),
+                   extra_readable=tuple(raw.get("extra_readable", ())))
 
 
 def handoff_root(home: str | os.PathLike[str]) -> str:
@@ -268,7 +271,7 @@ def _beneath(path: str, directory: str) -> bool:
 def _needed_paths(confinement: Confinement) -> tuple[list[str], list[str]]:
     """The paths the worker writes, and those it reads (minimal: none beneath another)."""
     readable: list[str] = []
-    for path in (os.path.realpath(p) for p in _readable_paths()):
+    for path in (os.path.realpath(p) for p in (*_readable_paths(), *confinement.extra_readable)):
         if os.path.exists(path) and not any(_beneath(path, k) for k in readable):
             readable = [k for k in readable if not _beneath(k, path)] + [path]
     return [os.path.realpath(p) for p in confinement.writable()], readable
@@ -315,7 +318,7 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> No
         report["missing"].append(f"landlock: {os.strerror(ctypes.get_errno())}")
         return
     read = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
-    rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths())]
+    rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable)]
     rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *_gpu_devices())]
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
     try:
@@ -401,3 +404,15 @@ def _syscall_filter(report: dict[str, Any]) -> None:
         report["applied"].append("system-call filter")
     except (ValueError, RuntimeError, OSError) as exc:
         report["missing"].append(f"system-call filter: {exc}")
+
+
+def main(argv: list[str]) -> None:
+    """`python -m kforge.tools.sandbox CONFINEMENT -- COMMAND...`: run COMMAND in a sandbox of its own (the
+    server's detached header builds, which must not live in a worker's PID namespace)."""
+    split = argv.index("--")
+    enter(Confinement.from_arg(argv[split - 1]))
+    os.execvp(argv[split + 1], argv[split + 1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -76,6 +76,7 @@ class Worker(JudgeOps, CandidateOps):
         self.scratch = Path(init["scratch"])
         self.cache_dir = Path(init["cache_dir"])
         self.precompiled_headers = bool(init.get("precompiled_headers"))
+        self.sandboxed = False  # in a PID namespace of its own: set by `_serve`
         # A probe worker has no backend: it must work even where torch cannot be imported. A warm
         # worker (`ready_backend`) imported torch and set its backend up before it had a job.
         warm = ready_backend is not None and ready_backend.name == init.get("backend")
@@ -174,9 +175,10 @@ class Worker(JudgeOps, CandidateOps):
 
         role = msg["role"]
         self.user_file = self.scratch / f"{role}.py"
+        pch_requests: list[list[str]] | None = [] if self.sandboxed else None
         outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
                                    cache_dir=self.cache_dir, backend=self.backend,
-                                   precompiled_headers=self.precompiled_headers)
+                                   precompiled_headers=self.precompiled_headers, pch_requests=pch_requests)
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
         if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
@@ -187,6 +189,7 @@ class Worker(JudgeOps, CandidateOps):
         if failure is None:
             failure = self._interface_failure(wanted, reference=(role == "reference"))
         return {"seconds": outcome.seconds, "builds": [b.model_dump(mode="json") for b in outcome.builds],
+                "pch_builds": pch_requests or [],
                 "kernel_names": self.kernel_names,
                 "diagnostics": [d.model_dump(mode="json") for d in outcome.diagnostics],
                 "failure": failure.model_dump(mode="json") if failure else None}
@@ -438,6 +441,7 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
+    worker.sandboxed = "PID namespace" in isolation["applied"]  # what it starts dies with it
     reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
            "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
     for line in proto_in:
