@@ -135,11 +135,24 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
 
 async def test_leftover_processes_are_named(ctx):
     """A process the candidate left running is caught however it was started, and named in the evidence."""
-    for name, said in (("b2_process", "child process"), ("b2_orphan", "of its session")):
+    # An orphan is reparented to the nearest reaper: in the worker's own PID namespace that is the worker
+    # (PID 1), so it is named as a child there; without one, as a process of the worker's session.
+    for name, said in (("b2_process", ("child process",)), ("b2_orphan", ("of its session", "child process"))):
         result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate(name), trials=1,
                                                 use_store=False)
         [check] = [c for c in result.checks if c.name == "no_background_work"]
-        assert check.status == "fail" and said in check.evidence and "(sleep)" in check.evidence, str(result)
+        assert check.status == "fail" and any(s in check.evidence for s in said), str(result)
+        assert "(sleep)" in check.evidence, str(result)
+
+
+async def test_a_leftover_process_is_seen_from_outside_when_the_check_inside_is_blinded(ctx):
+    """The check in the candidate's process can be patched there; the server counts the worker's PID namespace
+    itself (issue 17: trust anchors outside the candidate's process)."""
+    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate("b2_hidden_process"), trials=1,
+                                            use_store=False)
+    [check] = [c for c in result.checks if c.name == "no_background_work"]
+    assert check.status == "fail" and "(sleep), seen by the server" in check.evidence, str(result)
+    assert not result.correct
 
 
 async def test_a_reused_output_buffer_is_revalidated_as_returned(ctx):

@@ -174,6 +174,32 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
+def namespace_processes(outer_pid: int) -> list[str]:
+    """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
+    worker itself (its PID 1), named as this process sees them: the server's own count, out of the
+    candidate's reach (`kforge.tools.sandbox`)."""
+    try:
+        worker = int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
+        namespace = os.readlink(f"/proc/{worker}/ns/pid")
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except (OSError, ValueError, IndexError):
+        return []
+    found = []
+    for name in entries:
+        if int(name) in (worker, outer_pid):
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+                continue
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":  # a zombie runs nothing
+            found.append(f"process {name} ({stat[stat.index('(') + 1:stat.rindex(')')]}), seen by the server in the "
+                         "worker's PID namespace")
+    return found
+
+
 def killpg(pid: int) -> None:
     """SIGKILL a worker's whole session: its group, and the compilers ninja ran in groups of their own.
 
@@ -347,6 +373,10 @@ class WorkerProcess:
                 output_tail=_tail(self.log)))
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
+        if isinstance(reply.get("integrity"), dict) and "PID namespace" in self.isolation.get("applied", []):
+            # What the worker says it left running is checked inside its process; this is the server's own look.
+            seen = namespace_processes(self._proc.pid) if self._proc is not None else []
+            reply["integrity"]["background"] = list(reply["integrity"].get("background", [])) + seen
         for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
             spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
         if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
