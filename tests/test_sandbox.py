@@ -121,17 +121,27 @@ except OSError as exc:
     assert out["tcp"] != "done"
 
 
-def test_tmp_and_dev_shm_are_private(home):
+def test_tmp_and_dev_shm_are_private_and_bounded(home):
     marker = f"kforge-note-{uuid.uuid4().hex}"
     Path("/tmp", marker + "-host").write_text("host")
     try:
         report, out = _inside(home, f"""
 out["sees_host"] = os.path.exists("/tmp/{marker}-host")
+for d in ("/tmp", "/dev/shm"):  # memory: bounded (1 GiB each)
+    fd = os.open(os.path.join(d, "big"), os.O_CREAT | os.O_WRONLY)
+    try:
+        os.posix_fallocate(fd, 0, 2 << 30)
+        out[d] = "allocated"
+    except OSError as exc:
+        out[d] = exc.strerror
+    os.close(fd)
+    os.unlink(os.path.join(d, "big"))
 for d in ("/tmp", "/dev/shm"):
     open(os.path.join(d, "{marker}"), "w").write("note")
 """)
         _require(report, "mounts")
         assert out["sees_host"] is False
+        assert out["/tmp"] == out["/dev/shm"] == "No space left on device", out
         assert not Path("/tmp", marker).exists() and not Path("/dev/shm", marker).exists()
     finally:
         Path("/tmp", marker + "-host").unlink()

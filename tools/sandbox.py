@@ -42,6 +42,9 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 # Readable (never writable) system paths: programs, libraries, compilers, CUDA, configuration.
 _SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/sys", "/proc")
+# A private /tmp or /dev/shm is memory: each holds at most this much (the kernel's default is half the RAM, per
+# worker). Candidates' temporary files go to their scratch directory (TMPDIR), on disk.
+_TMPFS_BYTES = 1 << 30
 _NULL_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Host files that hold secrets under the readable paths: covered by empty files or directories.
 _HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh", "/etc/ssl/private")
@@ -226,10 +229,10 @@ def _mounts(libc: Any, confinement: Confinement, report: dict[str, Any], *, new_
         held |= {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in readable if any(_beneath(p, d) for d in private)}
         for directory in private:
             if os.path.isdir(directory):
-                _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+                _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={_TMPFS_BYTES}")
         _bind_back(libc, {p: fd for p, fd in held.items() if p not in writable})
         if os.path.isdir(home):  # after the readable paths: one of them may hold it (a venv, the checkout)
-            _mount(libc, "tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+            _mount(libc, "tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")  # mount points only
         _bind_back(libc, {p: held[p] for p in writable})
         report["applied"].append("private /tmp, /dev/shm and data directory")
     except OSError as exc:
