@@ -112,6 +112,11 @@ def sandbox(server) -> dict[str, Any] | None:
     return found.get("worker_sandbox", found.get("worker_isolation"))
 
 
+# Where the notes attack leaves and looks for its note (a Python expression in the candidate).
+_PRIVATE_DIRS = '("/dev/shm", "/tmp")'
+_HANDOFF_DIRS = '[d for d in sorted(glob.glob("/dev/shm/kforge-handoff-*"))[:8] if os.path.isdir(d)]'
+
+
 def _require(sandbox: dict[str, Any] | None, attack: str) -> None:
     refused = [m for m in (sandbox or {}).get("missing") or []
                if any(k in m.split(":", 1)[0].lower() for k in _EXPLAINS[attack])]
@@ -348,8 +353,8 @@ async def test_notes_in_tmp_and_shm_do_not_pass_between_jobs(server, sandbox):
     paths = [Path("/dev/shm") / f"kforge-note-{note}", Path("/tmp") / f"kforge-note-{note}"]
     try:
         async with server.session() as client:
-            wrote = await _attack(client, "notes", NOTE=note, MODE="write")
-            read = await _attack(client, "notes", NOTE=note, MODE="read")
+            wrote = await _attack(client, "notes", NOTE=note, MODE="write", DIRS=_PRIVATE_DIRS)
+            read = await _attack(client, "notes", NOTE=note, MODE="read", DIRS=_PRIVATE_DIRS)
         on_host = [str(p) for p in paths if p.exists()]
     finally:
         for p in paths:
@@ -371,8 +376,8 @@ async def test_no_note_passes_between_jobs_through_the_shared_handoff_space(serv
     note = secrets.token_hex(8)
     try:
         async with server.session() as client:
-            wrote = await _attack(client, "handoff_notes", NOTE=note, MODE="write")
-            read = await _attack(client, "handoff_notes", NOTE=note, MODE="read")
+            wrote = await _attack(client, "notes", NOTE=note, MODE="write", DIRS=_HANDOFF_DIRS)
+            read = await _attack(client, "notes", NOTE=note, MODE="read", DIRS=_HANDOFF_DIRS)
     finally:
         left = glob.glob(f"/dev/shm/*/kforge-note-{note}")
         for path in left:

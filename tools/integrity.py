@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HarnessSnapshot", "child_processes", "session_processes"]
+__all__ = ["HarnessSnapshot", "child_processes", "process_ids", "process_stat", "session_processes"]
 
 # (module path, attribute path): functions the harness calls; rebinding any of them is tampering.
 _WATCHED = [
@@ -46,7 +46,15 @@ def _resolve(module: str, path: str) -> Any:
     return obj
 
 
-def _stat(pid: int | str) -> tuple[str, str, int, int] | None:
+def process_ids() -> list[str]:
+    """Every process this process can see in /proc ([] where there is none)."""
+    try:
+        return [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def process_stat(pid: int | str) -> tuple[str, str, int, int] | None:
     """(name, state, parent, session) of a process, from /proc/<pid>/stat; None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -65,7 +73,7 @@ def child_processes() -> list[int]:
             kids += [int(p) for p in task.read_text().split()]
         except OSError:
             continue
-    return [pid for pid in kids if (st := _stat(pid)) is not None and st[1] != "Z"]
+    return [pid for pid in kids if (st := process_stat(pid)) is not None and st[1] != "Z"]
 
 
 def session_processes() -> list[int]:
@@ -76,17 +84,14 @@ def session_processes() -> list[int]:
     Only a process that leads its session looks: under a profiler (ncu) the session is the profiler's.
     """
     me = os.getpid()
-    try:
-        if os.getsid(0) != me:
-            return []
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != me]
-    except OSError:
+    if os.getsid(0) != me:
         return []
-    return [int(pid) for pid in entries if (st := _stat(pid)) is not None and st[3] == me and st[1] != "Z"]
+    return [int(pid) for pid in process_ids()
+            if int(pid) != me and (st := process_stat(pid)) is not None and st[3] == me and st[1] != "Z"]
 
 
 def _describe(pid: int) -> str:
-    st = _stat(pid)
+    st = process_stat(pid)
     name = f" ({st[0]})" if st else ""
     return f"child process {pid}{name}" if st and st[2] == os.getpid() else f"process {pid}{name} of its session"
 

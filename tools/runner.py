@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .integrity import process_ids, process_stat
 from .models import Failure
 
 if TYPE_CHECKING:
     from .pool import WorkerPool
+    from .sandbox import Confinement
 
 __all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
            "worker_env"]
@@ -84,16 +86,21 @@ class WorkerLimits:
                           f"per call for {calls} calls, at least {self.hang_floor_s:g} s)")
 
 
-def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
-    """The worker's command-line arguments that ask for its sandbox (none when the sandbox is off); a cold
-    worker's scratch directory may lie outside the data directory's jobs/."""
+def confinement(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> Confinement | None:
+    """The sandbox a worker (or the server's header build) enters, None when it is off; a cold worker's scratch
+    directory may lie outside the data directory's jobs/."""
     if not limits.sandbox:
-        return []
+        return None
     from .sandbox import Confinement
 
-    return ["--sandbox", Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
-                                     extra_writable=(str(scratch),) if scratch else (),
-                                     extra_readable=limits.read_paths).as_arg()]
+    return Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
+                       extra_writable=(str(scratch),) if scratch else (), extra_readable=limits.read_paths)
+
+
+def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
+    """The worker's command-line arguments that ask for its sandbox (none when the sandbox is off)."""
+    conf = confinement(home, limits, scratch)
+    return ["--sandbox", conf.as_arg()] if conf else []
 
 
 def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
@@ -106,8 +113,8 @@ def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: 
         return  # the worker's reply names only the cache's directories
     pch_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
-    if limits.sandbox:
-        command = [sys.executable, "-m", "kforge.tools.sandbox", sandbox_args(home, limits)[1], "--", *command]
+    if (conf := confinement(home, limits)) is not None:
+        command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
     # Linux shares CPU time between sessions (autogroups): the session's priority is lowered as well as nice.
     proc = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; exec nice -n 19 "$@"',
                              "kforge-pch", *command], start_new_session=True, stdin=subprocess.DEVNULL,
@@ -158,20 +165,7 @@ def _describe_exit(code: int) -> tuple[str, str]:
 
 def _session_members(sid: int) -> list[int]:
     """The processes of session `sid`, from /proc (Linux; elsewhere none are found)."""
-    members = []
-    try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        return members
-    for name in entries:
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:  # after "pid (comm) ": state ppid pgrp session
-                members.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return members
+    return [int(pid) for pid in process_ids() if (st := process_stat(pid)) is not None and st[3] == sid]
 
 
 def namespace_processes(outer_pid: int) -> list[str]:
@@ -181,22 +175,17 @@ def namespace_processes(outer_pid: int) -> list[str]:
     try:
         worker = int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
         namespace = os.readlink(f"/proc/{worker}/ns/pid")
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except (OSError, ValueError, IndexError):
         return []
     found = []
-    for name in entries:
-        if int(name) in (worker, outer_pid):
-            continue
+    for pid in process_ids():
         try:
-            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+            if int(pid) in (worker, outer_pid) or os.readlink(f"/proc/{pid}/ns/pid") != namespace:
                 continue
-            stat = Path(f"/proc/{name}/stat").read_text()
         except OSError:
             continue
-        if stat[stat.rindex(")") + 2] != "Z":  # a zombie runs nothing
-            found.append(f"process {name} ({stat[stat.index('(') + 1:stat.rindex(')')]}), seen by the server in the "
-                         "worker's PID namespace")
+        if (st := process_stat(pid)) is not None and st[1] != "Z":  # a zombie runs nothing
+            found.append(f"process {pid} ({st[0]}), seen by the server in the worker's PID namespace")
     return found
 
 

@@ -28,7 +28,7 @@ import errno
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,8 @@ class Confinement:
     home: str
     hidden: tuple[str, ...] = ()
     isolate_network: bool = True
-    extra_writable: tuple[str, ...] = field(default=())
-    extra_readable: tuple[str, ...] = field(default=())  # e.g. a CUTLASS checkout that builds include
+    extra_writable: tuple[str, ...] = ()
+    extra_readable: tuple[str, ...] = ()  # e.g. a CUTLASS checkout that builds include
 
     def writable(self) -> list[str]:
         home = Path(self.home)
@@ -78,18 +78,13 @@ class Confinement:
     def as_arg(self) -> str:
         import json
 
-        return json.dumps({"home": self.home, "hidden": list(self.hidden), "isolate_network": self.isolate_network,
-                           "extra_writable": list(self.extra_writable),
-                           "extra_readable": list(self.extra_readable)})
+        return json.dumps(asdict(self))
 
     @classmethod
     def from_arg(cls, text: str) -> Confinement:
         import json
 
-        raw = json.loads(text)
-        return cls(home=raw["home"], hidden=tuple(raw.get("hidden", ())), isolate_network=bool(raw.get("isolate_network", True)),
-                   extra_writable=tuple(raw.get("extra_writable", ())),
-                   extra_readable=tuple(raw.get("extra_readable", ())))
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(text).items()})
 
 
 def handoff_root(home: str | os.PathLike[str]) -> str:

@@ -1,15 +1,16 @@
-"""ATTACK: pass notes from one job to the next through shared memory and temporary files: in MODE "write"
-job A leaves /dev/shm/kforge-note-__NOTE__ and /tmp/kforge-note-__NOTE__; in MODE "read" job B (a later call,
-another worker) looks for them.
-MUST: job B finds neither, and neither is on the host afterwards (each worker has a private tmpfs on /tmp and
-/dev/shm); the test looks at the host's."""
+"""ATTACK: pass notes from one job to the next through shared places: in MODE "write" job A leaves
+kforge-note-__NOTE__ in each directory of __DIRS__; in MODE "read" job B (a later call, another worker) looks
+for them there. The directories: /dev/shm and /tmp (each worker has a private tmpfs on both), or the ones a
+worker's private /dev/shm still shares with the host (the CPU output hand-off root, /dev/shm/kforge-handoff-*).
+MUST: job B finds no note, and none is on the host afterwards; the test looks at the host's and cleans up."""
 import errno
+import glob  # noqa: F401 - __DIRS__ may glob
 import json
 import os
 
 MODE = "__MODE__"
 report = {}
-for d in ("/dev/shm", "/tmp"):
+for d in __DIRS__:
     path = os.path.join(d, "kforge-note-__NOTE__")
     try:
         if MODE == "write":
