@@ -26,6 +26,10 @@ calls before each timed one, read 6-12% lower than KForge's loop (bench/explore/
 time depended on what ran before the flush. `flush_cache` now writes each chunk of a larger buffer twice in
 a row: the second write hits, the flush's own lines become the re-used ones and push the rest out, and the
 same loops agree within 2% (all of them colder than before: 0.38 ms where the old flush gave 0.24-0.30).
+Twice the LLCs written twice was not enough either: in 2 of 5 processes on the same VM (placement-dependent)
+a 4 MiB input read twice before it still ran 14-22% faster after it (a CI failure on 2026-11-24), and the
+buffer's first write alone, even at four times the LLC, left 0.58-0.85. Four times the LLCs, each chunk written
+twice, gave 0.99-1.01 in every process tried (bench/explore/cpu_flush_size.py; flush 3.5 ms for 128 MiB).
 """
 
 from __future__ import annotations
@@ -160,8 +164,9 @@ class CpuTimer(WallTimer):
             self._tally[0] += 1
             self._tally[1] += self.preemptions > 0
 
-# The flush buffer: at least this large, and at least twice all the last-level caches of the usable CPUs.
-_FLUSH_MIN_BYTES = 64 * 2**20
+# The flush buffer: at least this large, and at least four times all the last-level caches of the usable CPUs.
+_FLUSH_MIN_BYTES = 128 * 2**20
+_FLUSH_LLC_MULTIPLE = 4
 _FLUSH_MAX_BYTES = 2**30
 # At most this many chunks: each write of a chunk is a parallel region, and on a busy host each region may wait
 # out another process's time slice (8 MiB chunks, 16 regions, made a flush take 390 ms on the loaded 2-core VM).
@@ -174,7 +179,7 @@ def flush_plan() -> tuple[int, int]:
     A chunk is half of all the last-level caches (the threads spread it over them), so its second write hits;
     where those are small, chunks grow to an eighth of the buffer, which then outsizes the caches many times."""
     llc, count = llc_layout() or (32 * 2**20, 1)
-    total = min(_FLUSH_MAX_BYTES, max(_FLUSH_MIN_BYTES, 2 * llc * count))
+    total = min(_FLUSH_MAX_BYTES, max(_FLUSH_MIN_BYTES, _FLUSH_LLC_MULTIPLE * llc * count))
     chunk = max(llc * count // 2, total // _FLUSH_MAX_CHUNKS) // 2**20 * 2**20
     return -(-total // chunk) * chunk, chunk
 
