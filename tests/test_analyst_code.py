@@ -21,7 +21,7 @@ from kforge.profilers.analyst.redundant import already_present, prune
 from kforge.profilers.analyst.source import read_source
 from kforge.profilers.compiler_report import (CompilerFacts, CompilerReport, LoopRemark, loop_remarks,
                                               parse_vectorizer_remarks)
-from kforge.profilers.report import Baseline, OpRow, ProfileReport, TimingStats
+from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
 from kforge.tools.diagnostics import SourceMap, parse_ptxas_resources
 
 HERE = Path(__file__).parent
@@ -128,6 +128,9 @@ def test_what_is_already_there_is_not_advised():
     assert action == "Use a vector exp in the simd loop." and said
     assert prune("Vectorize the inner loop", "Add `#pragma omp simd` to it.", present)[0] is None
     assert prune("Vectorize the exp() calls", "Compile with -ffast-math so expf vectorizes.", present)[0] is not None
+    # naming the pragma proposes it, even in a sentence about exp (a model's answer through summarize_profile did)
+    assert prune("Use a vector exp", "Add #pragma omp simd to the exp loop. Compile with -ffast-math.",
+                 present)[0] == "Compile with -ffast-math."
 
 
 # -- the rules' advice, per candidate ---------------------------------------------------------------------
@@ -173,6 +176,25 @@ def test_bottleneck_from_the_roofline_without_code():
     assert "perf" in note and "steadier" not in note
 
 
+def _deciding_note(report: ProfileReport) -> str:
+    a = RulesAnalyst().analyze(report)
+    assert a.bottleneck == "unknown", str(a)
+    (note,) = [n for n in a.notes if n.startswith("to classify the bottleneck, add: ")]
+    return note.removeprefix("to classify the bottleneck, add: ")
+
+
+def test_unknown_names_the_one_measurement_that_is_missing():
+    """Counters first; with counters, the roofline; with both and neither deciding, the stall breakdown."""
+    middle = (Counter(name="cycles", value=1e9), Counter(name="instructions", value=1.5e9))  # IPC 1.5: no class
+    assert _deciding_note(_report(bandwidth=0.3, eager=1.2)).startswith("hardware counters from perf")
+    assert _deciding_note(_report(bandwidth=0.3, eager=1.2, backend="cuda")).startswith("hardware counters: Nsight")
+    no_roofline = _report(bandwidth=None, eager=1.2).model_copy(update={"counters": middle})
+    assert _deciding_note(no_roofline).startswith("the achieved bandwidth against the device's measured ceiling")
+    both = _report(bandwidth=0.3, eager=1.2).model_copy(update={"counters": middle})
+    note = _deciding_note(both)
+    assert note.startswith("perf's top-down breakdown") and "achieved bandwidth" not in note  # it was measured
+
+
 def test_gpu_rules_from_source_and_ptxas():
     rowsum = RulesAnalyst().analyze(_report(backend="cuda"), code=_code("cuda_uncoalesced_rowsum"))
     assert rowsum.recommendations[0].title == "Coalesce the global loads", str(rowsum)
@@ -192,7 +214,9 @@ def test_model_request_carries_compiler_report_source_and_what_is_there():
     req = analyst_request(_report(), rules, code=code, compiler=_softmax_compiler())
     assert '"scalar_math"' in req.user and "expf" in req.user
     assert "Already in the code: do not recommend adding these" in req.user and "parallel (line" in req.user
-    assert "  30  " in req.user or "#pragma omp simd" in req.user  # numbered source
+    exp_line = _line(code, "std::exp")
+    assert f"{exp_line:4d}  {code.splitlines()[exp_line - 1]}" in req.user  # the source, numbered as the advice cites it
+    assert '"median_us"' in req.user and '"speedup": 0.5' in req.user  # the measurements
     assert "Vectorize the exp() calls" in req.user  # the rules' findings
 
 

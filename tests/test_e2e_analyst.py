@@ -53,15 +53,27 @@ def ctx(tmp_path_factory):
     return ToolContext(home=tmp_path_factory.mktemp("analyst-home"))
 
 
+_PROFILES: dict[tuple[str, str], object] = {}  # (home, candidate) -> its profile: each candidate is profiled once
+
+
+async def _profiled(ctx, name: str):
+    from kforge.tools.profile import profile_kernel
+
+    key = (str(ctx.home), name)
+    if key not in _PROFILES:
+        prof = await profile_kernel(ctx, "cpu", _reference(CASES[name][0]), (CANDIDATES / f"{name}.py").read_text(),
+                                    baselines=("eager",), budget_s=0.6, hardware_counters=False)
+        assert prof.ok and prof.output_correct, prof.failure
+        _PROFILES[key] = prof
+    return _PROFILES[key]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 async def test_profile_then_summary_gives_the_right_first_advice(ctx, name):
-    from kforge.tools.profile import profile_kernel
     from kforge.tools.summarize import summarize_profile
 
     reference, first, has = CASES[name]
-    prof = await profile_kernel(ctx, "cpu", _reference(reference), (CANDIDATES / f"{name}.py").read_text(),
-                                baselines=("eager",), budget_s=0.6, hardware_counters=False)
-    assert prof.ok and prof.output_correct, prof.failure
+    prof = await _profiled(ctx, name)
     if name != "cpu_launch_bound":
         (report,) = prof.compiler_reports  # the vectorizer's report came with the normal build
         assert report.compiler == "gcc" and report.loops, report
@@ -88,3 +100,83 @@ async def test_softmax_through_an_mcp_client(kforge_home):
     assert prof["compiler_reports"][0]["scalar_math"] == ["expf"]
     _assert_advice(answer.structured_content, "Vectorize the exp() calls", {"parallel", "simd"})
     assert "Vectorize the exp() calls" in answer.content[0].text
+
+
+# A model's answer: one piece of advice the softmax already follows (threads), one it needs (a vector exp),
+# whose first sentence proposes the simd pragma that every loop already has.
+MODEL_ANSWER = {"bottleneck": "compute-bound", "bottleneck_why": "scalar expf",
+                "recommendations": [
+                    {"title": "Parallelize the rows", "action": "Add #pragma omp parallel for on the row loop."},
+                    {"title": "Use a vector exp", "action": "Add #pragma omp simd to the exp loop. Compile with "
+                     "-ffast-math -march=native so expf becomes libmvec's vector exp.", "confidence": "high"}]}
+
+
+def _assert_same_facts_as_the_rules(user: str, prof) -> None:
+    """The model's request holds the compiler's report, the numbered source, the measurements and the rules' findings."""
+    code = (CANDIDATES / "cpu_softmax_scalar_exp.py").read_text().splitlines()
+    exp_line = next(n for n, line in enumerate(code, 1) if "std::exp" in line)
+    assert f"{exp_line:4d}  {code[exp_line - 1]}" in user
+    assert '"scalar_math": [' in user and '"expf"' in user and '"vectorized": false' in user  # nm -D and the vectorizer
+    assert f'"median_us": {prof.report.candidate.median_us}' in user and '"speedup"' in user  # the measurements
+    assert "## The rules engine's findings" in user and "Vectorize the exp() calls" in user
+    assert "Already in the code: do not recommend adding these" in user and "parallel (line 21" in user
+
+
+def _assert_pruned(analysis: dict) -> None:
+    recs = analysis["recommendations"]
+    assert [r["title"] for r in recs] == ["Use a vector exp"], analysis
+    assert recs[0]["action"].startswith("Compile with -ffast-math"), recs[0]  # the simd sentence was cut
+    assert any("dropped 'Parallelize the rows'" in n for n in analysis["notes"]), analysis["notes"]
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+async def test_http_model_analysts_get_the_same_facts_and_the_same_rule(ctx, api, monkeypatch):
+    import json
+
+    from kforge.profilers.analyst.http import ModelConfig
+    from kforge.tools.summarize import AnalystConfig, summarize_profile
+
+    from .test_analyst_models import FakeModelServer
+
+    prof = await _profiled(ctx, "cpu_softmax_scalar_exp")
+    server = FakeModelServer()
+    server.reply = json.dumps(MODEL_ANSWER)
+    monkeypatch.setenv("KFORGE_TEST_KEY", "sk-test")
+    try:
+        config = AnalystConfig(provider=api, model=ModelConfig(api=api, model="m", base_url=server.url,
+                                                               api_key_env="KFORGE_TEST_KEY", timeout_s=30))
+        summary = await summarize_profile(ctx, analyst=config, profile_id=prof.profile_id)
+    finally:
+        server.close()
+    body = server.requests[-1][2]
+    content = body["messages"][0 if api == "anthropic" else 1]["content"]
+    _assert_same_facts_as_the_rules(content if isinstance(content, str) else content[-1]["text"], prof)
+    data = summary.model_dump(mode="json")
+    assert data["analysis"]["provider"] == f"{api}:m"
+    _assert_pruned(data["analysis"])
+
+
+async def test_sampling_analyst_gets_the_same_facts_and_the_same_rule(ctx):
+    import json
+
+    from mcp import Client
+    from mcp.types import CreateMessageResult, TextContent
+
+    from kforge.server.app import build_server
+    from kforge.server.settings import Settings
+
+    prof = await _profiled(ctx, "cpu_softmax_scalar_exp")
+    asked: list[str] = []
+
+    async def client_model(context, params) -> CreateMessageResult:
+        asked.append("".join(b.text for m in params.messages for b in m.content_as_list if b.type == "text"))
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text=json.dumps(MODEL_ANSWER)),
+                                   model="client-model")
+
+    server = build_server(Settings(home=ctx.home, analyst="sampling"))
+    async with Client(server, sampling_callback=client_model) as client:
+        result = await client.call_tool("summarize_profile", {"profile_id": prof.profile_id})
+    assert not result.is_error, result.content[0].text
+    _assert_same_facts_as_the_rules(asked[-1], prof)
+    assert result.structured_content["analysis"]["provider"] == "sampling:client-model"
+    _assert_pruned(result.structured_content["analysis"])

@@ -32,6 +32,7 @@ _PROPOSES = {
                                   r"ld\.global\.nc|texture cache", re.I),
 }
 _VECTOR_MATH = re.compile(r"\b(exp|expf|log|tanh|sin|cos|pow|erf|libmvec|math)\b", re.I)
+_SIMD_PRAGMA = re.compile(r"omp\s+(parallel\s+for\s+)?simd", re.I)
 _SENTENCE = re.compile(r"(?<=[.;])\s+(?=[A-Z`(])")
 
 
@@ -87,7 +88,9 @@ def fully_fused(report: ProfileReport) -> bool:
 def _proposes(text: str, feature: str) -> bool:
     if not _PROPOSES[feature].search(text):
         return False
-    return not (feature == "simd" and _VECTOR_MATH.search(text))
+    # Naming the pragma proposes it, even in a sentence about exp ("add omp simd to the exp loop"); only the
+    # wording "vectorize the loop" may mean vector math instead.
+    return not (feature == "simd" and not _SIMD_PRAGMA.search(text) and _VECTOR_MATH.search(text))
 
 
 def prune(title: str, action: str, present: dict[str, Present]) -> tuple[str | None, list[str]]:

@@ -406,13 +406,20 @@ def _rule_roofline(report: ProfileReport, out: _Findings) -> None:
 
 def _deciding_measurement(report: ProfileReport, family: str) -> str:
     """The one measurement that would classify this profile, when nothing did: counters first (they see
-    inside the kernel), then the roofline of the timed call."""
+    inside the kernel), then the roofline of the timed call; with both there and neither deciding, the
+    breakdown of where the stalled cycles go (the middle band of IPC or of ncu's throughputs)."""
     if not report.counters:
         if family == "gpu":
             return "hardware counters: Nsight Compute (profile_kernel with hardware_counters on a host with ncu)"
         return "hardware counters from perf (IPC and cache misses; needs perf and perf_event_paranoid <= 2)"
-    return ("the achieved bandwidth against the device's measured ceiling (profile_kernel, with a reference whose "
-            "inputs and outputs it can size)")
+    if report.bandwidth_fraction is None:
+        return ("the achieved bandwidth against the device's measured ceiling (profile_kernel, with a reference whose "
+                "inputs and outputs it can size)")
+    if family == "gpu":
+        return ("Nsight Compute's warp stall reasons for the hot kernel (the WarpStateStats section: long scoreboard, "
+                "barrier, math pipe): the counters and the roofline put it between the ceilings")
+    return ("perf's top-down breakdown of the hot loop (perf stat --topdown: frontend, bad speculation, backend memory "
+            "or core): the counters and the roofline put it between the ceilings")
 
 
 def _missing_data(report: ProfileReport) -> list[str]:
