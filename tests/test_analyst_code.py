@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from kforge.profilers.analyst import RulesAnalyst
+from kforge.profilers.analyst._passes import pass_groups
 from kforge.profilers.analyst._stride import stride_kind
 from kforge.profilers.analyst.model import analyst_request, parse_answer
 from kforge.profilers.analyst.redundant import already_present, prune
 from kforge.profilers.analyst.source import read_source
-from kforge.profilers.compiler_report import (CompilerFacts, CompilerReport, LoopRemark, loop_remarks,
-                                              parse_vectorizer_remarks)
+from kforge.profilers.compiler_report import (CompilerFacts, CompilerReport, KernelResources, LoopRemark,
+                                              loop_remarks, parse_vectorizer_remarks)
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
 from kforge.tools.diagnostics import SourceMap, parse_ptxas_resources
 
@@ -140,6 +141,7 @@ def test_what_is_already_there_is_not_advised():
     ("cpu_strided_inner", "Make the inner loop unit-stride", {"parallel"}),
     ("cpu_softmax_scalar_exp", "Vectorize the exp() calls", {"parallel", "simd"}),
     ("cpu_gemm_untiled", "Tile the matmul loops and order them i-k-j", {"parallel"}),
+    ("cpu_multipass_chain", "Merge the 3 passes into one loop", {"parallel", "simd"}),
 ])
 def test_first_recommendation_from_the_code(name, first, has):
     compiler = _softmax_compiler() if name == "cpu_softmax_scalar_exp" else None
@@ -380,3 +382,209 @@ def test_no_gpu_load_findings_on_the_other_candidates():
             found[path.stem] = names
     assert found == {"cuda_kb_matmul": ["a", "b"],  # a tiled matmul on plain `const float*`: right, and a minor hint
                      "cuda_uncached_stencil": ["x", "w"], "triton_strided_colsum": ["load@22"]}, found
+
+
+# -- passes that could be fewer ----------------------------------------------------------------------------------
+
+_SUM = "float sum = 0.f;\nfor (int64_t i = 0; i < n; ++i) sum += x[i];\n"
+
+
+@pytest.mark.parametrize("body, kind, arrays", [
+    # mean, then the spread around it: one pass (Welford, or sum and sum of squares)
+    (_SUM + "const float mean = sum / n;\nfloat var = 0.f;\n"
+     "for (int64_t i = 0; i < n; ++i) { const float d = x[i] - mean; var += d * d; }", "statistics", ("x",)),
+    # an elementwise chain through a temporary, whatever the loops' variables are called
+    ("for (int64_t j = 0; j < n; ++j) t[j] = x[j] * 2.f;\nfor (int64_t k = 0; k < n; ++k) o[k] = t[k] + 1.f;",
+     "chain", ("t",)),
+    # normalizing needs the finished sum: two passes are the algorithm, not a missed merge
+    (_SUM + "const float inv = 1.f / sum;\nfor (int64_t i = 0; i < n; ++i) o[i] = x[i] * inv;", None, ()),
+    # the second pass reads neighbours of what the first wrote: not the same index
+    ("for (int64_t i = 0; i < n; ++i) t[i] = x[i] * 2.f;\n"
+     "for (int64_t i = 0; i < n; ++i) o[i] = t[i - 1] + t[i + 1];", None, ()),
+    # different ranges are different passes
+    ("for (int64_t i = 0; i < n; ++i) t[i] = x[i] * 2.f;\nfor (int64_t i = 0; i < m; ++i) o[i] = t[i];", None, ()),
+])
+def test_passes_that_could_be_one_are_told_apart_from_those_that_cannot(body, kind, arrays):
+    facts = read_source(f'cpp = r"""\nvoid f(const float* x, float* t, float* o, int64_t n, int64_t m) {{\n{body}\n}}\n"""\n')
+    groups = pass_groups(facts)
+    assert [(g.kind, g.arrays, g.nested) for g in groups] == ([(kind, arrays, False)] if kind else []), groups
+
+
+def test_multi_pass_advice_is_ranked_by_where_the_passes_run():
+    """Passes over the whole tensor stream it from memory each time; passes over a row in cache cost little."""
+    chain = RulesAnalyst().analyze(_report(), code=_code("cpu_multipass_chain"))
+    top = chain.recommendations[0]
+    assert (top.title, top.where, top.confidence) == ("Merge the 3 passes into one loop", "line 27", "high"), str(chain)
+    assert "tp, up" in top.why and chain.bottleneck == "memory-bound"
+    soft = RulesAnalyst().analyze(_report(), code=_code("cpu_softmax_scalar_exp"), compiler=_softmax_compiler())
+    (rows,) = [r for r in soft.recommendations if r.title.startswith("Merge")]
+    assert rows.title == "Merge the 3 passes over each row" and rows.confidence == "low" and rows.rank > 1
+    assert read_source(_code("cuda_spills")).loops and not pass_groups(read_source(_code("cuda_spills")))  # registers
+
+
+# -- ranking by expected effect ---------------------------------------------------------------------------------
+
+_SERIAL_EXP = """#include <cmath>
+#include <cstdint>
+extern "C" void exp_all(const float* in, float* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = std::exp(in[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def serial_exp_compiler(tmp_path_factory) -> CompilerFacts:
+    """The serial exp loop built by g++ as the CPU backend builds (-O3, no -ffast-math): it imports scalar expf."""
+    import shutil
+    import subprocess
+
+    from kforge.profilers.compiler_report import imported_math
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    tmp = tmp_path_factory.mktemp("serial-exp")
+    (tmp / "k.cpp").write_text(_SERIAL_EXP)
+    subprocess.run(["g++", "-O3", "-fPIC", "-shared", "-o", str(tmp / "k.so"), str(tmp / "k.cpp")], check=True)
+    scalar, vector = imported_math(tmp / "k.so")
+    assert "expf" in scalar and not vector
+    return CompilerFacts(builds=[CompilerReport(build="k", compiler="gcc", scalar_math=scalar, vector_math=vector)])
+
+
+@pytest.mark.parametrize("threads, compiled, first", [
+    (2, True, "Vectorize the exp() calls"),     # threads save 1/2 of the time, a vector exp ~60%
+    (16, True, "Parallelize the outer loop"),  # threads save 15/16
+    (2, False, "Parallelize the outer loop"),  # without the compiler's word the exp finding is less sure
+])
+def test_ranking_weighs_expected_gain_by_confidence(serial_exp_compiler, threads, compiled, first):
+    code = f'cpp = r"""\n{_SERIAL_EXP}"""\n'
+    a = RulesAnalyst().analyze(_report(threads=threads), code=code, compiler=serial_exp_compiler if compiled else None)
+    titles = [r.title for r in a.recommendations]
+    assert titles[:2] == [first, ({"Vectorize the exp() calls", "Parallelize the outer loop"} - {first}).pop()], str(a)
+    assert all(r.where == "line 5" and r.why and r.confidence for r in a.recommendations[:2]), str(a)
+    exp = a.recommendations[titles.index("Vectorize the exp() calls")]
+    assert exp.confidence == ("high" if compiled else "medium")
+
+
+# -- loops the compiler did not vectorize -------------------------------------------------------------------------
+
+# The loop of tests/candidates/analyst/cpu_branchy_loop.py as plain C++ (no torch headers: a fast build).
+_BRANCHY = """#include <cmath>
+#include <cstdint>
+extern "C" void signed_sqrt(const float* in, float* o, int64_t n) {
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) {
+        if (in[i] > 0.f) o[i] = in[i] * 2.f;
+        else o[i] = std::sqrt(-in[i]);
+    }
+}
+"""
+
+
+def _gcc_report(tmp_path: Path, source: str, flags: list[str]) -> CompilerFacts:
+    """g++ -O3 -fopenmp as the CPU backend builds, with its vectorizer report mapped to the candidate's lines
+    (the C++ starts on line 2 of `cpp = r\"\"\"...`)."""
+    import shutil
+    import subprocess
+
+    from kforge.backends.cpu import vectorizer_flags
+
+    if shutil.which("g++") is None or not any(f.startswith("-fopt-info") for f in vectorizer_flags()):
+        pytest.skip("needs GCC's vectorizer report")
+    (tmp_path / "k.cpp").write_text(source)
+    report = tmp_path / "vec.txt"
+    report.unlink(missing_ok=True)
+    subprocess.run(["g++", "-O3", "-fopenmp", *flags, f"-fopt-info-vec-optimized-missed={report}", "-c",
+                    str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k.o")], check=True)
+    remarks, blocking = parse_vectorizer_remarks(report.read_text())
+    loops = loop_remarks([(r.line + 1, "k.cpp", r) for r in remarks if r.file.endswith("k.cpp")])
+    return CompilerFacts(builds=[CompilerReport(build="k", compiler="gcc", loops=loops, blocking_calls=blocking)])
+
+
+def test_a_loop_the_compiler_did_not_vectorize_gets_the_change_that_makes_it(tmp_path):
+    code = f'cpp = r"""\n{_BRANCHY}"""\n'
+    loop_line = _line(code, "for (int64_t i")
+    compiler = _gcc_report(tmp_path, _BRANCHY, [])
+    # GCC puts an outlined `omp parallel for` loop's remark on its body's first line
+    (remark,) = [r for r in compiler.builds[0].loops if loop_line <= r.line <= loop_line + 3]
+    assert not remark.vectorized and "control flow" in remark.missed[0]
+    a = RulesAnalyst().analyze(_report(), code=code, compiler=compiler)
+    top = a.recommendations[0]
+    assert (top.title, top.where) == (f"Make the loop at line {loop_line} vectorize", f"line {loop_line}"), str(a)
+    assert any(e.source == "compiler" and "control flow" in str(e.value) for e in top.evidence)
+    assert not any(_advises(r, "parallel") for r in a.recommendations), str(a)
+    # Following the advice: with the flags it names, g++ vectorizes the same loop.
+    flags = re.findall(r"`(-f[\w-]+)`", top.action)
+    assert set(flags) == {"-fno-trapping-math", "-fno-math-errno"}, top.action
+    after = [r for r in _gcc_report(tmp_path, _BRANCHY, flags).builds[0].loops if loop_line <= r.line <= loop_line + 3]
+    assert after and all(r.vectorized for r in after), after
+    # Without a math call in the loop the errno flag is not advised.
+    no_math = _BRANCHY.replace("std::sqrt(-in[i])", "in[i] * 0.5f")
+    plain = RulesAnalyst().analyze(_report(), code=f'cpp = r"""\n{no_math}"""\n', compiler=_gcc_report(tmp_path, no_math, []))
+    assert plain.recommendations[0].title == f"Make the loop at line {loop_line} vectorize", str(plain)
+    assert "-fno-math-errno" not in plain.recommendations[0].action and "-fno-trapping-math" in plain.recommendations[0].action
+
+
+def test_loops_that_vectorized_or_that_other_rules_explain_get_no_such_advice():
+    # the softmax: its exp loop is the vector-math rule's; its simd loops vectorized (GCC reports them at the pragma)
+    soft = RulesAnalyst().analyze(_report(), code=_code("cpu_softmax_scalar_exp"), compiler=_softmax_compiler())
+    assert not any(r.title.startswith("Make the loop at line") for r in soft.recommendations), str(soft)
+
+
+# -- Triton: num_warps, num_stages and shared memory from the compiled kernel ------------------------------------------
+
+def _triton_sm90(num_stages: int) -> KernelResources:
+    """triton_matmul_unpipelined's kernel compiled by Triton for an H100 (sm_90) on this CPU-only host, read as
+    backends/triton reads a compiled kernel's metadata (num_warps, num_stages, shared memory)."""
+    import importlib.util
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = importlib.util.spec_from_file_location("triton_matmul_unpipelined", CANDIDATES / "triton_matmul_unpipelined.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.matmul_kernel
+    ints = ("M", "N", "K", "stride_am", "stride_bk", "stride_cm")
+    signature = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", **{n: "i32" for n in ints},
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    # what a launch on 2048x2048 contiguous tensors specializes: pointers and sizes divisible by 16
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("a_ptr", "b_ptr", "c_ptr", *ints)}
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                                            constexprs={"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": num_stages})
+    except Exception as exc:  # noqa: BLE001 - a Triton without its CUDA toolchain cannot compile for sm_90
+        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+    meta = compiled.metadata
+    return KernelResources(kernel=compiled.name, shared_bytes=meta.shared, num_warps=meta.num_warps,
+                           num_stages=meta.num_stages, arch="sm_90")
+
+
+@pytest.fixture(scope="module")
+def triton_matmul_builds() -> dict[int, KernelResources]:
+    return {stages: _triton_sm90(stages) for stages in (1, 3)}
+
+
+def test_triton_kernel_compiled_without_pipelining_is_told_how_many_stages_fit(triton_matmul_builds):
+    one, three = triton_matmul_builds[1], triton_matmul_builds[3]
+    assert (one.num_stages, one.num_warps, three.num_stages) == (1, 4, 3)
+    assert one.shared_bytes == (64 * 32 + 32 * 64) * 4  # one stage: an A and a B tile
+    assert one.shared_bytes < three.shared_bytes <= 3 * one.shared_bytes  # more stages, more tiles in flight
+    code = _code("triton_matmul_unpipelined")
+    a = RulesAnalyst().analyze(_report(backend="triton"), code=code, compiler=CompilerFacts(kernels=[one]))
+    top = a.recommendations[0]
+    assert top.title == "Pipeline the loads of matmul_kernel's loop", str(a)
+    assert top.where == f"line {_line(code, 'num_warps=4, num_stages=1)')}"  # the launch, not the docstring
+    assert "num_stages=3 (at most 3 x 16 KiB = 48 KiB of shared memory, of the 227 KiB a block may use on sm_90)" in top.action
+    assert {e.metric for e in top.evidence} >= {"num_stages", "num_warps", "shared memory per block [B]"}
+    assert a.bottleneck == "latency-bound"
+    assert not any(re.search(r"tl\.dot|tensor cores|\btil(e|ing)\b.*(add|use)|\bfuse\b|fusion", f"{r.title} {r.action}",
+                             re.I) and r is not top for r in a.recommendations), str(a)
+    pipelined = RulesAnalyst().analyze(_report(backend="triton"), code=code.replace("num_stages=1", "num_stages=3"),
+                                       compiler=CompilerFacts(kernels=[three]))
+    assert not any(r.title.startswith("Pipeline the loads") for r in pipelined.recommendations), str(pipelined)
+    # a tile too big for more than one stage: make it smaller first
+    huge = one.model_copy(update={"shared_bytes": 150 * 1024})
+    big = RulesAnalyst().analyze(_report(backend="triton"), code=code, compiler=CompilerFacts(kernels=[huge]))
+    assert big.recommendations[0].action.startswith("Make BLOCK_K (or BLOCK_M, BLOCK_N) smaller first"), str(big)

@@ -28,6 +28,8 @@ CASES = {  # candidate: (reference, right first title, features it has that must
     "cpu_softmax_scalar_exp": ("softmax", "Vectorize the exp() calls", {"parallel", "simd"}),
     "cpu_gemm_untiled": ("matmul", "Tile the matmul loops and order them i-k-j", {"parallel"}),
     "cpu_launch_bound": ("ref_affine_chain", "Fuse the small ops into one kernel", set()),
+    "cpu_multipass_chain": ("ref_scale_shift_relu", "Merge the 3 passes into one loop", {"parallel", "simd"}),
+    "cpu_branchy_loop": ("ref_signed_sqrt", "Make the loop at line 23 vectorize", {"parallel"}),
 }
 
 

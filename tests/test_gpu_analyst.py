@@ -88,3 +88,28 @@ async def test_cuda_uncached_read_only_inputs(ctx):
     assert titles.index(hint) == 0 or (a.bottleneck != "unknown" and titles.index(hint) == 1), str(a)
     assert "Coalesce the global loads" not in titles, str(a)  # neighbouring threads read neighbouring x
     _never_advises_fusion(a)
+
+
+async def test_triton_uncoalesced_loads(ctx):
+    """Not yet run on a GPU (written in session 5): the Triton twin of test_cuda_uncoalesced_loads."""
+    prof, a = await _profile_and_summarize(ctx, "triton", "triton_strided_colsum", "ref_colsum")
+    code = (CANDIDATES / "triton_strided_colsum.py").read_text().splitlines()
+    load = next(n for n, line in enumerate(code, 1) if "acc += tl.load(" in line)
+    assert a.recommendations[0].title == "Coalesce the global loads", str(a)
+    assert a.recommendations[0].where == f"line {load}", str(a)  # x_ptr + rows * n_cols + col
+    assert a.bottleneck == "memory-bound", str(a)
+    assert any(k.kernel == "colsum_kernel" and k.num_warps for k in prof.kernel_resources), prof.kernel_resources
+    _never_advises_fusion(a)
+
+
+async def test_triton_matmul_without_pipelining(ctx):
+    """Not yet run on a GPU (written in session 5): num_stages, num_warps and shared memory from the compiled kernel."""
+    prof, a = await _profile_and_summarize(ctx, "triton", "triton_matmul_unpipelined", "ref_matmul_2048")
+    (kernel,) = [k for k in prof.kernel_resources if k.kernel == "matmul_kernel"]
+    assert (kernel.num_stages, kernel.num_warps) == (1, 4) and kernel.shared_bytes, kernel
+    code = (CANDIDATES / "triton_matmul_unpipelined.py").read_text().splitlines()
+    launch = next(n for n, line in enumerate(code, 1) if "num_warps=4, num_stages=1)" in line)
+    top = a.recommendations[0]
+    assert top.title == "Pipeline the loads of matmul_kernel's loop" and top.where == f"line {launch}", str(a)
+    assert "num_stages=3" in top.action, str(a)
+    _never_advises_fusion(a)

@@ -19,6 +19,7 @@ from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_
 from ._hardware import Claim, _uncoalesced
 from ._remedies import REMEDIES
 from ._stride import factors, stride_kind
+from ._triton_pipeline import unpipelined_loops
 from .base import Evidence
 from .source import GpuKernel, SourceFacts
 
@@ -155,10 +156,12 @@ def _spills(k: KernelResources, facts: SourceFacts, out: Findings, share: float)
 
 
 def gpu_findings(report: ProfileReport | None, facts: SourceFacts, compiler: CompilerFacts | None, out: Findings) -> None:
-    """Add the GPU kernels' findings to `out`: one coalescing draft (CUDA first, else Triton), read-only inputs, spills."""
+    """Add the GPU kernels' findings to `out`: one coalescing draft (CUDA first, else Triton), read-only inputs,
+    spills, and Triton loops compiled without pipelining."""
     share = own_share(report)
     if not _uncoalesced_cuda(report, facts, out, share):
         _uncoalesced_triton(report, facts, out, share)
     _uncached(facts, out, share)
     for k in compiler.kernels if compiler else []:
         _spills(k, facts, out, share)
+        unpipelined_loops(k, facts, out, share)

@@ -18,6 +18,8 @@ from kforge.profilers.report import ProfileReport
 from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_evidence
 from ._gpu_code import gpu_findings
 from ._hardware import Claim
+from ._passes import pass_groups
+from ._unvectorized import unvectorized_loops
 from .base import Evidence
 from .source import Loop, SourceFacts
 
@@ -31,6 +33,8 @@ GAIN_SCALAR_MATH = 0.6
 GAIN_ATOMICS = 0.5
 GAIN_WIDER_VECTORS = 0.25
 GAIN_ONE_PASS = 0.2
+# Passes over a whole tensor each stream it from DRAM: merging k of them saves up to (1 - 1/k) of the bytes.
+GAIN_STREAM_PASSES = 0.8
 
 _PRODUCT = re.compile(r"\+=\s*.*\w\s*\[[^\]]+\]\s*\*\s*\w+\s*\[[^\]]+\]")
 # Flags as the candidate passes them (a quoted list item), not words in its docstring.
@@ -102,6 +106,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             f"line {outer.line}", why, f"most of {pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
             "high", ev, share, gain=share * GAIN_GEMM_TILING, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
+    explained: set[int] = set()  # inner loops a rule above already explains (the vectorizer's verdict included)
     for i in facts.innermost():
         if i in gemm_loops:
             continue
@@ -109,6 +114,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
         strided = facts.strided_subscripts(i)
         if not strided:
             continue
+        explained.add(i)
         remark = _loop_remark(compiler, loop)
         ev = roof + [Evidence(metric="inner loop index", value=strided[0][1], judged_against=f"unit stride in {loop.var}",
                               source="source")]
@@ -127,6 +133,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             "high" if remark is not None or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
     _serial(report, facts, out, share, roof)
+    unvectorized_loops(facts, compiler, out, share, explained | gemm_loops)
     _scalar_math(facts, compiler, out, share, roof, code)
     _narrow_vectors(facts, compiler, out, share, code)
     _passes(facts, out, share)
@@ -214,21 +221,49 @@ def _narrow_vectors(facts: SourceFacts, compiler: CompilerFacts | None, out: Fin
 
 
 def _passes(facts: SourceFacts, out: Findings, share: float) -> None:
-    for i, loop in enumerate(facts.loops):
-        kids = [facts.loops[j] for j in facts.children(i)]
-        bounds = [k.header.split(";")[1].strip() for k in kids if k.header.count(";") == 2]
-        if len(kids) >= 3 and len(set(bounds)) == 1:
-            lines = ", ".join(str(k.line) for k in kids)
-            out.drafts.append(Draft(
-                f"Merge the {len(kids)} passes over each row",
-                "Each pass re-reads the row: combine them where the algorithm allows (e.g. an online max-and-sum for softmax "
-                "keeps a running maximum and rescales the running sum), so the data is read once or twice, not "
-                f"{len(kids)} times.", f"line {kids[0].line}",
-                f"{len(kids)} sibling loops over the same range inside the loop at line {loop.line}",
-                "fewer passes over memory; matters once a row no longer fits in L1/L2", "low",
-                [Evidence(metric="passes per row", value=float(len(kids)), judged_against="1-2", source="source")],
-                share, gain=share * GAIN_ONE_PASS, located=True))
-            return
+    """Sibling passes over the same range that could be fewer (the shapes are in `_passes.py`)."""
+    for group in pass_groups(facts):
+        loops = [facts.loops[i] for i in group.loops]
+        k, lines = len(loops), ", ".join(str(loop.line) for loop in loops)
+        scope = "each row" if group.nested else "the data"
+        # Over the whole tensor every pass streams it through memory; inside a row loop the row is likely in cache.
+        streams = "" if group.nested else "; each pass over the whole tensor streams it through memory again"
+        ev = [Evidence(metric="passes over the same range", value=f"{k} (lines {lines})", judged_against="1",
+                      source="source")]
+        if group.kind == "chain":
+            arrays = ", ".join(group.arrays)
+            title = f"Merge the {k} passes into one loop"
+            action = (f"Compute each element's whole chain in one loop over the range (the loops at lines {lines}): keep "
+                      f"the intermediate value ({arrays}) in a local variable instead of storing it and loading it back "
+                      "in the next loop, and drop the temporary arrays' allocation.")
+            why = (f"the loops at lines {lines} walk the same range, and each stores an intermediate ({arrays}) that "
+                   f"the next loads back at the same index: {k} passes over memory where one does{streams}")
+            gain, confidence = (GAIN_ONE_PASS, "medium") if group.nested else (GAIN_STREAM_PASSES * (1 - 1 / k), "high")
+            effect = f"up to {pct(1 - 1 / k)} of the bytes the passes move"
+            ev.append(Evidence(metric="intermediates stored and reloaded", value=arrays,
+                               judged_against="kept in registers", source="source"))
+        elif group.kind == "statistics":
+            title = "Compute the statistics in one pass"
+            action = (f"Read {group.arrays[0]} once: accumulate the sum and the sum of squares in the same loop (in "
+                      "double), or use Welford's update (count, mean, M2), so the second statistic needs no second pass "
+                      f"over {group.arrays[0]} (lines {lines}).")
+            why = (f"the loop at line {loops[1].line} reads {group.arrays[0]} again to reduce it with what the loop at "
+                   f"line {loops[0].line} reduced (a mean, then the spread around it){streams}")
+            gain, confidence = (GAIN_ONE_PASS, "low") if group.nested else (GAIN_STREAM_PASSES / 2, "medium")
+            effect = "one read of the input instead of two"
+        else:
+            title = f"Merge the {k} passes over {scope}"
+            action = ("Each pass re-reads the data: combine them where the algorithm allows (e.g. an online max-and-sum "
+                      "for softmax keeps a running maximum and rescales the running sum), so the data is read once or "
+                      f"twice, not {k} times.")
+            why = f"{k} loops over the same range (lines {lines}), each needing what the previous one reduced"
+            gain, confidence = (GAIN_ONE_PASS, "low") if group.nested else (GAIN_STREAM_PASSES / 3, "medium")
+            effect = ("fewer passes over memory; matters once a row no longer fits in L1/L2" if group.nested
+                      else f"{k - 2} fewer passes over the data")
+        out.drafts.append(Draft(title, action, f"line {loops[0].line}", why, effect, confidence, ev, share,
+                                gain=share * gain, located=True))
+        if group.kind == "chain" and not group.nested:
+            out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
 
 
 def _atomics(facts: SourceFacts, out: Findings, share: float) -> None:
