@@ -134,6 +134,36 @@ def test_what_is_already_there_is_not_advised():
                  present)[0] == "Compile with -ffast-math."
 
 
+_TILED_GEMM = '''cpp = r"""
+void mm(const float* A, const float* B, float* C, int64_t n, int64_t kd, int64_t m) {
+    #pragma omp parallel for
+    for (int64_t i0 = 0; i0 < n; i0 += 64)
+        for (int64_t k0 = 0; k0 < kd; k0 += 256)
+            for (int64_t i = i0; i < i0 + 64; ++i)
+                for (int64_t k = k0; k < k0 + 256; ++k) {
+                    const float a = A[i * kd + k];
+                    #pragma omp simd
+                    for (int64_t j = 0; j < m; ++j) C[i * m + j] += a * B[k * m + j];
+                }
+}
+"""
+'''
+
+
+def test_an_existing_tiling_is_not_advised_again():
+    """The matmul text for the hot op says tile, order i-k-j, vectorize: all there in a tiled GEMM."""
+    report = _report(eager=1.5)
+    report = report.model_copy(update={"ops": tuple(o.model_copy(update={"name": "kforge::ext.matmul"}) if o.is_custom
+                                                    else o for o in report.ops)})
+    blind = RulesAnalyst().analyze(report)  # without the code, the text proposes all three
+    assert any(re.search(r"\btiles?\b", r.action) for r in blind.recommendations), str(blind)
+    a = RulesAnalyst().analyze(report, code=_TILED_GEMM)
+    assert "tiling" in already_present(read_source(_TILED_GEMM), report)
+    for r in a.recommendations:
+        assert not re.search(r"\btil(e|es|ing)\b|omp simd|omp parallel|block the loops", f"{r.title} {r.action}"), str(a)
+    assert any("dropped 'Tune the hot kernel'" in n for n in a.notes), a.notes
+
+
 # -- the rules' advice, per candidate ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, first, has", [
@@ -176,6 +206,14 @@ def test_bottleneck_from_the_roofline_without_code():
     assert unknown.bottleneck == "unknown"
     (note,) = [n for n in unknown.notes if n.startswith("to classify the bottleneck")]
     assert "perf" in note and "steadier" not in note
+
+
+def test_compute_bound_from_the_measured_matmul_rate():
+    at_rate = _report(bandwidth=0.2, eager=1.2).model_copy(update={"compute_fraction": 0.75})
+    a = RulesAnalyst().analyze(at_rate)
+    assert a.bottleneck == "compute-bound" and "75% of the device's measured matmul rate" in a.bottleneck_why, str(a)
+    below = RulesAnalyst().analyze(at_rate.model_copy(update={"compute_fraction": 0.3}))
+    assert below.bottleneck == "unknown", str(below)
 
 
 def _deciding_note(report: ProfileReport) -> str:
@@ -588,3 +626,30 @@ def test_triton_kernel_compiled_without_pipelining_is_told_how_many_stages_fit(t
     huge = one.model_copy(update={"shared_bytes": 150 * 1024})
     big = RulesAnalyst().analyze(_report(backend="triton"), code=code, compiler=CompilerFacts(kernels=[huge]))
     assert big.recommendations[0].action.startswith("Make BLOCK_K (or BLOCK_M, BLOCK_N) smaller first"), str(big)
+
+
+# -- atomics in hot loops ------------------------------------------------------------------------------------------
+
+_ATOMIC_SUM = """float total = 0.f;
+#pragma omp parallel for{clause}
+for (int64_t i = 0; i < n; ++i) {{
+{atomic}    total += x[i] * x[i];
+}}
+"""
+
+
+def test_an_atomic_in_the_hot_loop_is_taken_out():
+    atomic = _ATOMIC_SUM.format(clause="", atomic="    #pragma omp atomic\n")
+    code = f'cpp = r"""\n{atomic}"""\n'
+    a = RulesAnalyst().analyze(_report(), code=code)
+    top = a.recommendations[0]
+    assert (top.title, top.where) == ("Take the atomic out of the hot loop", f"line {_line(code, 'omp atomic')}"), str(a)
+    assert "reduction" in top.action and not any(_advises(r, "parallel") for r in a.recommendations), str(a)
+    reduced = _ATOMIC_SUM.format(clause=" reduction(+:total)", atomic="")
+    reduced = f'cpp = r"""\n{reduced}"""\n'
+    assert not any("atomic" in r.title for r in RulesAnalyst().analyze(_report(), code=reduced).recommendations)
+    cuda = ('cuda = r"""\n__global__ void sq_sum(const float* __restrict__ x, float* out, int n) {\n'
+            '    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) atomicAdd(out, x[i] * x[i]);\n}\n"""\n')
+    gpu = RulesAnalyst().analyze(_report(backend="cuda", eager=1.5), code=cuda)
+    assert (gpu.recommendations[0].title, gpu.recommendations[0].where) == ("Take the atomic out of the hot loop",
+                                                                            "line 4"), str(gpu)

@@ -23,7 +23,7 @@ from .source import Loop, SourceFacts
 __all__ = ["PassGroup", "pass_groups"]
 
 # `acc += ...`, `m = std::max(m, ...)`, `s = s + ...`: a scalar accumulated over the loop.
-_REDUCE = re.compile(r"(?<![\w.\]])(?P<name>[A-Za-z_]\w*)\s*(?:[+\-*/]=|=\s*(?:std::)?f?(?:max|min)\s*\(\s*(?P=name)\b|"
+_REDUCE = re.compile(r"(?<![\w.\]])(?P<name>[A-Za-z_]\w*)\s*(?:[+\-*/]=|=\s*(?:std::)?f?(?:max|min)f?\s*\(\s*(?P=name)\b|"
                      r"=\s*(?P=name)\s*[+\-*/])")
 _SUBSCRIPT = re.compile(r"(?P<name>[A-Za-z_]\w*)\s*\[(?P<index>[^\[\]]+)\]")
 _WRITE_AFTER = re.compile(r"\s*(?:[+\-*/]?=)(?!=)")
