@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Union
 
 import anyio
@@ -38,7 +38,7 @@ from . import catalog
 from .compact import compact_copy
 from .pictures import artifact_uris, comparison_picture, profile_pictures
 from .prewarm import prewarm_builds
-from .settings import Settings, analyst_config, tool_context
+from .settings import Settings, analyst_config, ray_fleet, tool_context
 
 __all__ = ["build_server"]
 
@@ -159,16 +159,19 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     `on_start`: run in the background once the server starts (the command line's banner)."""
     tools = tools or tool_context(settings)
     problems = catalog.Problems(settings.kernelbench_dir)
-    jobs = JobManager(tools, parallel=settings.parallel_jobs, queue_limit=settings.queue_limit,
-                      max_wait_s=settings.job_max_wait_s)
+    fleet = ray_fleet(settings, tools)  # None: jobs run on this host
+    jobs = JobManager(tools, parallel=settings.ray_max_jobs if fleet else settings.parallel_jobs,
+                      queue_limit=settings.queue_limit, max_wait_s=settings.job_max_wait_s, executor=fleet)
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
-        # Jobs live as long as the server, not as long as a request; warm workers wait for them.
-        async with tools.warm_workers(settings.warm_workers), jobs.running(), anyio.create_task_group() as tg:
+        # Jobs live as long as the server, not as long as a request; warm workers wait for them (on this host;
+        # a fleet's nodes start theirs per job).
+        async with tools.warm_workers(0 if fleet else settings.warm_workers), \
+                (fleet.connected() if fleet else nullcontext()), jobs.running(), anyio.create_task_group() as tg:
             if on_start is not None:
                 tg.start_soon(on_start, tools)
-            if settings.precompiled_headers:
+            if settings.precompiled_headers and not fleet:  # a fleet's nodes build their own
                 tg.start_soon(prewarm_builds, tools)
             yield {}
             tg.cancel_scope.cancel()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -47,13 +48,40 @@ def _on_start(settings: Settings, where: str):
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    # stdout is the MCP wire on stdio: everything we log goes to stderr.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kforge %(levelname)s %(message)s")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if settings.ray:
+        from kforge.tools.fleet import FleetError, import_ray
+
+        try:
+            import_ray()  # said now, not at the first job
+        except FleetError as exc:
+            return _refuse(str(exc))
+    try:
+        return _serve_transport(args, settings)
+    except Exception as exc:  # the lifespan's errors arrive grouped (task groups): a fleet's is said plainly
+        from kforge.tools.fleet import FleetError
+
+        fleet = [e for e in _leaves(exc) if isinstance(e, FleetError)]
+        if fleet:
+            _refuse(str(fleet[0]))
+            sys.stderr.flush()
+            os._exit(2)  # ray.init may still be retrying in a thread nothing can stop, which would keep us alive
+        raise
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for e in group.exceptions for leaf in _leaves(e)]
+    return [group]
+
+
+def _serve_transport(args: argparse.Namespace, settings: Settings) -> int:
     from .app import build_server
     from .auth import TokenError, auth_arguments, load_token
     from .http import is_loopback, serve_http
 
-    # stdout is the MCP wire on stdio: everything we log goes to stderr.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kforge %(levelname)s %(message)s")
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
     if args.transport == "stdio":
         build_server(settings, on_start=_on_start(settings, "over stdio")).run("stdio")
         return 0
@@ -193,6 +221,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--keyfile", type=Path, help="HTTP: TLS private key (PEM)")
     serve.add_argument("--allow-partial-sandbox", action="store_true", default=None,
                        help="HTTP: serve even where the host refuses part of the workers' sandbox (README: Security)")
+    serve.add_argument("--ray", metavar="ADDRESS", help="run compile, verify and profile jobs on a Ray cluster: 'auto' "
+                       "(the cluster this host joined with `ray start`) or the head's HOST:PORT; needs "
+                       "pip install 'kforge[ray]' (README: Fleet (Ray))")
     doctor = sub.add_parser("doctor", help="say which backends this host offers and why others are missing")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--no-measure", dest="measure", action="store_false",
@@ -210,12 +241,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    overrides = {k: v for k in ("token_file", "certfile", "keyfile", "allow_partial_sandbox")
+    overrides = {k: v for k in ("token_file", "certfile", "keyfile", "allow_partial_sandbox", "ray")
                  if (v := getattr(args, k, None)) is not None}
     if getattr(args, "allowed_host", None):
         overrides["allowed_hosts"] = args.allowed_host
     flags = {"token_file": "--token-file", "certfile": "--certfile", "keyfile": "--keyfile", "allowed_hosts": "--allowed-host",
-             "allow_partial_sandbox": "--allow-partial-sandbox"}
+             "allow_partial_sandbox": "--allow-partial-sandbox", "ray": "--ray"}
     try:
         settings = load_settings(flags=flags, **overrides)
         analyst_config(settings)  # a misconfigured analyst stops here, with what to set

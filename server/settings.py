@@ -20,12 +20,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from kforge.profilers.analyst.http import ModelConfig
 from kforge.tools.context import ToolContext
+from kforge.tools.fleet import RayFleet
+from kforge.tools.fleet_node import NodeConfig
 from kforge.tools.runner import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
 
 from .kernelbench import REPOSITORY, problems_dir
 
-__all__ = ["ConfigError", "Settings", "analyst_config", "config_file", "load_settings", "tool_context"]
+__all__ = ["ConfigError", "Settings", "analyst_config", "config_file", "load_settings", "ray_fleet", "tool_context"]
 
 
 class ConfigError(ValueError):
@@ -109,6 +111,16 @@ class Settings(BaseSettings):
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "
                                 "`kforge serve` and `kforge prune` delete the least recently used beyond it; 0: no cap.")
+    # A fleet: jobs run on a Ray cluster's nodes instead of this host (README: Fleet (Ray)).
+    ray: str | None = Field(default=None, description="Run compile, verify and profile jobs on a Ray cluster: 'auto' "
+                            "(the cluster this host joined with `ray start`) or the head's address (host:6379); unset: "
+                            "on this host. Needs Ray on this host and every node: pip install 'kforge[ray]'.")
+    ray_node_home: Path | None = Field(default=None, description="Data directory on each Ray node (its build caches, "
+                                       "scratch and own store; '~' is the node's home); default: the node's user data directory.")
+    ray_cpus_per_job: float = Field(default=1.0, gt=0, description="CPUs a cpu-backend job reserves on its Ray node; "
+                                    "Ray sets OMP_NUM_THREADS to it, so candidate and baselines run with that many threads.")
+    ray_max_jobs: int = Field(default=64, ge=1, description="Jobs handed to the Ray cluster at once; each starts when "
+                              "a node has its resources (the rest wait in this server's queues).")
     kernelbench_dir: Path | None = Field(default=None, description="A KernelBench checkout (its root, or its "
                                          "KernelBench/ folder), so tools accept problem='kernelbench:level1/23_Softmax'.")
     # HTTP (the token itself is read from KFORGE_TOKEN or a token file, never from the config file).
@@ -202,3 +214,13 @@ def tool_context(settings: Settings) -> ToolContext:
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
                                            read_paths=tuple(str(p.expanduser().resolve()) for p in settings.worker_read_paths),
                                            precompiled_headers=settings.precompiled_headers))
+
+
+def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
+    """The Ray cluster that runs this server's jobs (None: they run on this host). Its nodes get this server's
+    worker limits; their data directory is `ray_node_home`, else their own default (not this server's)."""
+    if not settings.ray:
+        return None
+    node = NodeConfig(limits=tools.limits, home=str(settings.ray_node_home) if settings.ray_node_home else None,
+                      keep_scratch=settings.keep_scratch)
+    return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

@@ -13,6 +13,9 @@ connection: a job outlives the client that started it (desktop clients cancel ca
   written to the store at submission with its request, and a server that stops leaves its unfinished jobs
   queued for the next server on the same data directory, which claims them atomically and runs them.
 - **Cancel:** `cancel` stops a job; its worker processes are killed with their process groups.
+- **Where jobs run:** on this host (`LocalExecutor`), or wherever a `JobExecutor` puts them (a Ray cluster:
+  `kforge.tools.fleet.RayFleet`); the manager keeps the job's state either way. A job whose machine died under
+  it (`JobLost`) is queued again once, then failed, and its message says so.
 """
 
 from __future__ import annotations
@@ -25,22 +28,24 @@ import uuid
 from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal, Protocol
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
+
+from kforge.backends import Availability
 
 from .context import Progress, RequestError, ToolContext
 from .requests import JobRequest, parse_request, request_key, result_model
 from .store import ACTIVE_JOB_STATUSES as ACTIVE
 
-__all__ = ["JobManager", "JobStatus"]
+__all__ = ["JobExecutor", "JobLost", "JobManager", "JobStatus", "LocalExecutor"]
 
 log = logging.getLogger("kforge.jobs")
 
 _KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetchable this long
 _DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
-_MAX_CRASH_RETRIES = 1  # a job its server died running is run once more, then failed with the reason
+_MAX_CRASH_RETRIES = 1  # a job whose server (or fleet node) died running it is run once more, then failed
 _CANCEL_WAIT_S = 20.0  # cancel_job waits this long for a running job's workers to be killed
 
 
@@ -80,6 +85,39 @@ class JobStatus(BaseModel):
         return f"Job {self.job_id} ({self.tool}) {self.status}: {self.error or self.message}"
 
 
+class JobLost(Exception):
+    """The machine running a job died mid-job (a fleet node); the message names it and says how it was seen."""
+
+
+class JobExecutor(Protocol):
+    """Where jobs run: this host (`LocalExecutor`) or a Ray cluster (`kforge.tools.fleet.RayFleet`)."""
+
+    async def require_backend(self, name: str) -> Availability:
+        """The backend where jobs run; RequestError saying why when it is unknown or unavailable there."""
+
+    def queue_for(self, avail: Availability) -> str:
+        """The queue (the device) a job of this backend waits in."""
+
+    async def run(self, request: Any, progress: Progress, *, name: str) -> tuple[BaseModel, str]:
+        """Run the request; its result and where it ran ('' for this host). JobLost when that machine died."""
+
+
+class LocalExecutor:
+    """Jobs run on this host, in the server's own task group (their workers are this host's processes)."""
+
+    def __init__(self, tools: ToolContext) -> None:
+        self.tools = tools
+
+    async def require_backend(self, name: str) -> Availability:
+        return await self.tools.require_backend(name)
+
+    def queue_for(self, avail: Availability) -> str:
+        return avail.device_name or avail.backend
+
+    async def run(self, request: Any, progress: Progress, *, name: str) -> tuple[BaseModel, str]:
+        return await request.run(self.tools, progress), ""
+
+
 @dataclass(eq=False)
 class _Job:
     id: str
@@ -97,6 +135,8 @@ class _Job:
     result: dict[str, Any] | None = None
     error: str | None = None
     cancel_requested: bool = False
+    crashes: int = 0  # times the machine running it died (a server, a fleet node)
+    lost: list[str] = field(default_factory=list)  # how, for its final message
     scope: anyio.CancelScope | None = None
     changed: anyio.Event = field(default_factory=anyio.Event)
 
@@ -120,10 +160,11 @@ class JobManager:
     """Runs heavy requests as jobs; use inside `async with manager.running():` (the server's lifespan)."""
 
     def __init__(self, tools: ToolContext, *, parallel: int = 2, queue_limit: int = 32,
-                 max_wait_s: float = 600.0) -> None:
+                 max_wait_s: float = 600.0, executor: JobExecutor | None = None) -> None:
         if parallel < 1 or queue_limit < 1:
             raise ValueError("parallel and queue_limit must be at least 1")
         self.tools, self.store = tools, tools.store
+        self.executor: JobExecutor = executor or LocalExecutor(tools)
         self.parallel, self.queue_limit, self.max_wait_s = parallel, queue_limit, max_wait_s
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._jobs: dict[str, _Job] = {}
@@ -141,7 +182,7 @@ class JobManager:
             self._tg = tg
             self.store.prune_jobs(_KEEP_FINISHED_S)
             self._resume_orphans()
-            tg.start_soon(self._dispatch)
+            tg.start_soon(self._dispatch, tg)
             try:
                 yield self
             finally:
@@ -172,7 +213,8 @@ class JobManager:
                     if crashed else "resumed: the server that accepted it stopped before it finished"):
                 continue  # another server claimed it first
             job = _Job(id=row["job_id"], request=parse_request(row["request"]), key=row["key"], client=row["client"],
-                       device=row["device"], created_at=row["created_at"], message=row["message"] or "")
+                       device=row["device"], created_at=row["created_at"], message=row["message"] or "",
+                       crashes=row.get("crashes", 0) + crashed)
             self._jobs[job.id] = job
             self._pending.append(job)
             log.info("resumed job %s (%s)", job.id, job.request.tool)
@@ -183,12 +225,12 @@ class JobManager:
         """Queue `request` (or attach to the identical job already queued or running); `busy` when full."""
         if self._tg is None:
             raise RuntimeError("the job manager is not running (enter JobManager.running() first)")
-        avail = await self.tools.require_backend(request.backend)  # unknown backends fail here, at once
+        avail = await self.executor.require_backend(request.backend)  # unknown backends fail here, at once
         key = request_key(request)
         for job in self._jobs.values():
             if job.key == key and job.status in ACTIVE:
                 return job
-        device = avail.device_name or request.backend
+        device = self.executor.queue_for(avail)
         queued = [j for j in self._pending if j.device == device]
         if len(queued) >= self.queue_limit:
             return JobStatus(status="busy", tool=request.tool, retry_after_s=self._estimate_wait(queued),
@@ -274,9 +316,8 @@ class JobManager:
         return [{k: r[k] for k in keep} for r in self.store.jobs(limit=limit)]
 
     # -- scheduling ------------------------------------------------------------------------------
-    async def _dispatch(self) -> None:
+    async def _dispatch(self, tg: anyio.abc.TaskGroup) -> None:
         slots = anyio.Semaphore(self.parallel)
-        assert self._tg is not None
         while True:
             await slots.acquire()
             while not self._pending:
@@ -284,7 +325,7 @@ class JobManager:
                 await self._wakeup.wait()
             job = self._pick()
             self._pending.remove(job)
-            self._tg.start_soon(self._execute, job, slots)
+            tg.start_soon(self._execute, job, slots)
 
     def _pick(self) -> _Job:
         """Fair share: the client with the fewest running jobs, then the one served least recently."""
@@ -309,17 +350,20 @@ class JobManager:
                 job.scope = scope
                 if job.cancel_requested:
                     scope.cancel()
-                result = await job.request.run(self.tools, progress)
+                result, where = await self.executor.run(job.request, progress, name=f"kforge {job.request.tool} {job.id}")
             if job.cancel_requested:
                 self._finish(job, "cancelled", message="cancelled while running; its worker processes were killed")
             else:
-                self._finish(job, "done", message="done", result=result.model_dump(mode="json", exclude_none=True))
+                done = "; ".join(["done" + (f" on {where}" if where else ""), *job.lost])
+                self._finish(job, "done", message=done, result=result.model_dump(mode="json", exclude_none=True))
         except anyio.get_cancelled_exc_class():
             # The server is stopping: the job goes back to the queue for the next server on this data directory.
             job.status = "queued"
             self.store.update_job(job.id, status="queued", message="interrupted by a server shutdown; "
                                   "the next server on this data directory resumes it")
             raise
+        except JobLost as exc:
+            self._lost(job, str(exc))
         except RequestError as exc:
             self._finish(job, "failed", message="failed", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a harness bug must not take the job manager down
@@ -329,6 +373,28 @@ class JobManager:
         finally:
             self._running_per_client[job.client] -= 1
             slots.release()
+
+    def _lost(self, job: _Job, how: str) -> None:
+        """The machine running `job` died: queue it again (the first time), else fail it; either way, say why."""
+        job.crashes += 1
+        log.warning("job %s (%s): %s", job.id, job.request.tool, how)
+        if job.cancel_requested:
+            self._finish(job, "cancelled", message=f"cancelled; meanwhile {how}")
+            return
+        if job.crashes > _MAX_CRASH_RETRIES:
+            self._finish(job, "failed", message="failed", error=(
+                f"{how}; the machines running this job died {job.crashes} times (it was re-queued "
+                f"{_MAX_CRASH_RETRIES} time(s)), so it is not run again. Call {job.request.tool} again to retry; "
+                "if it keeps happening, the job itself may bring the machines down"))
+            self.store.update_job(job.id, crashes=job.crashes)
+            return
+        job.lost.append(f"re-queued once after {how}")
+        job.status, job.done, job.total = "queued", None, None
+        job.message = f"re-queued: {how}; it runs again from the start (if its machine dies again, the job fails)"
+        self.store.update_job(job.id, status="queued", crashes=job.crashes, message=job.message, done=None, total=None)
+        self._pending.append(job)
+        self._wakeup.set()
+        job.touch()
 
     def _finish(self, job: _Job, status: str, *, message: str, result: dict[str, Any] | None = None,
                 error: str | None = None) -> None:
@@ -352,7 +418,10 @@ class JobManager:
         return sum(1 for j in self._pending if j.device == job.device and j.created_at < job.created_at)
 
     def _message(self, job: _Job) -> str:
-        return f"queued for {job.device}: {self._ahead(job)} job(s) ahead" if job.status == "queued" else job.message
+        if job.status != "queued":
+            return job.message
+        where = f"queued for {job.device}: {self._ahead(job)} job(s) ahead"
+        return f"{job.lost[-1]}; {where}" if job.lost else where
 
     def _row(self, job: _Job) -> dict[str, Any]:
         return {"job_id": job.id, "tool": job.request.tool, "status": job.status, "done": job.done,
