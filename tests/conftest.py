@@ -29,27 +29,6 @@ CANDIDATES = HERE / "candidates"
 EXAMPLES = HERE.parent / "resources" / "examples"
 
 
-_HANDOFF_ROOTS = "/dev/shm/kforge-handoff-*"
-
-
-def pytest_sessionstart(session):
-    import glob
-
-    session.config._kforge_handoff_roots = set(glob.glob(_HANDOFF_ROOTS))
-
-
-def pytest_sessionfinish(session):
-    """Each test's data directory has its own CPU hand-off root in /dev/shm (kept while a server may run):
-    remove the empty ones this session made."""
-    import glob
-
-    for root in set(glob.glob(_HANDOFF_ROOTS)) - getattr(session.config, "_kforge_handoff_roots", set()):
-        try:
-            os.rmdir(root)
-        except OSError:
-            pass
-
-
 def pytest_collection_modifyitems(config, items):
     """GPU tests run only where a GPU is present (scripts/run_gpu_tests.sh on a GPU host)."""
     try:

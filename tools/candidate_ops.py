@@ -66,7 +66,7 @@ class CandidateOps:
         from .inputs import poison_allocator
         from .output_contract import aliased_outputs, modified_inputs
 
-        i, handoff = msg["i"], msg.get("handoff")
+        i = msg["i"]
         self.shelf.clear()
         self.sets.variants[i] = msg.get("variant", "native")
         try:
@@ -77,14 +77,14 @@ class CandidateOps:
                 record: dict[str, Any] = {
                     "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
                     "aliases": aliased_outputs(out, args), "inputs_modified": modified_inputs(args, self.sets.fresh(i))}
-                record["outputs"] = self.shelf.put(out, handoff) if msg.get("share", True) else []
+                record["outputs"] = self.shelf.put(out) if msg.get("share", True) else []
                 if msg.get("repeat", True):
                     sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
                     del out, args  # (the shelf may still hold the outputs: the judge reads them)
                     poison_allocator(sizes, self.backend.device)
                     again = flatten_outputs(self.model(*self.sets.fresh(i)))
                     self.backend.synchronize()
-                    record["repeat"] = self.shelf.put(again, handoff)
+                    record["repeat"] = self.shelf.put(again)
         except BaseException as exc:  # noqa: BLE001
             self.shelf.clear()
             f = self._failure(exc, "forward")["failure"]
@@ -97,7 +97,7 @@ class CandidateOps:
             args = self.sets.fresh(0)
         except BaseException as exc:  # noqa: BLE001 - e.g. a device the candidate's earlier fault left unusable
             return {"decoy_shift": msg["shift"], "error": self._failure(exc, "forward")["failure"]["message"]}
-        return self._decoy_record(args, msg["shift"], msg.get("handoff"), "forward")
+        return self._decoy_record(args, msg["shift"], "forward")
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The judge is done with the held outputs; their memory goes back to the device for the judge's next
@@ -114,7 +114,7 @@ class CandidateOps:
         return {"jit_kernels": self._jit_kernels(), "integrity": self._integrity(),
                 "custom_work": self._custom_work() if msg.get("custom_work", True) else None}
 
-    def _decoy_record(self, args: list[Any], shift: int, handoff: str | None, stage: str) -> dict[str, Any]:
+    def _decoy_record(self, args: list[Any], shift: int, stage: str) -> dict[str, Any]:
         """Run the model on `args` once, then again after they were changed in place where a cheap probe cannot
         see it (`inputs.probe_preserving_`): the second call's outputs, held for the judge, or why it failed."""
         import torch
@@ -129,7 +129,7 @@ class CandidateOps:
                 probe_preserving_(args, shift)
                 out = flatten_outputs(self.model(*args))
                 self.backend.synchronize()
-                outputs = self.shelf.put(out, handoff)
+                outputs = self.shelf.put(out)
         except BaseException as exc:  # noqa: BLE001
             self.shelf.clear()
             return {"decoy_shift": shift, "error": self._failure(exc, stage)["failure"]["message"]}
@@ -237,7 +237,7 @@ class CandidateOps:
                     # Held as they are (the sampled ones were copied when kept; the last is the candidate's own
                     # buffer): the judge reads them before the candidate runs again (`op_timing_decoy` after).
                     self.shelf.clear()
-                    saved = [{"call": c, "set": s, "outputs": self.shelf.put(flatten_outputs(out), msg.get("handoff"))}
+                    saved = [{"call": c, "set": s, "outputs": self.shelf.put(flatten_outputs(out))}
                              for c, (s, out) in keep.items()]
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
@@ -252,7 +252,7 @@ class CandidateOps:
     def op_timing_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """`_decoy_record` on timing set 0 itself, the tensors the timed calls saw (run after the judge read
         the timed outputs)."""
-        record = self._decoy_record(self.timing_sets[0], msg["shift"], msg.get("handoff"), "timing")
+        record = self._decoy_record(self.timing_sets[0], msg["shift"], "timing")
         return_free_memory(self.backend.device)  # the first of its two calls' outputs
         return {**record, "call": -1, "set": 0}
 

@@ -20,7 +20,6 @@ from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_prog
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerGroup, WorkerProcess
-from .handoff import handoff_directory
 from .static_scan import scan_candidate
 from .trials import as_reference_failure, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
@@ -232,10 +231,9 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             async def judged(i: int) -> None:
                 await progress(2 + (i + 1) / (trials + 1), steps, f"trial {i + 1} of {trials} compared with the reference")
 
-            with handoff_directory(ctx.home) as handoff:
-                outcome, failure = await judge_trials(judge, worker, prepared, trials, handoff=str(handoff),
-                                                      judging=judging, decoy_shift=1 + secrets.randbelow(2**30),
-                                                      deadline=deadline, why=why, on_trial=judged)
+            outcome, failure = await judge_trials(judge, worker, prepared, trials, judging=judging,
+                                                  decoy_shift=1 + secrets.randbelow(2**30), deadline=deadline,
+                                                  why=why, on_trial=judged)
             if failure is not None:
                 return done(compile=compiled, failure=failure, checks=[scan])
             try:

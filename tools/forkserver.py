@@ -91,10 +91,5 @@ def _reap(ctl: socket.socket, children: set[int]) -> None:
             return
 
 
-def child_streams(sock: socket.socket) -> tuple[Any, Any]:
-    """The forked worker's protocol streams (line-oriented text) over its socket."""
-    return sock.makefile("r", encoding="utf-8"), sock.makefile("w", encoding="utf-8")
-
-
 if sys.platform == "win32":  # pragma: no cover - fork and SCM_RIGHTS are POSIX
     raise ImportError("the fork server needs a POSIX system")

@@ -3,9 +3,10 @@
 The candidate's worker keeps its outputs alive on an `OutputShelf` and answers with JSON descriptors;
 the judge maps them (`open_outputs`), compares, and lets go before the server tells the candidate to
 clear its shelf. CUDA tensors travel by CUDA IPC (the judge maps the candidate's device memory, the
-`torch.multiprocessing` mechanism without its pickles); CPU tensors through a file-backed tensor in
-shared memory (`/dev/shm` where the host has it), which the judge maps privately. The judge rebuilds
-only plain tensors of real dtypes from a descriptor and never unpickles anything the candidate made.
+`torch.multiprocessing` mechanism without its pickles); CPU tensors through a memory file (`memfd`) whose
+descriptor travels with the reply and, through the server, with the judge's request (`kforge.tools.channel`),
+which the judge maps privately. No directory is shared between the workers (nor between jobs). The judge
+rebuilds only plain tensors of real dtypes from a descriptor and never unpickles anything the candidate made.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ from __future__ import annotations
 import base64
 import math
 import os
-import shutil
 import tempfile
-import uuid
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-__all__ = ["NonTensor", "OutputShelf", "handoff_directory", "open_outputs", "release_opened", "return_free_memory"]
+from .channel import FD_KIND, close_all
+
+__all__ = ["NonTensor", "OutputShelf", "open_outputs", "release_opened", "return_free_memory"]
 
 
 class NonTensor:
@@ -30,33 +29,23 @@ class NonTensor:
         self.type_name = type_name
 
 
-@contextmanager
-def handoff_directory(home: Path) -> Iterator[Path]:
-    """Where a job's CPU outputs are shared: beneath the data directory's handoff root, in memory (`/dev/shm`)
-    when the host has it, the one place both workers' sandboxes share (`kforge.tools.sandbox.handoff_root`).
-    Removed when the job ends, whatever happened to its workers."""
-    from .sandbox import handoff_root
-
-    base = Path(handoff_root(home))
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="job-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 class OutputShelf:
     """The candidate's side: outputs held (so their memory stays valid) until `clear`."""
 
     def __init__(self) -> None:
         self.held: list[Any] = []
-        self.files: list[Path] = []
+        self.outgoing: list[int] = []  # memory files described since the last reply: sent with it (`take_outgoing`)
 
-    def put(self, outputs: list[Any], directory: str | None) -> list[dict[str, Any]]:
-        return [self._describe(o, directory) for o in outputs]
+    def put(self, outputs: list[Any]) -> list[dict[str, Any]]:
+        return [self._describe(o) for o in outputs]
 
-    def _describe(self, out: Any, directory: str | None) -> dict[str, Any]:
+    def take_outgoing(self) -> list[int]:
+        """The descriptors the next reply carries (their slots are their places here); the caller closes them
+        once sent: the shelf's mapping keeps the memory until `clear`."""
+        fds, self.outgoing = self.outgoing, []
+        return fds
+
+    def _describe(self, out: Any) -> dict[str, Any]:
         import torch
 
         if type(out) is not torch.Tensor:
@@ -76,17 +65,16 @@ class OutputShelf:
                     "offset_bytes": a[9], "ref_handle": _b64(a[11]), "ref_offset": a[12],
                     "event": _b64(a[13]) if a[13] else None, "event_sync": bool(a[14]),
                     "where": str(out.device)}
-        if directory is None:
-            raise RuntimeError("a CPU output needs the job's handoff directory")
-        path = Path(directory) / f"{uuid.uuid4().hex}.bin"
-        shared = torch.from_file(str(path), shared=True, size=out.numel(), dtype=out.dtype)
+        fd = _memory_file(out.numel() * out.element_size())
+        shared = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=out.numel(), dtype=out.dtype)
         shared.copy_(out.reshape(-1))
-        self.files.append(path)
-        return {"kind": "file", "name": path.name, "shape": list(out.shape), "dtype": _dtype_name(out.dtype),
-                "where": str(out.device)}
+        self.held.append(shared)
+        self.outgoing.append(fd)
+        return {"kind": FD_KIND, "slot": len(self.outgoing) - 1, "shape": list(out.shape),
+                "dtype": _dtype_name(out.dtype), "where": str(out.device)}
 
     def clear(self) -> None:
-        shared_cuda = bool(self.held)
+        shared_cuda = any(t.is_cuda for t in self.held)
         self.held.clear()
         if shared_cuda:
             # A block sent over CUDA IPC is not freed with its tensor: torch parks it ("limbo") until the
@@ -96,17 +84,16 @@ class OutputShelf:
             import torch
 
             torch.cuda.ipc_collect()
-        for path in self.files:
-            path.unlink(missing_ok=True)
-        self.files.clear()
+        close_all(self.take_outgoing())  # described but never sent (the op failed after `put`)
 
 
-def open_outputs(descriptors: list[dict[str, Any]], directory: str | None) -> list[Any]:
-    """The judge's side: the candidate's outputs, mapped in place (drop them before the shelf is cleared)."""
-    return [_open(d, directory) for d in descriptors]
+def open_outputs(descriptors: list[dict[str, Any]], fds: list[int]) -> list[Any]:
+    """The judge's side: the candidate's outputs, mapped in place (drop them before the shelf is cleared);
+    `fds`: the descriptors that came with the request."""
+    return [_open(d, fds) for d in descriptors]
 
 
-def _open(d: dict[str, Any], directory: str | None) -> Any:
+def _open(d: dict[str, Any], fds: list[int]) -> Any:
     import torch
 
     if "non_tensor" in d:
@@ -123,9 +110,10 @@ def _open(d: dict[str, Any], directory: str | None) -> Any:
                                    _bytes(d["handle"]), int(d["size_bytes"]), int(d["offset_bytes"]), False,
                                    _bytes(d["ref_handle"]), int(d["ref_offset"]),
                                    _bytes(d["event"]) if d["event"] else None, bool(d["event_sync"]))
-    if d["kind"] == "file" and directory is not None:
-        path = Path(directory) / Path(str(d["name"])).name  # only files of this job's directory
-        return torch.from_file(str(path), shared=False, size=math.prod(shape), dtype=dtype).view(shape)
+    if d["kind"] == FD_KIND and isinstance(d.get("slot"), int) and 0 <= d["slot"] < len(fds):
+        # A private mapping: the judge's reads see the candidate's bytes, and nothing it does reaches them.
+        return torch.from_file(f"/proc/self/fd/{fds[d['slot']]}", shared=False, size=math.prod(shape),
+                               dtype=dtype).view(shape)
     raise ValueError(f"unknown output descriptor kind {d.get('kind')!r}")
 
 
@@ -152,6 +140,17 @@ def return_free_memory(device: str, keep_bytes: int = _KEEP_WITHIN_OP_BYTES) -> 
     if device.startswith("cuda") and torch.cuda.is_initialized() \
             and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
         torch.cuda.empty_cache()
+
+
+def _memory_file(size: int) -> int:
+    """A descriptor of `size` bytes of anonymous memory that another process can map (an unlinked temporary
+    file where the system has no memfd)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("kforge-output", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - not Linux
+        fd = os.dup(tempfile.TemporaryFile().fileno())
+    os.ftruncate(fd, max(size, 1))
+    return fd
 
 
 def _dtype_name(dtype: Any) -> str:

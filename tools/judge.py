@@ -211,12 +211,12 @@ class JudgeOps:
         trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
                                  "aliases": record.get("aliases", []),
                                  "inputs_modified": record.get("inputs_modified", [])}
-        got = open_outputs(record["outputs"], msg.get("handoff"))
+        got = open_outputs(record["outputs"], msg.get("fds") or [])
         opened = time.perf_counter()
         trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, msg, record.get("devices"))]
         compared = time.perf_counter()
         if "repeat" in record:  # the same inputs again after poisoning memory with NaN
-            again = open_outputs(record["repeat"], msg.get("handoff"))
+            again = open_outputs(record["repeat"], msg.get("fds") or [])
             rechecks = self._compare(again, msg, record.get("devices"))
             trial["repeat_identical"] = len(again) == len(got) and all(same_values(a, b) for a, b in zip(again, got))
             trial["repeat_correct"] = all(c.correct for c in rechecks)
@@ -336,7 +336,7 @@ class JudgeOps:
             inputs = probe_preserving_(inputs, item["decoy_shift"])
         expected = self._reference_outputs(self.model, inputs)
         del inputs
-        got = open_outputs(item["outputs"], msg.get("handoff"))
+        got = open_outputs(item["outputs"], msg.get("fds") or [])
         checks = self._compare(got, msg, expected=expected, exact=[])
         del got, expected
         release_opened()

@@ -13,15 +13,18 @@ job that finds no idle worker waits for the next fork of its kind (`acquire`) ra
 worker, which would pay 4-5 s of start-up and then several seconds of first-use costs.
 
 A forked worker gets its kind's extra environment before its device starts (verify's candidate runs
-with CUDA_LAUNCH_BLOCKING=1, which the CUDA runtime reads once, at start-up); what is per job
-(scratch directory, log, rlimits) is sent when it is taken.
+with CUDA_LAUNCH_BLOCKING=1, which the CUDA runtime reads once, at start-up); what is per job (log,
+rlimits) is sent when it is taken. Its sandbox is made at the fork, before any job: it may write only a
+directory of its own that the pool makes for it (`jobs/w-*`), which becomes the job's scratch for its role.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
+import uuid
 import subprocess
 import sys
 import time
@@ -33,6 +36,7 @@ import anyio
 from anyio.abc import UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .channel import Channel
 from .runner import close_together, kill_group, killpg, trace
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
@@ -49,19 +53,6 @@ def _kind(backend: str, extra_env: dict[str, str] | None) -> _Kind:
     return backend, tuple(sorted((extra_env or {}).items()))
 
 
-class _SendSide:
-    """A worker's stdin, as WorkerProcess uses it: send lines, close for EOF."""
-
-    def __init__(self, stream: UNIXSocketStream) -> None:
-        self._stream = stream
-
-    async def send(self, data: bytes) -> None:
-        await self._stream.send(data)
-
-    async def aclose(self) -> None:
-        await self._stream.send_eof()
-
-
 class ForkedProcess:
     """The part of anyio's Process that WorkerProcess uses, for a worker the zygote forked.
 
@@ -69,9 +60,9 @@ class ForkedProcess:
     own process group, so killing the group by pid works as for a worker the server started.
     """
 
-    def __init__(self, pid: int, stream: UNIXSocketStream) -> None:
+    def __init__(self, pid: int, channel: Channel) -> None:
         self.pid, self.returncode = pid, None
-        self.stdin, self.stdout = _SendSide(stream), stream
+        self._channel = channel
         self._ended = anyio.Event()
 
     def _exited(self, code: int) -> None:
@@ -83,14 +74,20 @@ class ForkedProcess:
         return self.returncode  # type: ignore[return-value]
 
     async def aclose(self) -> None:
-        await self.stdout.aclose()
+        await self._channel.aclose()
 
 
 class WarmProcess:
-    """A started worker and its reply stream, not yet given a job."""
+    """A started worker, its channel and its own directory, not yet given a job."""
 
-    def __init__(self, proc: anyio.abc.Process | ForkedProcess, out: BufferedByteReceiveStream) -> None:
-        self.proc, self.out = proc, out
+    def __init__(self, proc: ForkedProcess, channel: Channel, scratch: Path) -> None:
+        self.proc, self.channel, self.scratch = proc, channel, scratch
+
+    async def discard(self) -> None:
+        """End a worker that got no job, and remove its directory."""
+        await kill_group(self.proc)
+        await self.proc.aclose()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class _Zygote:
@@ -141,28 +138,28 @@ class _Zygote:
                 child._exited(-9)
             self.children.clear()
 
-    async def fork(self, extra_env: dict[str, str]) -> WarmProcess | str:
-        """A new worker with this environment and its device started, or why there is none."""
+    async def fork(self, extra_env: dict[str, str], scratch: Path) -> WarmProcess | str:
+        """A new worker with this environment, its device started and `scratch` its only writable directory
+        of the data directory, or why there is none."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             await self.ctl.send_fds(b"f", [theirs.fileno()])
         finally:
             theirs.close()
-        stream = await UNIXSocketStream.from_socket(ours)
-        out = BufferedByteReceiveStream(stream)
+        channel = await Channel.from_socket(ours)
         try:
-            await stream.send((json.dumps({"env": extra_env}) + "\n").encode())
+            await channel.send((json.dumps({"env": extra_env, "scratch": str(scratch)}) + "\n").encode())
             with anyio.fail_after(_FORK_TIMEOUT_S):
-                reply = json.loads(await out.receive_until(b"\n", 1 << 16))
+                reply = json.loads((await channel.receive_line(1 << 16))[0])
         except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
                 ValueError) as exc:
             reply = {"why": f"no answer ({type(exc).__name__})"}
         if not reply.get("warm"):
-            await stream.aclose()  # the worker reads EOF and exits
+            await channel.aclose()  # the worker reads EOF and exits
             return f"a forked worker could not start its device: {reply.get('why', 'no reason given')}"
-        proc = ForkedProcess(int(reply["pid"]), stream)
+        proc = ForkedProcess(int(reply["pid"]), channel)
         self.children[proc.pid] = proc
-        return WarmProcess(proc, out)
+        return WarmProcess(proc, channel, scratch)
 
     async def close(self) -> None:
         await self.ctl.aclose()  # EOF: the zygote kills the workers it still has and exits
@@ -214,8 +211,7 @@ class WorkerPool:
             with anyio.CancelScope(shield=True):
                 for idle in self._idle.values():
                     for warm in idle:
-                        await kill_group(warm.proc)
-                        await warm.proc.aclose()
+                        await warm.discard()
                 self._idle.clear()
                 for zygote in self._zygotes.values():
                     if isinstance(zygote, _Zygote):
@@ -327,6 +323,7 @@ class WorkerPool:
                 self.served += 1
                 self._wake.set()
                 return warm
+            shutil.rmtree(warm.scratch, ignore_errors=True)  # died idle
         return None
 
     def _changed_now(self, kind: _Kind) -> None:
@@ -364,9 +361,11 @@ class WorkerPool:
     async def _start_one(self, kind: _Kind) -> None:
         backend, env = kind
         started = time.perf_counter()
+        own = self.home / "jobs" / f"w-{uuid.uuid4().hex[:12]}"
         try:
             zygote = await self._zygote(backend)
-            warm = await zygote.fork(dict(env)) if isinstance(zygote, _Zygote) else zygote
+            own.mkdir(mode=0o700, parents=True)
+            warm = await zygote.fork(dict(env), own) if isinstance(zygote, _Zygote) else zygote
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
@@ -376,6 +375,7 @@ class WorkerPool:
                 self._forks_done.set()
                 self._forks_done = anyio.Event()
         if isinstance(warm, str):  # stop trying; cold workers report the problem properly
+            shutil.rmtree(own, ignore_errors=True)
             self._wanted.discard(kind)
             self.problems.append(f"{backend} {dict(env) or ''}: {warm}")
             logger.warning("no warm workers for %s %s, workers start cold: %s", backend, dict(env) or "", warm)

@@ -31,7 +31,6 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, concurrently, launch_once, with_jit_kernels
-from .handoff import handoff_directory
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .static_scan import scan_candidate
@@ -116,10 +115,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
             try:
-                with handoff_directory(ctx.home) as handoff:
-                    outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
-                                                          handoff=str(handoff), judging={"precision": precision},
-                                                          repeat=False, calibrate=False, deadline=deadline, why=why)
+                outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
+                                                      judging={"precision": precision}, repeat=False,
+                                                      calibrate=False, deadline=deadline, why=why)
                 if failure is not None:
                     return failed(failure)
                 if all(outcome.failures):
@@ -137,10 +135,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
             async with ctx.device_lock(avail.device_name or backend):
-                handoff = stack.enter_context(handoff_directory(ctx.home))
                 await ctx.forks_finished()
                 try:
-                    series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s, handoff,
+                    series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
                                                    fresh_baselines, step, problem["reference_call_s"])
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
@@ -150,10 +147,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 artifacts = ctx.store.artifact_dir(profile_id)
 
                 async def last_steps() -> tuple[dict[str, Any], dict[str, Any], list[NcuKernel], str | None]:
-                    revalidated = await _revalidate(judge, worker, cand["revalidation"], handoff, precision,
+                    revalidated = await _revalidate(judge, worker, cand["revalidation"], precision,
                                                     ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
                     await step("profiling the candidate")
-                    prof = await worker.call("profile", stage="profile", artifacts=str(scratch / "candidate"),
+                    prof = await worker.call("profile", stage="profile", artifacts=str(worker.scratch),
                                              calls=_PROFILED_CALLS, perf=avail.hardware_profiler == "perf")
                     if prof.get("failure") or avail.hardware_profiler != "ncu" or not hardware_counters:
                         return revalidated, prof, [], None
@@ -217,19 +214,18 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     return result
 
 
-async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[dict[str, Any]], handoff: Path,
+async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[dict[str, Any]],
                       precision: str, deadline: float | None) -> dict[str, Any]:
     """The judge re-validates the timed outputs the candidate kept, then the decoy: the timed function on
     timing set 0 changed in place where a cheap probe cannot see it (run only after the judge read the
     kept outputs, which include the last call's own buffers)."""
-    revalidated = await judge.call("revalidate", stage="compare", items=kept, handoff=str(handoff), precision=precision)
+    revalidated = await judge.call("revalidate", stage="compare", items=kept, precision=precision)
     await worker.call("release", stage="timing")
-    decoy = await worker.call("timing_decoy", stage="timing", shift=1 + secrets.randbelow(2**30), handoff=str(handoff),
+    decoy = await worker.call("timing_decoy", stage="timing", shift=1 + secrets.randbelow(2**30),
                               timeout_s=deadline)
     if "error" in decoy:
         return {**revalidated, "decoy": {"correct": False, "error": decoy["error"], "problems": []}}
-    judged = await judge.call("revalidate", stage="compare", items=[decoy], handoff=str(handoff),
-                              precision=precision)
+    judged = await judge.call("revalidate", stage="compare", items=[decoy], precision=precision)
     await worker.call("release", stage="timing")
     return {**revalidated, "decoy": judged["decoy"]}
 
@@ -310,7 +306,7 @@ def _timing_set_count(problem_bytes: int) -> int:
 
 
 async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, worker: WorkerProcess,
-                          baselines: tuple[str, ...], budget_s: float, handoff: Path, fresh_baselines: bool,
+                          baselines: tuple[str, ...], budget_s: float, fresh_baselines: bool,
                           step: Any, reference_call_s: float | None) -> dict[str, dict[str, Any]]:
     """Time the baselines (judge) and the candidate in `_ROUNDS` interleaved rounds.
 
@@ -346,7 +342,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             if name in failures:
                 continue
             if name == "candidate":
-                extra = {"share_outputs": True, "handoff": str(handoff)} if r == _ROUNDS - 1 else {}
+                extra = {"share_outputs": True} if r == _ROUNDS - 1 else {}
                 reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
                                           timeout_s=deadline, timeout_why=why, **extra)
                 if reply.get("failure"):
@@ -429,7 +425,9 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
     if not rep.exists():
         return [], ncu_log_problem(log_text) or problem or "ncu wrote no report (see artifact nsight.log)"
     shutil.copy(rep, artifacts / "profile.ncu-rep")
-    reply = await judge.call("read_ncu", stage="ncu", report=str(rep), custom_names=kernel_names)
+    readable = judge.scratch / "profile.ncu-rep"  # the judge's sandbox shows it only its own directory
+    shutil.copy(rep, readable)
+    reply = await judge.call("read_ncu", stage="ncu", report=str(readable), custom_names=kernel_names)
     return [NcuKernel(**k) for k in reply["kernels"]], reply["note"]
 
 

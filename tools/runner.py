@@ -13,6 +13,7 @@ import json
 import secrets
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import anyio
-from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .channel import Channel, HandedFds, close_all
 from .integrity import process_ids, process_stat
 from .models import Failure
 
 if TYPE_CHECKING:
-    from .pool import WorkerPool
+    from .pool import ForkedProcess, WorkerPool
     from .sandbox import Confinement
 
 __all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
@@ -48,6 +49,8 @@ _ENV_ALLOWLIST = (
 _TRACE = os.environ.get("KFORGE_TRACE")  # a file: one JSON line per worker start and call (where time goes)
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _TAIL_LINES = 30
+# Descriptors workers sent (a candidate's CPU outputs), held until a call hands them to another worker.
+HANDED = HandedFds()
 
 
 class WorkerDied(Exception):
@@ -282,9 +285,10 @@ class WorkerProcess:
         self.log = scratch / f"{role}.log"
         self._extra_env = extra_env
         self._prefix = prefix or []  # e.g. ncu: the worker runs under a profiler
-        self._proc: anyio.abc.Process | None = None
+        self._proc: anyio.abc.Process | ForkedProcess | None = None
         self.kernel_names: list[str] = []
-        self._out: BufferedByteReceiveStream | None = None
+        self._channel: Channel | None = None
+        self._handed: list[str] = []  # descriptors it sent that the server holds (`HANDED`) until handed on
         self.network = "host"  # what the worker reported: "isolated" or why not
         self.isolation: dict[str, list[str]] = {"applied": [], "missing": []}  # its sandbox (`kforge.tools.sandbox`)
         # A worker under a profiler (ncu) needs its own process; the others may come warm.
@@ -302,29 +306,36 @@ class WorkerProcess:
 
     async def __aenter__(self) -> WorkerProcess:
         started = time.perf_counter()
-        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.scratch.parent.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
-        # A warm worker's sandbox was made before its job: it can write only beneath the data directory's jobs/.
-        in_jobs = self.scratch.resolve().is_relative_to((self.home / "jobs").resolve())
         warm = (await self._pool.acquire(self.backend, self._extra_env)
-                if self._pool is not None and self.backend and in_jobs else None)
+                if self._pool is not None and self.backend and not self.scratch.exists() else None)
         if warm is not None:
-            self._proc, self._out, self.warm = warm.proc, warm.out, True
+            # Its sandbox was made before this job: its own directory becomes the role's scratch (a link from
+            # where the job looks for it: the job's directory is removed with what it links to).
+            self.scratch.symlink_to(warm.scratch, target_is_directory=True)
+            self.scratch, self.log = warm.scratch, warm.scratch / f"{self.role}.log"
+            self._proc, self._channel, self.warm = warm.proc, warm.channel, True
         else:
-            with open(self.log, "ab") as errlog:
-                self._proc = await anyio.open_process(
-                    [*self._prefix, sys.executable, "-m", "kforge.tools.worker", *self._sandbox_args()],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=errlog, cwd=str(self.scratch),
-                    env=worker_env(self.home, self.scratch, self._extra_env), start_new_session=True)
-            self._out = BufferedByteReceiveStream(self._proc.stdout)
+            self.scratch.mkdir(exist_ok=True)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with open(self.log, "ab") as errlog:
+                    self._proc = await anyio.open_process(
+                        [*self._prefix, sys.executable, "-m", "kforge.tools.worker", *self._sandbox_args()],
+                        stdin=theirs.fileno(), stdout=errlog, stderr=errlog, cwd=str(self.scratch),
+                        env=worker_env(self.home, self.scratch, self._extra_env), start_new_session=True)
+            finally:
+                theirs.close()
+            self._channel = await Channel.from_socket(ours)
         init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
                 "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes,
                 "file_bytes": self.limits.file_bytes, "precompiled_headers": self.limits.precompiled_headers,
                 # A profiler front-end (ncu) talks to its target over local sockets: keep those on one network.
                 "isolate_network": self.limits.isolate_network and not self._prefix}
         await self._send(init)
-        reply = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S * (2 if self._prefix else 1))
+        reply, fds = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S * (2 if self._prefix else 1))
+        close_all(fds)
         if "fatal" in reply:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
@@ -348,18 +359,20 @@ class WorkerProcess:
         # A fresh secret per call: a line the candidate wrote to the protocol's descriptors cannot carry it.
         nonce = secrets.token_hex(16)
         started = time.perf_counter()
-        await self._send({"op": op, "nonce": nonce, **payload})
-        reply = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
+        await self._send(*HANDED.hand_out({"op": op, "nonce": nonce, **payload}))  # another worker's outputs: descriptors
+        reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         peaks = reply.pop("device_peak_bytes", None)
         parts = reply.pop("trace_parts", None) or {}  # where a slow op's time went
         self._trace(op, started, peaks)
         if reply.get("nonce") != nonce:
+            close_all(fds)
             await self.kill()
             raise WorkerDied(Failure(
                 stage=stage, kind="tampering",
                 message="the worker's reply did not carry this call's secret: the candidate wrote to the harness's "
                         "result channel; the worker was killed and nothing it sent is trusted",
                 output_tail=_tail(self.log)))
+        self._handed += HANDED.take_in(reply, fds)
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
         if isinstance(reply.get("integrity"), dict) and "PID namespace" in self.isolation.get("applied", []):
@@ -374,18 +387,21 @@ class WorkerProcess:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
         return reply
 
-    async def _send(self, payload: dict[str, Any]) -> None:
-        assert self._proc is not None and self._proc.stdin is not None
+    async def _send(self, payload: dict[str, Any], fds: list[int] | None = None) -> None:
+        assert self._channel is not None
         try:
-            await self._proc.stdin.send((json.dumps(payload) + "\n").encode())
+            await self._channel.send((json.dumps(payload) + "\n").encode(), fds)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, BrokenPipeError):
             raise WorkerDied(await self._death(payload.get("op", "start"))) from None
+        finally:
+            close_all(fds or [])  # handed on (the receiver holds its own), or the receiver is gone
 
-    async def _receive(self, *, stage: str, timeout_s: float, why: str = "") -> dict[str, Any]:
-        assert self._out is not None
+    async def _receive(self, *, stage: str, timeout_s: float, why: str = "") -> tuple[dict[str, Any], list[int]]:
+        """The next reply and the descriptors that came with it."""
+        assert self._channel is not None
         try:
             with anyio.fail_after(timeout_s):
-                line = await self._out.receive_until(b"\n", 256 * 1024 * 1024)
+                line, fds = await self._channel.receive_line(256 * 1024 * 1024)
         except TimeoutError:
             await self.kill()
             raise WorkerDied(Failure(
@@ -399,7 +415,7 @@ class WorkerProcess:
             reply = json.loads(line)
         except ValueError:
             reply = None
-        return reply if isinstance(reply, dict) else {"garbled": True}
+        return (reply, fds) if isinstance(reply, dict) else ({"garbled": True}, fds)
 
     async def _death(self, stage: str) -> Failure:
         assert self._proc is not None
@@ -424,9 +440,11 @@ class WorkerProcess:
         if self._proc is None:
             return
         started = time.perf_counter()
-        if self._proc.returncode is None and self._proc.stdin is not None:
+        HANDED.discard(self._handed)
+        self._handed = []
+        if self._proc.returncode is None and self._channel is not None:
             try:
-                await self._proc.stdin.aclose()  # EOF: the worker's loop ends on its own
+                await self._channel.send_eof()  # EOF: the worker's loop ends on its own
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 pass
             # A profiler (ncu) writes its report after the worker exits: give it time before the kill.
@@ -436,6 +454,8 @@ class WorkerProcess:
                 with anyio.move_on_after(120):
                     await self._proc.wait()
         await self.kill()
+        if self._channel is not None:
+            await self._channel.aclose()
         await self._proc.aclose()
         self._proc = None
         self._trace("close", started)

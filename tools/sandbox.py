@@ -8,8 +8,9 @@ a cold worker before it imports torch); it returns in a new process and the call
   process that called `enter` stays outside as the namespace's parent: it is what the server knows by pid
   (the session leader it kills), and it mirrors the worker's end as its own.
 - **Mounts**: a private tmpfs on `/tmp` and `/dev/shm`, a `/proc` of the namespace, the server's data
-  directory covered by an empty tmpfs with only its `jobs/` and `cache/` (and the CPU handoff directory)
-  bound back, the token file and the host's password hashes and keys covered by empty files.
+  directory covered by an empty tmpfs with only the worker's own directory (its scratch) and `cache/` bound
+  back, the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
+  is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.channel`).
 - **Landlock**: files are read-only except the worker's writable directories; device nodes are only the
   null devices and the GPU's; no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
   Landlock ABI has them).
@@ -32,11 +33,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "enter", "handoff_root", "trial"]
+__all__ = ["Confinement", "enter", "trial"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18, 1 << 21)
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 24, 38, 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -61,8 +63,8 @@ _DENIED_SYSCALLS = (
 
 @dataclass(frozen=True)
 class Confinement:
-    """What a worker may reach. `home`: the server's data directory (only `jobs/` and `cache/` stay visible,
-    writable); `hidden`: files that must read as empty (the token file); `isolate_network`: False keeps the
+    """What a worker may reach. `home`: the server's data directory (only `cache/` and `extra_writable`, the
+    worker's own directory, stay visible, writable); `hidden`: files that must read as empty (the token file); `isolate_network`: False keeps the
     worker on the host's network (operators who set `worker_network = "host"`, and ncu's front-end)."""
 
     home: str
@@ -73,7 +75,7 @@ class Confinement:
 
     def writable(self) -> list[str]:
         home = Path(self.home)
-        return [str(home / "jobs"), str(home / "cache"), handoff_root(self.home), *self.extra_writable]
+        return [str(home / "cache"), *self.extra_writable]
 
     def as_arg(self) -> str:
         import json
@@ -85,17 +87,6 @@ class Confinement:
         import json
 
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(text).items()})
-
-
-def handoff_root(home: str | os.PathLike[str]) -> str:
-    """Where a server's jobs share CPU outputs between their two workers: one directory in the host's
-    `/dev/shm` per data directory, bound into every worker's private `/dev/shm` at the same path."""
-    import hashlib
-
-    tag = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:12]
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(home) / "cache"
-    return str(base / f"kforge-handoff-{os.getuid()}-{tag}")
 
 
 def enter(confinement: Confinement) -> dict[str, Any]:
@@ -225,10 +216,15 @@ def _mounts(libc: Any, confinement: Confinement, report: dict[str, Any], *, new_
         for directory in private:
             if os.path.isdir(directory):
                 _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={_TMPFS_BYTES}")
-        _bind_back(libc, {p: fd for p, fd in held.items() if p not in writable})
-        if os.path.isdir(home):  # after the readable paths: one of them may hold it (a venv, the checkout)
+        # Read-only mounts: Landlock's rule for the private /tmp would otherwise let a worker write what lies
+        # beneath it (a checkout or venv in /tmp: the package itself was writable so, CI in /tmp, 2026-11-24).
+        _bind_back(libc, {p: fd for p, fd in held.items() if p not in writable}, read_only=True)
+        covered = os.path.isdir(home)  # (not when it lies in the private /tmp: nothing of it is there)
+        if covered:  # after the readable paths: one of them may hold it (a venv, the checkout)
             _mount(libc, "tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")  # mount points only
         _bind_back(libc, {p: held[p] for p in writable})
+        if covered:  # the cover itself read-only: nothing is written beside the worker's directories
+            _remount_read_only(libc, home)
         report["applied"].append("private /tmp, /dev/shm and data directory")
     except OSError as exc:
         report["missing"].append(f"private mounts: {exc}")
@@ -250,7 +246,7 @@ def _mounts(libc: Any, confinement: Confinement, report: dict[str, Any], *, new_
             report["missing"].append(f"own /proc: {exc}")
 
 
-def _bind_back(libc: Any, held: dict[str, int]) -> None:
+def _bind_back(libc: Any, held: dict[str, int], *, read_only: bool = False) -> None:
     """Bind each held path (an O_PATH descriptor taken before its directory was covered) at its own place."""
     for path, fd in sorted(held.items()):  # parents before what lies beneath them
         if os.path.isdir(f"/proc/self/fd/{fd}"):
@@ -259,7 +255,18 @@ def _bind_back(libc: Any, held: dict[str, int]) -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             Path(path).touch()
         _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        if read_only:
+            _remount_read_only(libc, path)
         os.close(fd)
+
+
+def _remount_read_only(libc: Any, path: str) -> None:
+    """Make a bind mount read-only, keeping the flags its source had (a user namespace may not drop them)."""
+    kept = os.statvfs(path).f_flag
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    flags |= kept & (os.ST_NOEXEC | os.ST_NOATIME | os.ST_NODIRATIME)  # the same bits as MS_*
+    flags |= _MS_RELATIME if kept & os.ST_RELATIME else 0
+    _mount(libc, None, path, None, flags)
 
 
 def _beneath(path: str, directory: str) -> bool:

@@ -36,7 +36,7 @@ def as_reference_failure(failure: Failure) -> Failure:
 
 
 async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: dict[str, Any], count: int, *,
-                       handoff: str, judging: dict[str, Any], repeat: bool = True, calibrate: bool = True,
+                       judging: dict[str, Any], repeat: bool = True, calibrate: bool = True,
                        decoy_shift: int | None = None, deadline: float | None = None, why: str = "",
                        on_trial: Callable[[int], Awaitable[None]] | None = None,
                        ) -> tuple[TrialsOutcome, Failure | None]:
@@ -67,7 +67,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             return outcome, as_reference_failure(died.failure)
         try:
             record = await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
-                                       handoff=handoff, timeout_s=deadline, timeout_why=why)
+                                       timeout_s=deadline, timeout_why=why)
         except WorkerDied as died:
             return outcome, died.failure
         alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
@@ -76,7 +76,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             outcome.failures.append(record["failure"])
             continue
         try:
-            checked = await judge.call("check", stage="compare", i=i, record=record, handoff=handoff, **judging)
+            checked = await judge.call("check", stage="compare", i=i, record=record, **judging)
             await worker.call("release", stage="forward")
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
@@ -86,10 +86,9 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             await on_trial(i)
     try:
         if decoy_shift is not None and not any(outcome.failures):  # a failed trial already decided the verdict
-            record = await worker.call("decoy", stage="forward", shift=decoy_shift, handoff=handoff,
+            record = await worker.call("decoy", stage="forward", shift=decoy_shift,
                                        timeout_s=deadline, timeout_why=why)
-            outcome.decoy = (await judge.call("check_decoy", stage="compare", record=record, handoff=handoff,
-                                              **judging))["decoy"]
+            outcome.decoy = (await judge.call("check_decoy", stage="compare", record=record, **judging))["decoy"]
             await worker.call("release", stage="forward")
     except WorkerDied as died:
         return outcome, died.failure

@@ -1,7 +1,8 @@
 """The isolated worker process: `python -m kforge.tools.worker`.
 
 Candidate and reference code run only here. The parent (`kforge.tools.runner`) sends one JSON
-object per line on our stdin and reads one JSON object per line back. Before any user code runs
+object per line on our protocol socket (fd 0 of a cold worker) and reads one JSON object per line back,
+file descriptors passed beside them (`kforge.tools.channel`). Before any user code runs
 the worker moves the protocol to private file descriptors and points fds 0/1/2 at /dev/null and a
 log file, so nothing a candidate prints (from Python or C) can reach the protocol or the server's
 stdio. A worker plays one role per job: the *judge* loads the reference, makes the inputs and keeps
@@ -18,10 +19,12 @@ import socket
 import sys
 import tempfile
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .candidate_ops import CandidateOps
+from .channel import WorkerChannel, close_all
 from .handoff import return_free_memory
 from .judge import JudgeOps
 
@@ -231,12 +234,6 @@ def _output_to(path: str | None) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _write_line(proto_out: Any, payload: dict[str, Any]) -> None:
-    """One protocol message: a JSON line, flushed at once (the parent waits for it)."""
-    proto_out.write(json.dumps(payload) + "\n")
-    proto_out.flush()
-
-
 def _preload(backend_name: str) -> None:
     """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
     harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
@@ -324,14 +321,13 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
     def run(sock: socket.socket) -> None:
         from kforge.backends import load_backend
 
-        from .forkserver import child_streams
-
-        isolation = _isolation(confinement, network)  # still one thread: a fork's only one
-        proto_in, proto_out = child_streams(sock)
-
-        first = json.loads(proto_in.readline() or "null")
+        channel = WorkerChannel(sock)
+        first = _read(channel)
         if first is None:
             return  # the pool shut down before this worker was readied
+        # Its own directory, made for it by the pool: the only one of the data directory's jobs/ it may write.
+        own = (first["scratch"],) if first.get("scratch") else ()
+        isolation = _isolation(confinement and replace(confinement, extra_writable=own), network)  # one thread
         os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
         try:
@@ -340,10 +336,10 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
             _warm_device(backend)
             _warm_libraries(backend)
         except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
-            _write_line(proto_out, {"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
+            channel.write({"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        _write_line(proto_out, {"warm": True, "pid": isolation["host_pid"]})
-        _serve(proto_in, proto_out, backend, isolation)
+        channel.write({"warm": True, "pid": isolation["host_pid"]})
+        _serve(channel, backend, isolation)
 
     return run
 
@@ -369,9 +365,7 @@ def main() -> None:
         serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network, _confinement()))
         return
     isolation = _isolation(_confinement(), "host")  # before torch: still one thread
-    proto_in = os.fdopen(first_fd, "r")
-    proto_out = os.fdopen(os.dup(1), "w", buffering=1)
-    _serve(proto_in, proto_out, None, isolation)
+    _serve(WorkerChannel(socket.socket(fileno=first_fd)), None, isolation)
 
 
 def _confinement() -> Any:
@@ -420,9 +414,20 @@ def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
     return after
 
 
-def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str, Any]) -> None:
+def _read(channel: WorkerChannel) -> dict[str, Any] | None:
+    """The next message, the descriptors that came with it as its "fds"; None at EOF."""
+    got = channel.readline()
+    if got is None:
+        return None
+    line, fds = got
+    msg = json.loads(line)
+    msg["fds"] = fds
+    return msg
+
+
+def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any]) -> None:
     """Take the job's init, start the Worker, then answer ops until the parent closes the channel."""
-    init = json.loads(proto_in.readline() or "null")
+    init = _read(channel)
     if init is None:
         return  # the pool shut down before this worker got a job
     _output_to(init["log"])
@@ -433,8 +438,9 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str
             isolation["network"] != "isolated"):
         isolation["network"] = _isolate_network()
 
-    def reply(payload: dict[str, Any]) -> None:
-        _write_line(proto_out, payload)
+    def reply(payload: dict[str, Any], fds: list[int] | None = None) -> None:
+        channel.write(payload, fds)
+        close_all(fds or [])  # sent: the receiver has its own; the shelf's mapping keeps the memory
 
     try:
         worker = Worker(init, warm_backend)
@@ -444,15 +450,16 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str
     worker.sandboxed = "PID namespace" in isolation["applied"]  # what it starts dies with it
     reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
            "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
-    for line in proto_in:
-        msg = json.loads(line)
+    while (msg := _read(channel)) is not None:
         handler = getattr(worker, f"op_{msg['op']}", None)
         if handler is None:
             reply({"fatal": f"unknown op {msg['op']!r}", "nonce": msg.get("nonce")})
+            close_all(msg["fds"])
             continue
         try:
             after_op = _device_memory_around_op()
-            reply({"ok": True, **handler(msg), **after_op(), "nonce": msg.get("nonce")})
+            answer = handler(msg)
+            reply({"ok": True, **answer, **after_op(), "nonce": msg.get("nonce")}, worker.shelf.take_outgoing())
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
@@ -465,6 +472,9 @@ def _serve(proto_in: Any, proto_out: Any, warm_backend: Any, isolation: dict[str
                    "nonce": msg.get("nonce")})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
             reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
+        finally:
+            close_all(msg["fds"])  # what came with the request is mapped by now, or not needed
+            close_all(worker.shelf.take_outgoing())  # described for a reply that was not sent
         sys.stdout.flush()
         sys.stderr.flush()
 

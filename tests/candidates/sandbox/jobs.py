@@ -1,8 +1,8 @@
 """ATTACK: write beside its own job in the data directory's jobs/ (every job's scratch lives there): a file in
 jobs/ itself and a planted directory jobs/kforge-write-__MARKER__-job/; also count the other jobs' directories
-and files it can read there (reported, not judged: jobs/ is visible by design).
+and files it can read there.
 MUST: both creates fail: a worker writes only in its own scratch (and the cache and its private tmp); the
-test also looks for them on the host."""
+test also looks for them on the host; no other job's directory is seen."""
 import errno
 import json
 import os

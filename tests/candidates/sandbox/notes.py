@@ -1,7 +1,7 @@
 """ATTACK: pass notes from one job to the next through shared places: in MODE "write" job A leaves
 kforge-note-__NOTE__ in each directory of __DIRS__; in MODE "read" job B (a later call, another worker) looks
-for them there. The directories: /dev/shm and /tmp (each worker has a private tmpfs on both), or the ones a
-worker's private /dev/shm still shares with the host (the CPU output hand-off root, /dev/shm/kforge-handoff-*).
+for them there. The directories: /dev/shm and /tmp (each worker has a private tmpfs on both), or the data directory's (itself,
+jobs/, and the cache, which workers still share).
 MUST: job B finds no note, and none is on the host afterwards; the test looks at the host's and cleans up."""
 import errno
 import glob  # noqa: F401 - __DIRS__ may glob
