@@ -186,8 +186,9 @@ def test_first_recommendation_from_the_code(name, first, has):
 def test_ranking_follows_expected_effect():
     a = RulesAnalyst().analyze(_report(), code=_code("cpu_softmax_scalar_exp"), compiler=_softmax_compiler())
     titles = [r.title for r in a.recommendations]
-    assert titles[:3] == ["Vectorize the exp() calls", "Compile for this CPU's vector width",
-                          "Merge the 3 passes over each row"], titles
+    max_line = _line(_code("cpu_softmax_scalar_exp"), "m = std::max")
+    assert titles[:4] == ["Vectorize the exp() calls", f"Make the loop at line {max_line} vectorize",
+                          "Compile for this CPU's vector width", "Merge the 3 passes over each row"], titles
     assert a.recommendations[0].confidence == "high"
     assert any(e.metric == "scalar libm imports (nm -D)" for e in a.recommendations[0].evidence)
 
@@ -562,10 +563,52 @@ def test_a_loop_the_compiler_did_not_vectorize_gets_the_change_that_makes_it(tmp
     assert "-fno-math-errno" not in plain.recommendations[0].action and "-fno-trapping-math" in plain.recommendations[0].action
 
 
-def test_loops_that_vectorized_or_that_other_rules_explain_get_no_such_advice():
-    # the softmax: its exp loop is the vector-math rule's; its simd loops vectorized (GCC reports them at the pragma)
-    soft = RulesAnalyst().analyze(_report(), code=_code("cpu_softmax_scalar_exp"), compiler=_softmax_compiler())
-    assert not any(r.title.startswith("Make the loop at line") for r in soft.recommendations), str(soft)
+# The softmax candidate's kernel as plain C++ (no torch headers: a fast build).
+_SOFTMAX = """#include <algorithm>
+#include <cmath>
+#include <cstdint>
+extern "C" void softmax(const float* in, float* o, int64_t rows, int64_t cols) {
+    #pragma omp parallel for
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = in + r * cols;
+        float* orow = o + r * cols;
+        float m = -INFINITY;
+        #pragma omp simd reduction(max:m)
+        for (int64_t c = 0; c < cols; ++c) m = std::max(m, row[c]);
+        float sum = 0.f;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t c = 0; c < cols; ++c) { const float e = std::exp(row[c] - m); orow[c] = e; sum += e; }
+        const float inv = 1.f / sum;
+        #pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) orow[c] *= inv;
+    }
+}
+"""
+
+
+def test_each_inner_loop_is_said_to_vectorize_or_not_and_a_std_max_loop_is_told_why(tmp_path):
+    """Issue 20: "it never said whether the hot loop vectorized". The softmax's max loop does not (std::max is a
+    branch for GCC, even with `omp simd reduction(max:m)`); its exp loop is the vector-math rule's; its scale loop
+    vectorized. Remarks on an `omp simd` pragma's line are GCC's reduction helpers, not the loop."""
+    code = _code("cpu_softmax_scalar_exp")
+    soft = RulesAnalyst().analyze(_report(), code=code, compiler=_softmax_compiler())
+    verdicts = {e.metric: e.value for e in soft.evidence if e.metric.startswith("vectorizer on the loop at line")}
+    max_line, exp_line, scale_line = _line(code, "m = std::max"), _line(code, "std::exp"), _line(code, "*= inv")
+    assert verdicts == {f"vectorizer on the loop at line {max_line}": "not vectorized: control flow in loop.",
+                        f"vectorizer on the loop at line {exp_line}": "not vectorized: couldn't vectorize loop",
+                        f"vectorizer on the loop at line {scale_line}": "vectorized (16-byte vectors)"}, verdicts
+    (rec,) = [r for r in soft.recommendations if r.title.startswith("Make the loop at line")]
+    assert rec.where == f"line {max_line}" and "`m = x > m ? x : m`" in rec.action, str(soft)
+    assert not any(f"line {exp_line}" in r.title for r in soft.recommendations)  # the exp loop: vector math
+    # Following the advice: g++ vectorizes the max loop once std::max is a conditional expression.
+    plain = f'cpp = r"""\n{_SOFTMAX}"""\n'
+    plain_max = _line(plain, "m = std::max")
+    before = _gcc_report(tmp_path, _SOFTMAX, [])
+    assert [r.vectorized for r in before.builds[0].loops if r.line == plain_max] == [False]
+    advised = RulesAnalyst().analyze(_report(), code=plain, compiler=before)
+    assert any(r.title == f"Make the loop at line {plain_max} vectorize" for r in advised.recommendations), str(advised)
+    after = _gcc_report(tmp_path, _SOFTMAX.replace("m = std::max(m, row[c])", "m = row[c] > m ? row[c] : m"), [])
+    assert [r.vectorized for r in after.builds[0].loops if r.line == plain_max] == [True]
 
 
 # -- Triton: num_warps, num_stages and shared memory from the compiled kernel ------------------------------------------

@@ -19,7 +19,7 @@ from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_
 from ._gpu_code import gpu_findings
 from ._hardware import Claim
 from ._passes import pass_groups
-from ._unvectorized import unvectorized_loops
+from ._unvectorized import inner_loop_evidence, unvectorized_loops
 from .base import Evidence
 from .source import Loop, SourceFacts
 
@@ -86,6 +86,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
     share = own_share(report)
     roof = roofline_evidence(report)
     code = "\n".join(facts.lines)
+    out.evidence.extend(inner_loop_evidence(facts, compiler))
     gemm_loops: set[int] = set()
     for inner, chain in _gemm_nests(facts):
         gemm_loops.update(chain)
