@@ -160,6 +160,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     tools = tools or tool_context(settings)
     problems = catalog.Problems(settings.kernelbench_dir)
     fleet = ray_fleet(settings, tools)  # None: jobs run on this host
+    offered = fleet.availability if fleet else tools.availability  # the backends where jobs run
     jobs = JobManager(tools, parallel=settings.ray_max_jobs if fleet else settings.parallel_jobs,
                       queue_limit=settings.queue_limit, max_wait_s=settings.job_max_wait_s, executor=fleet)
 
@@ -184,7 +185,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         if isinstance(model, JobStatus) and model.status == "failed":
             raise ToolError(f"job {model.job_id} failed: {model.error}")
         if isinstance(model, VerifyResult):  # its next step: profile_kernel only where this host can time it
-            found = {a.backend: a for a in await tools.availability()}.get(model.spec.backend)
+            found = {a.backend: a for a in await offered()}.get(model.spec.backend)
             timing_here = found is not None and found.ok and found.timing
             why = "" if timing_here or found is None else found.reason
             return _result(model, text=model.summary(timing_here=timing_here, why_not_timed=why))
@@ -197,7 +198,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
         """Which backends this host offers, and for each one that it does not, why."""
-        return _result(BackendList(backends=await tools.availability()))
+        return _result(BackendList(backends=await offered()))
 
     async def run_job(ctx: Context, request: JobRequest, wait_s: float) -> CallToolResult:
         with _request_errors():
@@ -353,12 +354,13 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     mcp.tool(name="summarize_profile", title="Summarize a profile",
              annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
 
-    _register_resources(mcp, tools, jobs, problems)
+    _register_resources(mcp, tools, jobs, problems, offered)
     _register_prompts(mcp, tools, analyst, problems)
     return mcp
 
 
-def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, problems: catalog.Problems) -> None:
+def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, problems: catalog.Problems,
+                        offered: Callable[[], Awaitable[list[Availability]]]) -> None:
     @mcp.resource("kforge://jobs", mime_type="application/json", title="Recent jobs")
     def recent_jobs() -> str:
         """The latest compile, verify and profile jobs, newest first, with their status: find a job whose handle
@@ -367,8 +369,8 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, pr
 
     @mcp.resource("kforge://backends", mime_type="application/json", title="Backends on this host")
     async def backends() -> str:
-        """Every backend KForge knows, whether this host offers it, and why not."""
-        return json.dumps([a.model_dump(mode="json") for a in await tools.availability()], indent=1)
+        """Every backend KForge knows, whether this host (or the fleet's nodes) offers it, and why not."""
+        return json.dumps([a.model_dump(mode="json") for a in await offered()], indent=1)
 
     @mcp.resource("kforge://format", mime_type="text/markdown", title="The candidate format")
     def candidate_format() -> str:

@@ -59,6 +59,8 @@ async def _job(client, job_id: str) -> dict:
 async def test_compile_verify_and_profile_run_on_the_fleets_nodes(cluster, kforge_home, tmp_path, cpu_example):
     ref, cand = cpu_example["reference"], cpu_example["candidate"]
     async with stdio_session(tmp_path, **fleet_env(cluster, kforge_home)) as client:  # stdout stays MCP's alone
+        backends = data(await client.call_tool("list_backends", {}))["backends"]  # as the nodes offer them
+        assert {b["backend"]: b["ok"] for b in backends}["cpu"]
         built = data(await client.call_tool("compile_kernel", {"backend": "cpu", "candidate_code": cand,
                                                                "use_store": False}))
         assert built["ok"] and built["builds"][0]["name"] == "fused_relu_scale_bias"

@@ -123,7 +123,7 @@ class RayFleet:
     # -- JobExecutor -----------------------------------------------------------------------------
     async def require_backend(self, name: str) -> Availability:
         """The backend as the cluster's nodes offer it (probed on each node once); RequestError when none does."""
-        found = await self._availability()
+        found = {a.backend: a for a in await self.availability()}
         if name not in found:
             raise RequestError(f"unknown backend {name!r}; the Ray cluster's nodes know: {', '.join(sorted(found))}")
         if not found[name].ok:
@@ -202,8 +202,8 @@ class RayFleet:
         except Exception:  # noqa: BLE001 - TaskCancelledError is the expected end
             pass
 
-    async def _availability(self) -> dict[str, Availability]:
-        """Each backend as offered by the first node that offers it (else the first node's reason), probed once."""
+    async def availability(self) -> list[Availability]:
+        """Each backend as the first node that offers it reports it (else the first node's reason), probed once."""
         ray = self._connected()
         async with self._probe_lock:
             if self._offered is None:
@@ -222,4 +222,4 @@ class RayFleet:
                         if found.backend not in offered or (found.ok and not offered[found.backend].ok):
                             offered[found.backend] = found
                 self._offered = offered
-            return self._offered
+            return list(self._offered.values())
