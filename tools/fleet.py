@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from contextlib import asynccontextmanager
 from types import ModuleType
 from typing import Any, AsyncIterator
@@ -47,6 +48,8 @@ log = logging.getLogger("kforge.fleet")
 # A compile or verify takes this share of a GPU: several build and check at once, and a profile, which asks for
 # a whole GPU, waits until none runs there.
 _UNTIMED_GPU_SHARE = 0.25
+# A backend no node offered is looked for again (new nodes probed) at most this often (seconds).
+_REPROBE_S = 60.0
 # How long connecting to the cluster may take before the server gives up (a head answers in about a second).
 _CONNECT_TIMEOUT_S = 30.0
 # After ray.cancel, how long to wait for the node to report the task ended (its workers killed).
@@ -91,6 +94,7 @@ class RayFleet:
         self._probe: Any = None
         self._gpus = False
         self._offered: dict[str, Availability] | None = None
+        self._probed_at = 0.0
         self._probe_lock = anyio.Lock()
 
     @asynccontextmanager
@@ -124,6 +128,8 @@ class RayFleet:
     async def require_backend(self, name: str) -> Availability:
         """The backend as the cluster's nodes offer it (probed on each node once); RequestError when none does."""
         found = {a.backend: a for a in await self.availability()}
+        if (name not in found or not found[name].ok) and time.monotonic() - self._probed_at > _REPROBE_S:
+            found = {a.backend: a for a in await self.availability(fresh=True)}  # a node may have joined since
         if name not in found:
             raise RequestError(f"unknown backend {name!r}; the Ray cluster's nodes know: {', '.join(sorted(found))}")
         if not found[name].ok:
@@ -202,11 +208,12 @@ class RayFleet:
         except Exception:  # noqa: BLE001 - TaskCancelledError is the expected end
             pass
 
-    async def availability(self) -> list[Availability]:
-        """Each backend as the first node that offers it reports it (else the first node's reason), probed once."""
+    async def availability(self, *, fresh: bool = False) -> list[Availability]:
+        """Each backend as the first node that offers it reports it (else the first node's reason); the nodes are
+        probed once, and again when `fresh`."""
         ray = self._connected()
         async with self._probe_lock:
-            if self._offered is None:
+            if self._offered is None or fresh:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 nodes = [n for n in ray.nodes() if n["Alive"] and (n["Resources"].get("CPU") or n["Resources"].get("GPU"))]
@@ -217,9 +224,15 @@ class RayFleet:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(self.node)
                     for n in nodes]
                 offered: dict[str, Availability] = {}
-                for ref in refs:
-                    for found in map(Availability.model_validate, await ref):
+                for node, ref in zip(nodes, refs):
+                    try:
+                        answer = await ref
+                    except ray.exceptions.RayError as exc:  # a node that died meanwhile offers nothing
+                        log.warning("Ray node %s could not be probed: %s", node["NodeID"][:12], type(exc).__name__)
+                        continue
+                    for found in map(Availability.model_validate, answer):
                         if found.backend not in offered or (found.ok and not offered[found.backend].ok):
                             offered[found.backend] = found
-                self._offered = offered
+                self._offered, self._probed_at = offered, time.monotonic()
+                self._gpus = any(n["Resources"].get("GPU") for n in nodes)
             return list(self._offered.values())
