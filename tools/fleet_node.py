@@ -6,7 +6,8 @@ server's data directory travels. The node streams `NodeEvent`s back: where it ru
 end its result with the store records it wrote (results, history, profiles and their artifacts), which the
 server writes into its own store, so get_job, the profiles, their artifacts and the history stay whole there.
 
-This module never imports ray: Ray imports it on the node by reference (every node has kforge installed).
+Ray imports this module on the node by reference (every node has kforge installed); it imports ray only to
+name the node it runs on.
 """
 
 from __future__ import annotations
