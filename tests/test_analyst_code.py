@@ -278,6 +278,20 @@ def test_model_answer_is_pruned_of_what_the_code_has():
         parse_answer(only_redundant, "openai:test", None, code=code, report=_report())
 
 
+def test_model_answer_is_pruned_of_what_the_rules_advise_against():
+    """Threads for a serial loop whose call takes 8 us: the rules do not advise them, and a model's answer loses them."""
+    reply = json.dumps({"bottleneck": "latency-bound", "bottleneck_why": "one core", "recommendations": [
+        {"title": "Parallelize the loop", "action": "Add #pragma omp parallel for."},
+        {"title": "Call it less often", "action": "Batch the calls."}]})
+    code = _code("cpu_serial_loop")
+    short = parse_answer(reply, "openai:test", None, code=code, report=_report(median_us=8.0))
+    assert [r.title for r in short.recommendations] == ["Call it less often"], short
+    assert any("dropped 'Parallelize the loop'" in n and "8 us" in n for n in short.notes), short.notes
+    assert "parallel (not worth adding: a call takes 8 us" in analyst_request(_report(median_us=8.0), None, code=code).user
+    long = parse_answer(reply, "openai:test", None, code=code, report=_report(median_us=1000.0))
+    assert [r.title for r in long.recommendations] == ["Parallelize the loop", "Call it less often"]
+
+
 def test_loop_remark_str():
     assert str(LoopRemark(line=7, origin="main.cpp:3", vectorized=False, missed=["control flow in loop."])) == \
         "line 7: not vectorized: control flow in loop."

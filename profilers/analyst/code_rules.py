@@ -23,7 +23,7 @@ from ._unvectorized import inner_loop_evidence, unvectorized_loops
 from .base import Evidence
 from .source import Loop, SourceFacts
 
-__all__ = ["PRIORITY_CODE", "code_findings"]
+__all__ = ["PRIORITY_CODE", "advised_against", "code_findings"]
 
 # Below this much time per call of the candidate's own code, a parallel region costs about what it saves.
 PARALLEL_MIN_US = 50.0
@@ -147,11 +147,12 @@ def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, sha
     cores = _cores(report)
     per_call = _own_us_per_call(report)
     outer = [loop for loop in facts.loops if loop.parent is None]
-    if cores < 2 or (per_call is not None and per_call < PARALLEL_MIN_US):
-        if per_call is not None and cores >= 2:
-            out.notes.append(f"the loops run on one core, but a call takes {per_call:.0f} us: under {PARALLEL_MIN_US:g} us "
-                             "a parallel region costs about what it saves")
-            out.avoid["parallel"] = f"a call takes {per_call:.0f} us, too short for a parallel region to pay off"
+    if avoid := advised_against(report, facts):
+        out.notes.append(f"the loops run on one core, but a call takes {per_call:.0f} us: under {PARALLEL_MIN_US:g} us "
+                         "a parallel region costs about what it saves")
+        out.avoid.update(avoid)
+        return
+    if cores < 2:
         return
     top = max(outer, key=lambda loop: loop.last - loop.line)
     ev = roof + [Evidence(metric="parallel constructs", value=0, judged_against="an OpenMP parallel loop over the "
@@ -165,6 +166,17 @@ def _serial(report: ProfileReport | None, facts: SourceFacts, out: Findings, sha
         f"line {top.line}", why, f"up to {pct(1 - 1 / cores)} of the candidate's time on {cores} cores",
         "high" if per_call is not None else "medium", ev, share, gain=share * (1 - 1 / cores), located=True))
     out.claims.append(Claim("latency-bound", PRIORITY_CODE, why, ev, "medium"))
+
+
+def advised_against(report: ProfileReport | None, facts: SourceFacts | None) -> dict[str, str]:
+    """Features the code lacks but should not get, with why: threads for a serial C++ call too short to split.
+    The rules' drafts and a model's answers are pruned of them alike."""
+    if facts is None or facts.parallel_lines or not facts.loops or facts.gpu_kernels or facts.triton_kernels:
+        return {}
+    per_call = _own_us_per_call(report)
+    if per_call is None or _cores(report) < 2 or per_call >= PARALLEL_MIN_US:
+        return {}
+    return {"parallel": f"a call takes {per_call:.0f} us, too short for a parallel region to pay off"}
 
 
 def _scalar_math(facts: SourceFacts, compiler: CompilerFacts | None, out: Findings, share: float,

@@ -21,7 +21,8 @@ from kforge.profilers.report import ProfileReport
 from kforge.resources.templates import render
 
 from .base import Analysis, Bottleneck, Evidence, Recommendation
-from .redundant import already_present, prune
+from .code_rules import advised_against
+from .redundant import Present, already_present, prune
 from .source import read_source
 
 __all__ = ["AnalystRequest", "Image", "analyst_request", "fallback", "parse_answer"]
@@ -67,10 +68,20 @@ def _compiler_json(compiler: CompilerFacts | None) -> str | None:
     return json.dumps(compiler.model_dump(mode="json", exclude_none=True), indent=1)
 
 
+def _not_to_advise(code: str | None, report: ProfileReport | None) -> dict[str, Present]:
+    """What the code already has, and what the rules advise against (threads for a too-short call): the
+    features a model's answer must not propose, as the rules' own drafts must not."""
+    facts = read_source(code) if code else None
+    present = already_present(facts, report)
+    for feature, why in advised_against(report, facts).items():
+        present.setdefault(feature, Present(feature, None, f"not worth adding: {why}"))
+    return present
+
+
 def _present_lines(code: str | None, report: ProfileReport | None) -> list[str]:
-    """What the code already has, in words, so the model does not propose it."""
-    present = already_present(read_source(code) if code else None, report)
-    return [f"{p.feature}" + (f" (line {p.line}: {p.how})" if p.line else f" ({p.how})") for p in present.values()]
+    """What the code already has (or must not get), in words, so the model does not propose it."""
+    return [f"{p.feature}" + (f" (line {p.line}: {p.how})" if p.line else f" ({p.how})")
+            for p in _not_to_advise(code, report).values()]
 
 
 def analyst_request(report: ProfileReport | None, rules: Analysis | None, *, text: str | None = None,
@@ -139,7 +150,7 @@ def parse_answer(reply: str, provider: str, rules: Analysis | None, *, code: str
         bottleneck = "unknown"
     if rules is not None and rules.bottleneck != "unknown" and rules.bottleneck != bottleneck:
         notes.append(f"the rules engine found {rules.bottleneck} instead ({rules.bottleneck_why})")
-    present = already_present(read_source(code) if code else None, report)
+    present = _not_to_advise(code, report)
     kept = []
     for r in answer.recommendations:
         action, said = prune(r.title, r.action, present)
