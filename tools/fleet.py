@@ -134,7 +134,8 @@ class RayFleet:
             raise RequestError(f"unknown backend {name!r}; the Ray cluster's nodes know: {', '.join(sorted(found))}")
         if not found[name].ok:
             offered = [a.backend for a in found.values() if a.ok]
-            raise RequestError(f"backend {name!r} is not available on any node of the Ray cluster: {found[name].reason}. "
+            raise RequestError(f"backend {name!r} is not available on any node of the Ray cluster: "
+                               f"{found[name].reason}. "
                                f"Available there: {', '.join(offered) or 'none'}")
         return found[name]
 
@@ -216,7 +217,8 @@ class RayFleet:
             if self._offered is None or fresh:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                nodes = [n for n in ray.nodes() if n["Alive"] and (n["Resources"].get("CPU") or n["Resources"].get("GPU"))]
+                nodes = [n for n in ray.nodes()
+                         if n["Alive"] and (n["Resources"].get("CPU") or n["Resources"].get("GPU"))]
                 if not nodes:
                     raise RequestError(f"the Ray cluster at {self.address!r} has no node with CPUs or GPUs to run jobs")
                 refs = [self._probe.options(

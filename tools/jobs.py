@@ -350,7 +350,8 @@ class JobManager:
                 job.scope = scope
                 if job.cancel_requested:
                     scope.cancel()
-                result, where = await self.executor.run(job.request, progress, name=f"kforge {job.request.tool} {job.id}")
+                result, where = await self.executor.run(job.request, progress,
+                                                        name=f"kforge {job.request.tool} {job.id}")
             if job.cancel_requested:
                 self._finish(job, "cancelled", message="cancelled while running; its worker processes were killed")
             else:
