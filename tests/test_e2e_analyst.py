@@ -74,7 +74,7 @@ async def _profiled(ctx, name: str):
 async def test_profile_then_summary_gives_the_right_first_advice(ctx, name):
     from kforge.tools.summarize import summarize_profile
 
-    reference, first, has = CASES[name]
+    _, first, has = CASES[name]
     prof = await _profiled(ctx, name)
     if name != "cpu_launch_bound":
         (report,) = prof.compiler_reports  # the vectorizer's report came with the normal build

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 from .source import Loop, SourceFacts
@@ -149,13 +150,13 @@ def pass_groups(facts: SourceFacts) -> list[PassGroup]:
             found.append(PassGroup("chain", tuple(p.index for p in run), tuple(through), nested))
         chained = {i for g in found for i in g.loops}
         # statistics: a reduction of an input, then a reduction of the same input that needs the first
-        for a, b in zip(passes, passes[1:]):
+        for a, b in pairwise(passes):
             if a.index in chained or b.index in chained or b.writes or not b.reduced:
                 continue
             inputs = [x for x in a.reads if x in b.reads and x not in a.writes]
             if inputs and _depends(facts, a, b):
                 found.append(PassGroup("statistics", (a.index, b.index), tuple(inputs), nested))
         if not any(set(g.loops) & set(group) for g in found) and len(group) >= 3 and all(
-                _depends(facts, p, q) for p, q in zip(passes, passes[1:])):
+                _depends(facts, p, q) for p, q in pairwise(passes)):
             found.append(PassGroup("dependent", tuple(group), (), nested))
     return sorted(found, key=lambda g: facts.loops[g.loops[0]].line)

@@ -33,17 +33,17 @@ _MATH_FLAGS = (" and `-fno-math-errno` (the math call in the loop may set errno,
 _CHANGES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("control flow",), _CONTROL_FLOW),
     (("number of iterations cannot be computed", "not a counted loop", "latch", "exit"),
-     "Give the loop a trip count the compiler can compute before it starts: a plain `for (int64_t i = 0; i < n; "
-     "++i)` with `n` in a local variable, no `break` or early `return` inside (compute a mask instead)."),
+     ("Give the loop a trip count the compiler can compute before it starts: a plain `for (int64_t i = 0; i < n; "
+      "++i)` with `n` in a local variable, no `break` or early `return` inside (compute a mask instead).")),
     (("alias", "dependence", "data ref analysis"),
-     "Tell the compiler the arrays do not overlap: declare the pointers `float* __restrict__` (or copy the "
-     "bounds and pointers into local variables), so no store can change what the next iteration loads."),
+     ("Tell the compiler the arrays do not overlap: declare the pointers `float* __restrict__` (or copy the "
+      "bounds and pointers into local variables), so no store can change what the next iteration loads.")),
     (("unsafe fp math", "reduction"),
-     "Let the reduction be reordered: `#pragma omp simd reduction(+:acc)` on the loop, or `-fassociative-math` "
-     "(part of `-ffast-math`) in extra_cflags; without either, GCC keeps the sum's order and one lane."),
+     ("Let the reduction be reordered: `#pragma omp simd reduction(+:acc)` on the loop, or `-fassociative-math` "
+      "(part of `-ffast-math`) in extra_cflags; without either, GCC keeps the sum's order and one lane.")),
     (("complicated access pattern", "gather", "not suitable", "no vectype", "unsupported"),
-     "Make every array access in the loop `base[i]` with `i` the loop index (unit stride, no index loaded from "
-     "another array): gather the values into a contiguous buffer first, or change the layout."),
+     ("Make every array access in the loop `base[i]` with `i` the loop index (unit stride, no index loaded from "
+      "another array): gather the values into a contiguous buffer first, or change the layout.")),
 )
 _GENERIC = ("Rewrite the loop body as a straight line over contiguous arrays indexed by the loop variable; the "
             "compiler's reason is in the evidence.")
