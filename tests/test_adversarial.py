@@ -129,8 +129,22 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
     failed = {name for name, status in got.items() if status == "fail"}
     assert failed <= {"stable_timing"} and honest.speedup_trusted is (not failed), str(honest)
     assert got["timed_outputs"] == "pass" and got["fresh_inputs"] == "pass" and got["plausible_speed"] in ("pass", "skip")
-    assert got["probe_memo"] == "pass"
+    assert got["probe_memo"] == "pass" and got["wall_clock_anchor"] in ("pass", "skip")  # skip: the host was busy
     assert honest.report.candidate.input_sets >= 3
+
+
+async def test_a_timer_rescaled_inside_the_candidate_is_caught_by_the_servers_clock(ctx):
+    """Patching the harness's timer class (nothing an identity check watches) makes every timed call read 3x
+    faster; the server times the calls itself, from outside the candidate's process (issue 17). A compute-bound
+    problem: there a call back to back runs as fast as a timed one (on a small memory-bound problem a flushed
+    call is 2-4x slower than back-to-back ones, and only larger lies are caught)."""
+    prof = await profile_kernel(ctx, "cpu", reference("matmul"), candidate("b3_timer_rescale"), baselines=("eager",),
+                                budget_s=1.0)
+    [anchor] = [c for c in prof.checks if c.name == "wall_clock_anchor"]
+    if anchor.status == "skip":
+        pytest.skip(f"the host was too busy for the server's clock: {anchor.evidence}")
+    assert anchor.status == "fail" and "faster than the calls really ran" in anchor.evidence, str(prof)
+    assert prof.speedup_trusted is False
 
 
 async def test_leftover_processes_are_named(ctx):

@@ -118,3 +118,17 @@ def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check()
     assert got["probe_memo"].status == "fail" and got["probe_memo"].hard and "memoized" in got["probe_memo"].evidence
     noisy = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, wide, "strict")}
     assert noisy["stable_timing"].status == "fail" and "budget_s" in noisy["stable_timing"].evidence
+
+
+def test_the_servers_clock_fails_a_median_faster_than_the_calls_ran_and_skips_a_busy_host():
+    from kforge.tools.verdict import wall_anchor_check
+
+    stats = SimpleNamespace(median_us=100.0)
+    anchor = {"calls": 20, "batches": 3, "tried": 3, "round_trip_us": 150.0}
+    honest = wall_anchor_check(stats, {**anchor, "per_call_us": 70.0})  # back to back: no slower than a timed call
+    assert honest.status == "pass" and honest.hard and "70.0 us per call" in honest.evidence
+    lied = wall_anchor_check(stats, {**anchor, "per_call_us": 300.0})
+    assert lied.status == "fail" and lied.hard and "3.0x faster than the calls really ran" in lied.evidence
+    busy = wall_anchor_check(stats, {**anchor, "tried": 40, "batches": 0, "per_call_us": None})
+    assert busy.status == "skip" and "preempted in all 40" in busy.evidence
+    assert wall_anchor_check(stats, None).status == "skip"

@@ -249,6 +249,24 @@ class CandidateOps:
         return_free_memory(self.backend.device)
         return reply
 
+    def op_anchor(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """`calls` calls back to back, walking through the timing sets (together larger than the caches, so a
+        call's inputs are not where the last call left them; no flush, no copies), then a device sync: the server
+        times this op with its own clock (`kforge.tools.profile._wall_anchor`). With 0 calls: the round trip."""
+        import torch
+
+        calls = int(msg["calls"])
+        if calls:
+            sets = self.timing_sets
+            try:
+                with torch.no_grad():
+                    for i in range(calls):
+                        self.model(*sets[i % len(sets)])
+                    self.backend.synchronize()
+            except BaseException as exc:  # noqa: BLE001
+                return self._failure(exc, "timing")
+        return {"calls": calls}
+
     def op_timing_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """`_decoy_record` on timing set 0 itself, the tensors the timed calls saw (run after the judge read
         the timed outputs)."""

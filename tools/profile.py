@@ -11,6 +11,7 @@ never disturbs someone else's timing.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import shutil
 import time
@@ -36,7 +37,7 @@ from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace,
 from .static_scan import scan_candidate
 from .timing import merge_rounds
 from .trials import judge_trials
-from .verdict import integrity_checks, static_check, timing_checks
+from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
 
 __all__ = ["BASELINES", "profile_kernel"]
 
@@ -50,6 +51,12 @@ _NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric 
 _NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
 # torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
 _COMPILE_TIMEOUT_S = 600.0
+# The server's own clock on the candidate's calls (`_wall_anchor`): ops of about this long, each of at most so
+# many calls (a round trip is ~0.1-0.5 ms: the least seen is subtracted).
+_ANCHOR_BATCH_S = 0.002  # short: some escape preemption on a busy host
+_ANCHOR_BATCHES = 3  # unpreempted batches wanted ...
+_ANCHOR_MAX_BATCHES = 40  # ... among at most this many (~0.1 s in all)
+_ANCHOR_MAX_CALLS = 5000
 # The reference's baselines do not change between candidates: one timed on this device, with these
 # versions and this budget, is reused for this long (an agent's loop profiles one problem many times;
 # torch.compile's alone costs seconds to minutes per run). KernelBench ships precomputed baselines.
@@ -139,6 +146,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
                                                    fresh_baselines, step, problem["reference_call_s"])
+                    anchor = await _wall_anchor(judge, worker, series["candidate"]["stats"].median_us,
+                                                problem["reference_call_s"], ctx.limits)
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
                 except WorkerDied as died:
@@ -194,7 +203,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")
     checks = ([static_check(scan_candidate(candidate_code))] + timing_checks(candidate_stats, revalidated, report, precision)
-              + integrity_checks(cand["integrity"], precision))
+              + [wall_anchor_check(candidate_stats, anchor)] + integrity_checks(cand["integrity"], precision))
     trusted = bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
                            output_check=check, checks=checks, speedup_trusted=trusted,
@@ -212,6 +221,36 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     trace("server", "profile.result", True, result_started)
     await progress(steps, steps, "done")
     return result
+
+
+async def _wall_anchor(judge: WorkerProcess, worker: WorkerProcess, median_us: float,
+                       reference_call_s: float | None, limits: Any) -> dict[str, Any] | None:
+    """The candidate's calls timed by the server's clock, outside the candidate's process (issue 17): ops of
+    back-to-back calls through the timing sets, less the op's round trip (a judge's empty op: the candidate could slow
+    its own). Only ops in which no thread of the worker was preempted count (the server reads the switches in
+    /proc): on a busy host a batch's wall time is the other processes' too. None without a median."""
+    if not median_us or median_us <= 0:
+        return None
+    calls = max(3, min(_ANCHOR_MAX_CALLS, math.ceil(_ANCHOR_BATCH_S / (median_us * 1e-6))))
+    deadline = limits.hang_deadline(reference_call_s, calls)[0]
+    round_trips, walls, tried = [], [], 0
+    while tried < _ANCHOR_MAX_BATCHES and len(walls) < _ANCHOR_BATCHES:
+        tried += 1
+        started = time.perf_counter()
+        await judge.call("anchor", stage="timing", calls=0)
+        round_trips.append(time.perf_counter() - started)
+        before = worker.preemptions()
+        started = time.perf_counter()
+        reply = await worker.call("anchor", stage="timing", calls=calls, timeout_s=deadline)
+        wall = time.perf_counter() - started
+        if reply.get("failure"):
+            raise _TimingFailed(Failure(**reply["failure"]))
+        after = worker.preemptions()
+        if before is not None and after == before:
+            walls.append(wall)
+    per_call_us = max(0.0, min(walls) - min(round_trips)) / calls * 1e6 if walls else None
+    return {"calls": calls, "batches": len(walls), "tried": tried, "per_call_us": per_call_us,
+            "round_trip_us": min(round_trips) * 1e6}
 
 
 async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[dict[str, Any]],

@@ -171,6 +171,23 @@ def _session_members(sid: int) -> list[int]:
     return [int(pid) for pid in process_ids() if (st := process_stat(pid)) is not None and st[3] == sid]
 
 
+def preemptions(outer_pid: int) -> int | None:
+    """How often the scheduler took a core from the worker's threads so far (involuntary context switches),
+    as the server reads them in /proc; None when they cannot be read. The worker is the outer process's child
+    where it has a PID namespace of its own, else the outer process itself."""
+    try:
+        children = Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()
+        pid = int(children[0]) if children else outer_pid
+        total = 0
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            for line in status.read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        return total
+    except (OSError, ValueError):
+        return None
+
+
 def namespace_processes(outer_pid: int) -> list[str]:
     """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
     worker itself (its PID 1), named as this process sees them: the server's own count, out of the
@@ -425,6 +442,10 @@ class WorkerProcess:
         await self.kill()
         kind, message = _describe_exit(code if code is not None else -signal.SIGKILL)
         return Failure(stage=stage, kind=kind, message=message, output_tail=_tail(self.log))
+
+    def preemptions(self) -> int | None:
+        """The worker's involuntary context switches so far, read by the server (`preemptions`)."""
+        return preemptions(self._proc.pid) if self._proc is not None else None
 
     async def kill(self) -> None:
         if self._proc is not None:

@@ -15,7 +15,7 @@ from .models import Check, TrialReport
 from .static_scan import Finding
 
 __all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
-           "timing_checks", "verify_checks", "why_not_stored"]
+           "timing_checks", "verify_checks", "wall_anchor_check", "why_not_stored"]
 
 # -- what the result store may keep ------------------------------------------------------------------
 # The store answers a repeated request (same code, inputs, options and versions) with the stored result,
@@ -255,6 +255,33 @@ def timing_checks(stats: Any, revalidated: dict[str, Any], report: Any, precisio
         if stats.unseen_work else "host clock with a device-wide sync agrees with the device timer"))
     checks.append(_plausibility_check(report, precision))
     return checks
+
+
+# A timed call (caches flushed before it) is no faster than the same calls back to back on the timing sets (their
+# inputs not in the caches either), which the server times from outside the candidate's process; beyond this
+# factor the timing is not the candidate's own.
+_ANCHOR_SLACK = 1.3
+
+
+def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
+    """The candidate's reported median against the server's own clock (`kforge.tools.profile._wall_anchor`)."""
+    if anchor is None:
+        return Check(name="wall_clock_anchor", status="skip", hard=True, evidence="no timing to compare")
+    if anchor["per_call_us"] is None:
+        return Check(name="wall_clock_anchor", status="skip", hard=True,
+                     evidence=f"the host was busy: the worker was preempted in all {anchor['tried']} of the server's "
+                              "timed batches, so its clock could not check the candidate's timing")
+    median_us = stats.median_us
+    seen = (f"the server's clock measured {anchor['per_call_us']:.1f} us per call over {anchor['calls']} calls back "
+            f"to back through the timing sets (least of {anchor['batches']} batches in which the worker was not preempted, "
+            f"less a {anchor['round_trip_us']:.0f} us round trip); the timed median, caches flushed, is "
+            f"{median_us:.1f} us")
+    if anchor["per_call_us"] > _ANCHOR_SLACK * median_us:
+        return Check(name="wall_clock_anchor", status="fail", hard=True,
+                     evidence=f"{seen}: {anchor['per_call_us'] / median_us:.1f}x faster than the calls really ran. The "
+                              "timing inside the candidate's process was changed (its timer or clock patched), or "
+                              "the calls did less work while timed")
+    return Check(name="wall_clock_anchor", status="pass", hard=True, evidence=seen)
 
 
 def _plausibility_check(report: Any, precision: str) -> Check:
