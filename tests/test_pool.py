@@ -123,3 +123,22 @@ async def test_a_candidate_that_dies_in_the_profilers_window_is_reported_as_exit
                                   baselines=("eager",), budget_s=0.3, hardware_counters=False)
     assert not result.ok and result.failure is not None, str(result)
     assert result.failure.kind == "exited" and "code 3" in result.failure.message, result.failure
+
+
+async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_job(tmp_path, cpu_example):
+    """A warm worker's sandbox predates its job: it writes only the directory the pool made for it, which the
+    job links as its role's scratch; the job's end removes both, the pool's end the idle workers' own."""
+    from kforge.tools.evaluate import verify_against_reference
+
+    ctx = ToolContext(home=tmp_path / "home")
+    jobs = ctx.home / "jobs"
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 2)
+        idle = {w.scratch for kind in list(pool._idle.values()) for w in kind}
+        assert idle and all(d.parent == jobs and d.name.startswith("w-") and d.is_dir() for d in idle)
+        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], cpu_example["candidate"],
+                                                trials=1, use_store=False)
+        assert result.correct, str(result)
+        left = [p for p in jobs.iterdir() if any(p.iterdir())]
+        assert not left, f"a job's files stayed behind: {[(p, list(p.iterdir())) for p in left]}"
+    assert not list(jobs.iterdir())

@@ -38,6 +38,21 @@ class RequestError(Exception):
     """A request the server cannot serve (unknown backend, unknown profile); the message says how to fix it."""
 
 
+def remove_scratch(path: Path, jobs: Path) -> None:
+    """Remove a job's scratch directory with the warm workers' own directories its roles link to (`jobs/w-*`,
+    `kforge.tools.pool`): removing the links alone would leave their files behind."""
+    try:
+        entries = list(path.iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        if entry.is_symlink():
+            target = entry.resolve()
+            if target.parent == jobs.resolve():
+                shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass
 class ToolContext:
     home: Path
@@ -120,7 +135,7 @@ class ToolContext:
         finally:
             if not self.keep_scratch:
                 with traced("server", f"{tool}.scratch_removed"):
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_scratch(path, self.home / "jobs")
 
     async def availability(self) -> list[Availability]:
         """Probe every known backend once, in a worker (the server itself never imports torch)."""
