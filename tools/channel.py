@@ -11,6 +11,7 @@ sent with the descriptor itself, which the server then closes: each descriptor i
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
@@ -125,24 +126,18 @@ class HandedFds:
         return tokens
 
     def hand_out(self, payload: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
-        """The payload as sent (a copy, each held descriptor it names given a slot) and the descriptors in slot
-        order (close them once sent)."""
-        out: list[int] = []
-
-        def swap(item: Any) -> Any:
-            if isinstance(item, list):
-                return [swap(i) for i in item]
-            if not isinstance(item, dict):
-                return item
-            if item.get("kind") != FD_KIND:
-                return {k: swap(v) for k, v in item.items()}
-            fd = self._held.pop(item.get("handle", ""), None)
+        """The payload as sent and the descriptors it names, in slot order (close them once sent). A payload that
+        names none goes as it is; one that does is copied (its caller may send the same record again)."""
+        if not _fd_descriptors(payload):
+            return payload, []
+        sent, out = copy.deepcopy(payload), []
+        for d in _fd_descriptors(sent):
+            fd = self._held.pop(d.pop("handle", ""), None)
             if fd is None:
                 raise ValueError("an output's descriptor was handed on already, or never received")
+            d["slot"] = len(out)
             out.append(fd)
-            return {**{k: v for k, v in item.items() if k != "handle"}, "slot": len(out) - 1}
-
-        return swap(payload), out
+        return sent, out
 
     def discard(self, tokens: list[str]) -> None:
         """Close what of these was never handed on."""

@@ -171,13 +171,21 @@ def _session_members(sid: int) -> list[int]:
     return [int(pid) for pid in process_ids() if (st := process_stat(pid)) is not None and st[3] == sid]
 
 
+def _sandboxed_worker(outer_pid: int) -> int | None:
+    """The worker inside its own PID namespace: the only child of the outer process the server knows
+    (`kforge.tools.sandbox`); None when there is none (no namespace, or it is gone)."""
+    try:
+        return int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def preemptions(outer_pid: int) -> int | None:
     """How often the scheduler took a core from the worker's threads so far (involuntary context switches),
     as the server reads them in /proc; None when they cannot be read. The worker is the outer process's child
     where it has a PID namespace of its own, else the outer process itself."""
+    pid = _sandboxed_worker(outer_pid) or outer_pid
     try:
-        children = Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()
-        pid = int(children[0]) if children else outer_pid
         total = 0
         for status in Path(f"/proc/{pid}/task").glob("*/status"):
             for line in status.read_text().splitlines():
@@ -192,10 +200,11 @@ def namespace_processes(outer_pid: int) -> list[str]:
     """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
     worker itself (its PID 1), named as this process sees them: the server's own count, out of the
     candidate's reach (`kforge.tools.sandbox`)."""
+    if (worker := _sandboxed_worker(outer_pid)) is None:
+        return []
     try:
-        worker = int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
         namespace = os.readlink(f"/proc/{worker}/ns/pid")
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return []
     found = []
     for pid in process_ids():

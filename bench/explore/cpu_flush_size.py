@@ -10,7 +10,7 @@ depends on where the buffers landed (2 of 5 processes read 0.78-0.83 with 64 MiB
 Measured 2026-11-24 on the CI VM (AMD EPYC Zen 5, 2 cores, 32 MiB L3), 3 processes:
   64 MiB x2: 0.78-1.00; 128 MiB x1: 0.66-0.85; 128 MiB x2 (16 MiB chunks): 1.00-1.01; 128 MiB x2 (32): 1.00-1.01
 """
-import resource, json, random, statistics, time, sys, torch
+import resource, json, statistics, time, torch
 from kforge.backends.cpu import CpuBackend
 b = CpuBackend(); b.setup()
 x = torch.randn(1024, 1024)
