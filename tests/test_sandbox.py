@@ -202,3 +202,33 @@ enter(Confinement.from_arg({conf!r}))
 {code}
 """], capture_output=True, timeout=120)
         assert done.returncode == expected, done.stderr
+
+
+def test_the_worker_may_name_its_own_threads_and_nothing_else_in_proc(home):
+    """The CUDA driver names its threads through /proc/self/task/<tid>/comm (cuInit fails with 304 when it may
+    not: H100, 2026-11-24); every other write under /proc stays refused."""
+    report, out = _inside(home, """
+import threading
+def name_me():  # as glibc's pthread_setname_np names another thread
+    path = f"/proc/self/task/{threading.get_native_id()}/comm"
+    try:
+        fd = os.open(path, os.O_RDWR)
+        os.write(fd, b"cuda-like")
+        os.close(fd)
+        out["named"] = open(path).read().strip()
+    except OSError as exc:
+        out["named"] = str(exc)
+t = threading.Thread(target=name_me)
+t.start()
+t.join()
+for path in ("/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/comm", "/proc/sys/kernel/core_pattern"):
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        os.close(fd)
+        out[path] = "opened for writing"
+    except OSError as exc:
+        out[path] = exc.strerror
+""")
+    _require(report, "landlock", "own /proc")
+    assert out.pop("named") == "cuda-like"
+    assert all(why != "opened for writing" for why in out.values()), out

@@ -2,10 +2,12 @@
 
 The candidate's worker keeps its outputs alive on an `OutputShelf` and answers with JSON descriptors;
 the judge maps them (`open_outputs`), compares, and lets go before the server tells the candidate to
-clear its shelf. CUDA tensors travel by CUDA IPC (the judge maps the candidate's device memory, the
-`torch.multiprocessing` mechanism without its pickles); CPU tensors through a memory file (`memfd`) whose
-descriptor travels with the reply and, through the server, with the judge's request (`kforge.tools.channel`),
-which the judge maps privately. No directory is shared between the workers (nor between jobs). The judge
+clear its shelf. Both kinds travel as a file descriptor with the reply and, through the server, with the
+judge's request (`kforge.tools.channel`): CUDA tensors as a copy in exportable device memory
+(`kforge.tools.cuda_share`: CUDA IPC handles do not open across the workers' PID namespaces), CPU tensors in a
+memory file (`memfd`) that the judge maps privately. Where the driver has no exportable memory, CUDA tensors
+fall back to CUDA IPC (the `torch.multiprocessing` mechanism without its pickles), which works only without the
+sandbox. No directory is shared between the workers (nor between jobs). The judge
 rebuilds only plain tensors of real dtypes from a descriptor and never unpickles anything the candidate made.
 """
 
@@ -51,6 +53,14 @@ class OutputShelf:
         if type(out) is not torch.Tensor:
             return {"non_tensor": type(out).__name__}
         out = out.detach()
+        if out.is_cuda and _exportable():
+            from .cuda_share import export_copy
+
+            fd, size = export_copy(out)
+            self.outgoing.append(fd)
+            return {"kind": FD_KIND, "memory": "cuda", "slot": len(self.outgoing) - 1, "shape": list(out.shape),
+                    "dtype": _dtype_name(out.dtype), "device": out.device.index or 0, "size_bytes": size,
+                    "where": str(out.device)}
         if out.is_cuda:
             from torch.multiprocessing.reductions import reduce_tensor
 
@@ -110,6 +120,11 @@ def _open(d: dict[str, Any], fds: list[int]) -> Any:
                                    _bytes(d["handle"]), int(d["size_bytes"]), int(d["offset_bytes"]), False,
                                    _bytes(d["ref_handle"]), int(d["ref_offset"]),
                                    _bytes(d["event"]) if d["event"] else None, bool(d["event_sync"]))
+    if d["kind"] == FD_KIND and d.get("memory") == "cuda" and isinstance(d.get("slot"), int) \
+            and 0 <= d["slot"] < len(fds):
+        from .cuda_share import import_tensor
+
+        return import_tensor(fds[d["slot"]], int(d["size_bytes"]), int(d["device"]), dtype, shape)
     if d["kind"] == FD_KIND and isinstance(d.get("slot"), int) and 0 <= d["slot"] < len(fds):
         # A private mapping: the judge's reads see the candidate's bytes, and nothing it does reaches them.
         return torch.from_file(f"/proc/self/fd/{fds[d['slot']]}", shared=False, size=math.prod(shape),
@@ -140,6 +155,18 @@ def return_free_memory(device: str, keep_bytes: int = _KEEP_WITHIN_OP_BYTES) -> 
     if device.startswith("cuda") and torch.cuda.is_initialized() \
             and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
         torch.cuda.empty_cache()
+
+
+_EXPORTABLE: list[bool] = []
+
+
+def _exportable() -> bool:
+    """Whether this process's CUDA driver offers device memory exportable as a descriptor (asked once)."""
+    if not _EXPORTABLE:
+        from .cuda_share import usable
+
+        _EXPORTABLE.append(usable())
+    return _EXPORTABLE[0]
 
 
 def _memory_file(size: int) -> int:

@@ -295,7 +295,8 @@ def _readable_paths() -> list[str]:
 
 # Landlock (uapi/linux/landlock.h): the access rights by ABI version.
 _LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1, 2, 4, 8
-_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | (1 << 14) | (1 << 15)  # + truncate, ioctl_dev
+_LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 14, 1 << 15
+_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
 _LL_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 
@@ -326,6 +327,10 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> No
     rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable)]
     rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *_gpu_devices())]
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
+    # The CUDA driver names its threads through /proc/self/task/<tid>/comm during cuInit, which fails (error
+    # 304) if it may not (H100, driver 580, 2026-11-24: bench/explore/sandbox_cuda_probe.py). The rule binds to
+    # this process's own task directory (its threads only); /proc stays read-only.
+    rules += [("/proc/self/task", _LL_WRITE_FILE | _LL_TRUNCATE)]
     try:
         for path, rights in rules:
             _landlock_allow(libc, ruleset, path, rights & fs)
