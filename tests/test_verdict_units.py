@@ -124,7 +124,7 @@ def test_the_servers_clock_fails_a_median_faster_than_the_calls_ran_and_skips_a_
     from kforge.tools.verdict import wall_anchor_check
 
     stats = SimpleNamespace(median_us=100.0)
-    anchor = {"calls": 20, "batches": 3, "tried": 3, "round_trip_us": 150.0}
+    anchor = {"calls": 20, "batches": 3, "tried": 3, "fixed_us": 150.0}
     honest = wall_anchor_check(stats, {**anchor, "per_call_us": 70.0})  # back to back: no slower than a timed call
     assert honest.status == "pass" and honest.hard and "70.0 us per call" in honest.evidence
     lied = wall_anchor_check(stats, {**anchor, "per_call_us": 300.0})

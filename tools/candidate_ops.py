@@ -239,6 +239,8 @@ class CandidateOps:
                     self.shelf.clear()
                     saved = [{"call": c, "set": s, "outputs": self.shelf.put(flatten_outputs(out))}
                              for c, (s, out) in keep.items()]
+                    if not self.shelf.in_place:  # the judge reads copies: the sample's memory can go now (an
+                        keep.release()  # output's worth more through the server's timed calls, H100 2026-11-24)
         except BaseException as exc:  # noqa: BLE001
             return self._failure(exc, "timing")
         reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
@@ -252,7 +254,7 @@ class CandidateOps:
     def op_anchor(self, msg: dict[str, Any]) -> dict[str, Any]:
         """`calls` calls back to back, walking through the timing sets (together larger than the caches, so a
         call's inputs are not where the last call left them; no flush, no copies), then a device sync: the server
-        times this op with its own clock (`kforge.tools.profile._wall_anchor`). With 0 calls: the round trip."""
+        times this op with its own clock, N and 2N calls (`kforge.tools.profile._wall_anchor`)."""
         import torch
 
         calls = int(msg["calls"])
@@ -351,6 +353,10 @@ class _Reservoir:
 
     def drop_last(self) -> None:
         self.last = None
+
+    def release(self) -> None:
+        """Let go of every held output and buffer (after the sample was saved as copies)."""
+        self.last, self.kept, self.free = None, {}, []
 
     def items(self) -> list[tuple[int, Any]]:
         items = dict(self.kept)

@@ -36,6 +36,7 @@ class OutputShelf:
 
     def __init__(self) -> None:
         self.held: list[Any] = []
+        self.in_place = False  # some output is shared as the candidate's own memory (CUDA IPC), not a copy
         self.outgoing: list[int] = []  # memory files described since the last reply: sent with it (`take_outgoing`)
 
     def put(self, outputs: list[Any]) -> list[dict[str, Any]]:
@@ -70,6 +71,7 @@ class OutputShelf:
                 out = out.clone()
                 _, a = reduce_tensor(out)
             self.held.append(out)  # the judge maps this very memory: it must outlive the judge's read
+            self.in_place = True
             return {"kind": "cuda", "shape": list(a[1]), "stride": list(a[2]), "offset": a[3],
                     "dtype": _dtype_name(out.dtype), "device": a[6], "handle": _b64(a[7]), "size_bytes": a[8],
                     "offset_bytes": a[9], "ref_handle": _b64(a[11]), "ref_offset": a[12],
@@ -86,6 +88,7 @@ class OutputShelf:
     def clear(self) -> None:
         shared_cuda = any(t.is_cuda for t in self.held)
         self.held.clear()
+        self.in_place = False
         if shared_cuda:
             # A block sent over CUDA IPC is not freed with its tensor: torch parks it ("limbo") until the
             # sender collects it after the receiver let go, and otherwise only when an allocation fails. Left

@@ -269,13 +269,14 @@ def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
         return Check(name="wall_clock_anchor", status="skip", hard=True, evidence="no timing to compare")
     if anchor["per_call_us"] is None:
         return Check(name="wall_clock_anchor", status="skip", hard=True,
-                     evidence=f"the host was busy: the worker was preempted in all {anchor['tried']} of the server's "
-                              "timed batches, so its clock could not check the candidate's timing")
+                     evidence=f"the host was busy: the worker was preempted more than twice in the server's timed "
+                              f"ops ({anchor['tried']} pairs), so its clock could not check the candidate's timing")
     median_us = stats.median_us
-    seen = (f"the server's clock measured {anchor['per_call_us']:.1f} us per call over {anchor['calls']} calls back "
-            f"to back through the timing sets (least of {anchor['batches']} batches in which the worker was not preempted, "
-            f"less a {anchor['round_trip_us']:.0f} us round trip); the timed median, caches flushed, is "
-            f"{median_us:.1f} us")
+    fixed = f"; each op's own cost, {anchor['fixed_us']:.0f} us, cancels" if anchor.get("fixed_us") is not None else ""
+    seen = (f"the server's clock measured {anchor['per_call_us']:.1f} us per call: the difference between ops of "
+            f"{anchor['calls']} and {2 * anchor['calls']} calls back to back through the timing sets (least of "
+            f"{anchor['batches']} ops of each in which the worker was rarely preempted{fixed}); the timed median, "
+            f"caches flushed, is {median_us:.1f} us")
     if anchor["per_call_us"] > _ANCHOR_SLACK * median_us:
         return Check(name="wall_clock_anchor", status="fail", hard=True,
                      evidence=f"{seen}: {anchor['per_call_us'] / median_us:.1f}x faster than the calls really ran. The "
