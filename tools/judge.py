@@ -327,8 +327,6 @@ class JudgeOps:
     def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
         """Judge a candidate's outputs (`item["outputs"]`, descriptors) against the reference run now on
         `inputs`, or, for a decoy (`item["decoy_shift"]`), on a copy of them changed as the candidate's were."""
-        import torch
-
         from .handoff import open_outputs, release_opened
         from .inputs import probe_preserving_
 

@@ -83,7 +83,6 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     init_seed, seeds = _fresh_seeds(_INPUT_SETS)
     steps = 6.0 + len(baselines)
     done = 0.0
-    policy = {"budget_s": budget_s}
 
     async def step(message: str) -> None:
         nonlocal done
