@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from kforge import __version__
 from kforge.backends import Availability
-from kforge.tools.context import RequestError, ToolContext
+from kforge.tools.context import RequestError, ToolContext, sweep_leftovers
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES
@@ -167,7 +167,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Any]]:
         # Jobs live as long as the server, not as long as a request; warm workers wait for them (on this host;
-        # a fleet's nodes start theirs per job).
+        # a fleet's nodes start theirs per job). First, the scratch left by servers that died mid-job.
+        await anyio.to_thread.run_sync(sweep_leftovers, tools.home / "jobs")
         async with tools.warm_workers(0 if fleet else settings.warm_workers), \
                 (fleet.connected() if fleet else nullcontext()), jobs.running(), anyio.create_task_group() as tg:
             if on_start is not None:

@@ -290,6 +290,8 @@ async def test_a_killed_server_loses_no_job(tmp_path):
             job_id = handle.structured_content["job_id"]
     finally:
         first.stop(signal.SIGKILL)  # no clean shutdown: the job is left "running" under a dead server
+    left = [p.name for p in (tmp_path / "jobs").iterdir() if p.name.endswith(f"+{first.proc.pid}@{socket.gethostname()}")]
+    assert left  # the job's scratch and the warm workers' directories, never removed by the dead server
     second = HttpServer(tmp_path, token=TOKEN)
     try:
         async with second.session() as client:
@@ -297,3 +299,5 @@ async def test_a_killed_server_loses_no_job(tmp_path):
     finally:
         second.stop()
     assert not result.is_error and result.structured_content["correct"] is True, result.content[0].text
+    still = [name for name in left if (tmp_path / "jobs" / name).exists()]
+    assert not still, still  # the next server on the data directory removed them

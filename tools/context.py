@@ -5,9 +5,10 @@ Built once by the server from its settings and passed down; nothing below reads 
 
 from __future__ import annotations
 
+import logging
 import shutil
+import socket
 import time
-import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,13 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from .pool import WorkerPool
-from .runner import WorkerLimits, WorkerProcess, sandbox_args, traced
+from .runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
 from .store import ResultStore
 
-__all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress"]
+__all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress", "scratch_name",
+           "sweep_leftovers"]
+
+log = logging.getLogger("kforge.context")
 
 # Verify's candidate launches synchronously, so a device fault is raised at the line that launched it.
 # The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool.
@@ -36,6 +40,39 @@ async def no_progress(done: float, total: float | None, message: str) -> None:
 
 class RequestError(Exception):
     """A request the server cannot serve (unknown backend, unknown profile); the message says how to fix it."""
+
+
+# Directories of an older layout, whose names say no owner, are left this long (no job runs for a day).
+_UNOWNED_KEEP_S = 24 * 3600
+
+
+def sweep_leftovers(jobs: Path) -> list[str]:
+    """Remove the scratch directories (`jobs/*`, the warm workers' `jobs/w-*` too) of servers of this host that
+    are gone: a server killed or crashed mid-job never removed them. Directories of live servers, of other
+    hosts (a shared data directory) and, in an older layout, younger than a day are left. Returns the names."""
+    try:
+        entries = list(jobs.iterdir())
+    except OSError:
+        return []
+    host, removed = socket.gethostname(), []
+    for entry in entries:
+        owner = SCRATCH_OWNER.search(entry.name)
+        try:
+            if owner:
+                if owner.group(2) != host or pid_alive(int(owner.group(1))):
+                    continue
+            elif time.time() - entry.lstat().st_mtime < _UNOWNED_KEEP_S:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                remove_scratch(entry, jobs)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry.name)
+    if removed:
+        log.info("removed %d scratch directories of servers that are gone", len(removed))
+    return removed
 
 
 def remove_scratch(path: Path, jobs: Path) -> None:
@@ -128,7 +165,7 @@ class ToolContext:
 
     @contextmanager
     def scratch(self, tool: str) -> Iterator[Path]:
-        path = self.home / "jobs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{tool}-{uuid.uuid4().hex[:8]}"
+        path = self.home / "jobs" / scratch_name(f"{time.strftime('%Y%m%d-%H%M%S')}-{tool}")
         path.mkdir(parents=True)
         try:
             yield path

@@ -25,7 +25,7 @@ import platformdirs
 
 from kforge import __version__
 
-from .context import RequestError, ToolContext
+from .context import RequestError, ToolContext, sweep_leftovers
 from .requests import parse_request
 from .runner import WorkerLimits
 from .store import ResultStore
@@ -127,7 +127,9 @@ _contexts: dict[NodeConfig, ToolContext] = {}
 
 def _tools(config: NodeConfig) -> ToolContext:
     if config not in _contexts:
-        _contexts[config] = ToolContext(home=node_home(config), limits=config.limits, keep_scratch=config.keep_scratch)
+        home = node_home(config)
+        sweep_leftovers(home / "jobs")  # of this node's earlier Ray workers that died mid-job
+        _contexts[config] = ToolContext(home=home, limits=config.limits, keep_scratch=config.keep_scratch)
     return _contexts[config]
 
 

@@ -37,6 +37,7 @@ from kforge.backends import Availability
 
 from .context import Progress, RequestError, ToolContext
 from .requests import JobRequest, parse_request, request_key, result_model
+from .runner import pid_alive
 from .store import ACTIVE_JOB_STATUSES as ACTIVE
 
 __all__ = ["JobExecutor", "JobLost", "JobManager", "JobStatus", "LocalExecutor"]
@@ -146,15 +147,6 @@ class _Job:
         event.set()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 class JobManager:
     """Runs heavy requests as jobs; use inside `async with manager.running():` (the server's lifespan)."""
@@ -194,7 +186,7 @@ class JobManager:
         host = socket.gethostname()
         for row in self.store.jobs(statuses=ACTIVE, limit=10_000):
             owner_host, _, pid = row["owner"].rpartition(":")
-            if owner_host != host or (pid.isdigit() and _pid_alive(int(pid))):
+            if owner_host != host or (pid.isdigit() and pid_alive(int(pid))):
                 continue  # another live server's job (or another machine's): not ours to run
             if row["status"] == "running" and row.get("crashes", 0) >= _MAX_CRASH_RETRIES:
                 # Its server died while running it, again: the job may be what kills servers. Not run a third time.

@@ -24,7 +24,6 @@ import json
 import logging
 import shutil
 import socket
-import uuid
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from anyio.abc import UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .channel import Channel
-from .runner import close_together, kill_group, killpg, trace
+from .runner import close_together, kill_group, killpg, scratch_name, trace
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -361,7 +360,7 @@ class WorkerPool:
     async def _start_one(self, kind: _Kind) -> None:
         backend, env = kind
         started = time.perf_counter()
-        own = self.home / "jobs" / f"w-{uuid.uuid4().hex[:12]}"
+        own = self.home / "jobs" / scratch_name("w")
         try:
             zygote = await self._zygote(backend)
             own.mkdir(mode=0o700, parents=True)

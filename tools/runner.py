@@ -10,13 +10,15 @@ kills the whole process group.
 from __future__ import annotations
 
 import json
-import secrets
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +180,28 @@ def _sandboxed_worker(outer_pid: int) -> int | None:
         return int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+# A scratch directory's name ends with the server that made it: "+<pid>@<host>" (`scratch_name`).
+SCRATCH_OWNER = re.compile(r"\+(\d+)@([^/]+)$")
+
+
+def scratch_name(prefix: str) -> str:
+    """A new scratch directory's name under `jobs/`, ending with this server's pid and host: a later server
+    on the same data directory removes it if this one died before its own cleanup
+    (`kforge.tools.context.sweep_leftovers`)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}+{os.getpid()}@{socket.gethostname()}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def preemptions(outer_pid: int) -> int | None:
