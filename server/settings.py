@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     allow_partial_sandbox: bool = Field(default=False, description="Let `serve --transport http` run where the host "
         "refuses part of the sandbox (what is missing is still reported by doctor and in every result).")
     worker_file_mb: int | None = Field(default=16384, description="Largest file a worker may write (RLIMIT_FSIZE); 0 disables it.")
+    worker_max_tasks: int = Field(default=0, ge=0, description="Processes and threads a worker may have at once (its PID "
+                                  "namespace's pid_max, Linux 6.14+); 0: max(4096, 32 per core).")
     # Jobs: desktop clients cancel a call after about 60 s, so a heavy call answers with a job handle before that.
     job_wait_s: float = Field(default=45.0, ge=0, description="How long a heavy call waits before returning a job handle.")
     job_max_wait_s: float = Field(default=600.0, gt=0, description="The longest wait_s a client may ask for.")
@@ -213,7 +215,8 @@ def tool_context(settings: Settings) -> ToolContext:
                                            isolate_network=settings.worker_network == "isolated",
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
                                            read_paths=tuple(str(p.expanduser().resolve()) for p in settings.worker_read_paths),
-                                           precompiled_headers=settings.precompiled_headers))
+                                           precompiled_headers=settings.precompiled_headers,
+                                           max_tasks=settings.worker_max_tasks))
 
 
 def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:

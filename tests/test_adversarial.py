@@ -68,6 +68,7 @@ CASES = [
     ("a17_memo_checksum", "relu", "strict", False, {"outputs_match": "pass", "probe_memo": "fail"}),
     ("a13_lazy_subclass", "relu", "strict", False, {"output_contract": "fail", "static_scan": "fail"}),
     ("b2_thread", "relu", "strict", False, {"no_background_work": "fail", "static_scan": "fail"}),
+    ("b2_native_thread", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
     ("b2_process", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
     ("b2_orphan", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
     ("b3_timer_patch", "relu", "strict", False, {"harness_intact": "fail", "static_scan": "pass", "outputs_match": "pass"}),

@@ -17,10 +17,12 @@ from kforge.tools.sandbox import Confinement, trial
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
 
 
-def _inside(home: Path, code: str, *, hidden: tuple[str, ...] = (), pythonpath: str = "") -> tuple[dict, dict]:
+def _inside(home: Path, code: str, *, hidden: tuple[str, ...] = (), pythonpath: str = "",
+            max_tasks: int = 0) -> tuple[dict, dict]:
     """Run `code` (which sets `out`, a dict) inside a sandbox for `home` whose own directory is jobs/j1;
     returns (report, out)."""
-    conf = Confinement(home=str(home), hidden=hidden, extra_writable=(str(home / "jobs" / "j1"),)).as_arg()
+    conf = Confinement(home=str(home), hidden=hidden, extra_writable=(str(home / "jobs" / "j1"),),
+                       max_tasks=max_tasks).as_arg()
     script = f"""
 import json, os, sys
 from kforge.tools.sandbox import Confinement, enter
@@ -232,3 +234,34 @@ for path in ("/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/se
     _require(report, "landlock", "own /proc")
     assert out.pop("named") == "cuda-like"
     assert all(why != "opened for writing" for why in out.values()), out
+
+
+def test_processes_and_threads_are_capped_per_worker(home):
+    """The worker's PID namespace has a pid_max of its own (Linux 6.14+): a fork or a thread beyond it fails,
+    and the candidate's failure names the limit; the host's pid_max is untouched."""
+    host_limit = Path("/proc/sys/kernel/pid_max").read_text()
+    report, out = _inside(home, """
+import subprocess, threading, time
+from pathlib import Path
+from kforge.tools.loader import python_failure
+stop = threading.Event()
+threads = []
+try:
+    while len(threads) < 5000:
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        threads.append(t)
+except RuntimeError as exc:
+    out["failure"] = python_failure(exc, stage="call", user_file=Path("candidate.py")).model_dump(mode="json")
+out["threads"] = len(threads)
+stop.set()
+for t in threads:
+    t.join()
+out["after"] = subprocess.run(["true"]).returncode  # the room came back with the threads' end
+""", max_tasks=512)
+    _require(report, "process and thread limit")
+    assert "at most 512 processes and threads" in report["applied"]
+    assert 400 < out["threads"] < 512, out["threads"]
+    assert out["failure"]["kind"] == "resource_limit" and "512 processes and threads" in out["failure"]["message"]
+    assert out["after"] == 0
+    assert Path("/proc/sys/kernel/pid_max").read_text() == host_limit

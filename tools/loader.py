@@ -144,8 +144,22 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
         kind = "resource_limit"
         message += (f" (this worker may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} open file descriptors, "
                     "RLIMIT_NOFILE: the candidate opened files, sockets or pipes and did not close them)")
+    elif (isinstance(exc, OSError) and exc.errno == errno.EAGAIN) or "can't start new thread" in text:
+        if (limit := _task_limit()) is not None:
+            kind = "resource_limit"
+            message += (f" (this worker may run {limit} processes and threads at once, its PID namespace's pid_max: "
+                        "KFORGE_WORKER_MAX_TASKS; the candidate started too many, or left them running)")
     tb = "".join(traceback.format_exception(exc))
     return Failure(stage=stage, kind=kind, message=message[:2000], line=line, traceback_tail=_tail(tb))
+
+
+def _task_limit() -> int | None:
+    """The worker's cap on processes and threads (`kforge.tools.sandbox`), None where it has none of its own."""
+    try:
+        limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return None
+    return limit if os.getpid() == 1 else None  # PID 1 of its own namespace: the sandbox set this pid_max
 
 
 def _as_list(value: Any) -> list[str]:

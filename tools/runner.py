@@ -77,6 +77,7 @@ class WorkerLimits:
     hidden_files: tuple[str, ...] = ()  # files no worker may read (the server's token file)
     read_paths: tuple[str, ...] = ()  # directories builds may read beyond the system's and Python's (headers)
     precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
+    max_tasks: int = 0  # processes and threads at once per worker (0: the sandbox's default)
     # A candidate's run is called hung after this many times the reference's time for the same calls, but
     # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
     hang_factor: float = 20.0
@@ -99,7 +100,8 @@ def confinement(home: Path, limits: WorkerLimits, scratch: Path | None = None) -
     from .sandbox import Confinement
 
     return Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
-                       extra_writable=(str(scratch),) if scratch else (), extra_readable=limits.read_paths)
+                       extra_writable=(str(scratch),) if scratch else (), extra_readable=limits.read_paths,
+                       max_tasks=limits.max_tasks)
 
 
 def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
@@ -240,6 +242,41 @@ def namespace_processes(outer_pid: int) -> list[str]:
         if (st := process_stat(pid)) is not None and st[1] != "Z":  # a zombie runs nothing
             found.append(f"process {pid} ({st[0]}), seen by the server in the worker's PID namespace")
     return found
+
+
+# A worker that has answered waits for its next op: its threads sleep (an OpenMP pool spins for a few ms after
+# its last parallel region, then sleeps too). The server watches them this long, after this settling time, and
+# calls a thread that ran more than this share of the window background work (`busy_threads`).
+_IDLE_SETTLE_S, _IDLE_WINDOW_S, _IDLE_BUSY_SHARE = 0.01, 0.03, 0.2
+
+
+def _threads_cpu_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """Each thread of `pid`: its name and the CPU time it has run (ns, the scheduler's own count)."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            ran = int((task / "schedstat").read_text().split()[0])
+            found[int(task.name)] = ((task / "comm").read_text().strip(), ran)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+async def busy_threads(outer_pid: int) -> list[str]:
+    """The worker's threads that kept running after it answered, as the server reads them in /proc: the same
+    check inside the candidate's process sees only Python's threads, and could be patched there."""
+    pid = _sandboxed_worker(outer_pid) or outer_pid
+    await anyio.sleep(_IDLE_SETTLE_S)
+    before = _threads_cpu_ns(pid)
+    await anyio.sleep(_IDLE_WINDOW_S)
+    after = _threads_cpu_ns(pid)
+    busy = []
+    for tid, (name, ran) in sorted(after.items()):
+        spent = ran - before.get(tid, (name, 0))[1]
+        if spent > _IDLE_BUSY_SHARE * _IDLE_WINDOW_S * 1e9:
+            busy.append(f"thread {tid} ({name}) ran {spent / 1e6:.0f} ms of the {_IDLE_WINDOW_S * 1e3:.0f} ms after "
+                        "the worker answered, seen by the server")
+    return busy
 
 
 def killpg(pid: int) -> None:
@@ -426,8 +463,10 @@ class WorkerProcess:
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
         if isinstance(reply.get("integrity"), dict) and "PID namespace" in self.isolation.get("applied", []):
-            # What the worker says it left running is checked inside its process; this is the server's own look.
+            # What the worker says it left running is checked inside its process; this is the server's own look:
+            # processes left in its namespace, and threads that kept running once it had answered.
             seen = namespace_processes(self._proc.pid) if self._proc is not None else []
+            seen += await busy_threads(self._proc.pid) if self._proc is not None else []
             reply["integrity"]["background"] = list(reply["integrity"].get("background", [])) + seen
         for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
             spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))

@@ -72,6 +72,7 @@ class Confinement:
     isolate_network: bool = True
     extra_writable: tuple[str, ...] = ()
     extra_readable: tuple[str, ...] = ()  # e.g. a CUTLASS checkout that builds include
+    max_tasks: int = 0  # processes and threads at once in the worker's PID namespace (0: `default_max_tasks`)
 
     def writable(self) -> list[str]:
         home = Path(self.home)
@@ -244,6 +245,24 @@ def _mounts(libc: Any, confinement: Confinement, report: dict[str, Any], *, new_
             report["applied"].append("own /proc")
         except OSError as exc:  # some container runtimes mask parts of /proc, which forbids a new one
             report["missing"].append(f"own /proc: {exc}")
+            return
+        _limit_tasks(confinement.max_tasks or default_max_tasks(), report)
+
+
+def default_max_tasks() -> int:
+    """Processes and threads a worker may have at once: room for a build on every core (a compiler driver,
+    its compiler and assembler each) and a thread pool per core, far below a fork bomb's."""
+    return max(4096, 32 * (os.cpu_count() or 1))
+
+
+def _limit_tasks(limit: int, report: dict[str, Any]) -> None:
+    """Cap the tasks of the worker's PID namespace: its pid_max, per namespace since Linux 6.14 and writable by
+    the namespace's owner (no cgroup delegation needed). A fork or thread start beyond it fails with EAGAIN."""
+    try:
+        Path("/proc/sys/kernel/pid_max").write_text(str(limit))
+        report["applied"].append(f"at most {limit} processes and threads")
+    except OSError as exc:  # a kernel before 6.14 has one pid_max, the host's
+        report["missing"].append(f"process and thread limit: this kernel has no per-namespace pid_max ({exc.strerror})")
 
 
 def _bind_back(libc: Any, held: dict[str, int], *, read_only: bool = False) -> None:
