@@ -42,6 +42,10 @@ _ARCH_FLAG = re.compile(r"[\"']-(march|mcpu|mavx)")
 _FAST_MATH = re.compile(r"[\"']-(ffast-math|Ofast|fno-math-errno)")
 _SCALAR_SYMBOL = {"exp": ("exp", "expf"), "expf": ("expf",), "log": ("log", "logf"), "logf": ("logf",),
                   "tanh": ("tanh", "tanhf"), "tanhf": ("tanhf",), "pow": ("pow", "powf"), "powf": ("powf",)}
+# The functions source.py finds, without the float suffix: `erf` is a base, `erff` its float form.
+_MATH_BASES = {"exp", "exp2", "expm1", "log", "log2", "log1p", "pow", "tanh", "erf", "sin", "cos"}
+# A libmvec variant: _ZGV<isa><mask><lanes><params>_<function>, e.g. _ZGVdN8v_expf, _ZGVbN4vv_powf.
+_VECTOR_SYMBOL = re.compile(r"_ZGV[a-zA-Z]+\d+[a-z]*_(\w+?)(?:@.*)?$")
 
 
 def _own_us_per_call(report: ProfileReport | None) -> float | None:
@@ -179,35 +183,84 @@ def advised_against(report: ProfileReport | None, facts: SourceFacts | None) -> 
     return {"parallel": f"a call takes {per_call:.0f} us, too short for a parallel region to pay off"}
 
 
+def _base(fn: str) -> str:
+    """`expf` -> `exp`, `erff` -> `erf`, `erf` -> `erf`."""
+    return fn[:-1] if fn.endswith("f") and fn[:-1] in _MATH_BASES else fn
+
+
+def _symbols(fn: str) -> tuple[str, ...]:
+    """The libm symbols a call compiles to: `exp` -> exp, expf (the float overload); `expf` -> expf."""
+    if fn in _SCALAR_SYMBOL:
+        return _SCALAR_SYMBOL[fn]
+    return (fn,) if _base(fn) != fn else (fn, fn + "f")
+
+
+def _names(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _scalar_math(facts: SourceFacts, compiler: CompilerFacts | None, out: Findings, share: float,
                  roof: list[Evidence], code: str) -> None:
+    """The math calls of the hot loop that stay scalar libm calls: all of that loop's, named together.
+
+    A function counts as scalar when the built library imports its scalar symbol and no libmvec variant of it
+    (GCC keeps a scalar call for the loop's tail next to the vector one). Without the compiler's report every
+    call of the loop counts, with less confidence."""
     if not facts.math_calls:
         return
-    imported = {s for b in (compiler.builds if compiler else []) for s in b.scalar_math}
-    vector = [s for b in (compiler.builds if compiler else []) for s in b.vector_math]
-    line, fn = facts.math_calls[0]
-    symbols = [s for s in _SCALAR_SYMBOL.get(fn, (fn,)) if s in imported]
-    if compiler is not None and compiler.builds and not symbols:
-        return  # the compiler vectorized it (or inlined it away): the library imports no scalar call
+    builds = compiler.builds if compiler else []
+    imported = {s for b in builds for s in b.scalar_math}
+    vector = [s for b in builds for s in b.vector_math]
+    vectorized = {m.group(1) for s in vector if (m := _VECTOR_SYMBOL.match(s))}
+
+    def scalar(fn: str) -> list[str]:
+        return [s for s in _symbols(fn) if s in imported and s not in vectorized]
+
+    calls = [(line, fn) for line, fn in facts.math_calls if scalar(fn)] if builds else list(facts.math_calls)
+    if not calls:
+        return  # the compiler vectorized them (or inlined them away): the library imports no scalar call
+    line = calls[0][0]
+    holding = [loop for loop in facts.loops if loop.first <= line <= loop.last]
+    loop = min(holding, key=lambda lp: lp.last - lp.line) if holding else None
+    if loop is not None:
+        calls = [(n, fn) for n, fn in calls if loop.first <= n <= loop.last]
+    fns = list(dict.fromkeys(fn for _, fn in calls))
+    symbols = list(dict.fromkeys(s for fn in fns for s in scalar(fn)))
     ev = list(roof)
     if symbols:
         ev.append(Evidence(metric="scalar libm imports (nm -D)", value=", ".join(f"{s}@GLIBC" for s in symbols),
                            judged_against="libmvec _ZGV* vector variants" + (f" (found: {', '.join(vector)})" if vector else
                                                                               " (none imported)"), source="compiler"))
     fast = _FAST_MATH.search(code) is not None
-    why = (f"{fn}() at line {line} runs inside the hot loop as a scalar library call, one element at a time"
-           + (" (the built library imports " + ", ".join(symbols) + ")" if symbols else "")
-           + ": it stays scalar even where the loop around it has `#pragma omp simd`")
-    action = ("Make the exponentials vectorize: add `-O3 -march=native -ffast-math` (or at least `-fno-math-errno "
-              "-funsafe-math-optimizations`) to extra_cflags so GCC calls glibc's vector exp (libmvec, _ZGV*expf) in the "
-              "simd loop, or compute exp with a vectorizable polynomial (e.g. at::vec::Vectorized<float>::exp, or a "
-              "Cephes-style range reduction written in the loop).")
+    simd = loop is not None and loop.simd
+    called = _names([f"{fn}()" for fn in fns])
+    one = len(fns) == 1
+    at = f"{fns[0]}() at line {line}" if one else _names([f"{fn}() (line {next(n for n, f in calls if f == fn)})"
+                                                           for fn in fns])
+    in_loop = "the hot loop" + (f" at line {loop.line}" if loop is not None else "")
+    why = (f"{at} run{'s' if one else ''} inside {in_loop} as {'a scalar library call' if one else 'scalar library calls'}, "
+           "one element at a time" + (" (the built library imports " + ", ".join(symbols) + " and no vector variant)"
+                                      if symbols else ""))
+    if simd:
+        why += f": {'it stays' if one else 'they stay'} scalar even in this `#pragma omp simd` loop"
+    elif loop is not None:
+        why += (": the loop has no `#pragma omp simd`, and GCC does not vectorize a loop that calls a function it has "
+                "no vector variant of")
+    bases = list(dict.fromkeys(_base(fn) for fn in fns))
+    variants = ", ".join(f"_ZGV*{s}" for s in (symbols or [f"{b}f" for b in bases]))
+    then = "in the simd loop" if simd else "and vectorizes the loop at -O3 without a pragma"
+    action = (f"Make the {_names(bases)} calls vectorize: add `-ffast-math` to extra_cflags, under which glibc's math.h "
+              f"declares their vector variants (libmvec: {variants}), so GCC calls those {then}; `-fno-math-errno` "
+              f"alone does not declare them. Or compute {'it' if one else 'them'} with vectorizable code (e.g. "
+              f"at::vec::Vectorized<float>'s {_names(bases)}, or a range reduction and polynomial written in the loop).")
     if fast:
-        action = ("The flags allow vector math, yet the call stays scalar: compute exp with a vectorizable polynomial in "
-                  "the simd loop (e.g. at::vec::Vectorized<float>::exp) or check that -march targets the host's vectors.")
+        action = (f"The flags allow vector math, yet {called} {'stays' if one else 'stay'} scalar: compute "
+                  f"{'it' if one else 'them'} with vectorizable code in the loop (e.g. at::vec::Vectorized<float>) or "
+                  "check that -march targets the host's vectors.")
     out.drafts.append(Draft(
-        f"Vectorize the {fn}() calls", action, f"line {line}", why,
-        f"most of the loop's time: a vector exp does 8-16 elements per call on AVX2/AVX-512",
+        f"Vectorize the {called} calls", action, f"line {line}", why,
+        f"most of the loop's time: a vector {bases[0]} does "
+        "8-16 elements per call on AVX2/AVX-512",
         "high" if symbols else "medium", ev, share, gain=share * GAIN_SCALAR_MATH, located=True))
     out.claims.append(Claim("compute-bound", PRIORITY_CODE, why, ev, "medium" if symbols else "low"))
 
