@@ -95,3 +95,77 @@ def test_scalar_math_advice_names_every_scalar_call_of_the_loop_and_describes_it
     assert any(s.endswith("_tanhf") for s in after.builds[0].vector_math)
     fixed = RulesAnalyst().analyze(_report(), code=code, compiler=after)
     assert not any(r.title.startswith("Vectorize the") for r in fixed.recommendations), str(fixed)
+
+
+# -- a strided column sum: each fact once ---------------------------------------------------------------------------
+
+_COLSUM = """#include <cstdint>
+extern "C" void column_totals(const float* src, float* dst, int64_t nrows, int64_t ncols) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < ncols; c++) {
+        double running = 0.0;
+        for (int64_t r = 0; r < nrows; r++) {
+            running += src[r * ncols + c];
+        }
+        dst[c] = static_cast<float>(running);
+    }
+}
+"""
+
+
+def _vectorizer_report(tmp: Path, source: str) -> CompilerFacts:
+    """g++ -O3 -fopenmp as the CPU backend builds, its vectorizer report mapped to the candidate's lines (the C++
+    starts on line 2 of `cpp = r\"\"\"...`)."""
+    from kforge.backends.cpu import vectorizer_flags
+    from kforge.profilers.compiler_report import loop_remarks, parse_vectorizer_remarks
+
+    if shutil.which("g++") is None or not any(f.startswith("-fopt-info") for f in vectorizer_flags()):
+        pytest.skip("needs GCC's vectorizer report")
+    (tmp / "k.cpp").write_text(source)
+    report = tmp / "vec.txt"
+    subprocess.run(["g++", "-O3", "-fopenmp", f"-fopt-info-vec-optimized-missed={report}", "-c", str(tmp / "k.cpp"),
+                    "-o", str(tmp / "k.o")], check=True)
+    remarks, blocking = parse_vectorizer_remarks(report.read_text())
+    loops = loop_remarks([(r.line + 1, "k.cpp", r) for r in remarks if r.file.endswith("k.cpp")])
+    return CompilerFacts(builds=[CompilerReport(build="k", compiler="gcc", loops=loops, blocking_calls=blocking,
+                                                host_vector_bytes=64)])
+
+
+def test_each_fact_is_cited_once_in_the_evidence(tmp_path):
+    """Held-out: "vectorizer on line 24" and "vectorizer on the loop at line 24" both cited "not vectorized: control
+    flow in loop", and bandwidth_fraction was listed twice, by two rules wording its threshold differently."""
+    code = _candidate(_COLSUM)
+    inner = _line(code, "for (int64_t r")
+    compiler = _vectorizer_report(tmp_path, _COLSUM)
+    assert any(r.line == inner and not r.vectorized for r in compiler.builds[0].loops), compiler
+    a = RulesAnalyst().analyze(_report(threads=4, median_us=20_000.0, eager=0.08, bandwidth=0.0139), code=code,
+                               compiler=compiler)
+    assert a.recommendations[0].title == "Make the inner loop unit-stride", str(a)
+    verdicts = [e for e in a.evidence if e.source == "compiler" and str(e.value).startswith("not vectorized")]
+    assert [e.metric for e in verdicts] == [f"vectorizer on the loop at line {inner}"], verdicts
+    assert [e.metric for e in a.evidence].count("bandwidth_fraction") == 1, a.evidence
+    # the recommendation cites the same facts, in the same words
+    cited = {(e.metric, e.value) for e in a.recommendations[0].evidence}
+    assert (verdicts[0].metric, verdicts[0].value) in cited
+    assert len({(e.metric, e.value) for e in a.evidence}) == len(a.evidence), a.evidence
+
+
+# -- the collector's raw output ---------------------------------------------------------------------------------------
+
+# The counters note of a held-out profile (perf stat -x , in a VM, events with perf's ':u' modifier), as stored.
+_PERF_NOTE = ("perf produced no counters: 630.55,msec,task-clock:u,630550252,100.00,0.870,CPUs utilized\n"
+              "<not supported>,,cycles:u,0,100.00,,\n<not supported>,,instructions:u,0,100.00,,\n"
+              "<not supported>,,cache-references:u,0,100.00,,\n<not supported>,,cache-misses:u,0,100.00,,\n"
+              "<not supported>,,branch-misses:u,0,100.00,,")
+
+
+def test_unavailable_counters_are_said_in_one_line_not_pasted():
+    """Held-out: the note pasted perf's multi-line CSV (`<not supported>,,cycles:u,0,100.00,,`) verbatim."""
+    a = RulesAnalyst().analyze(_report(counters_note=_PERF_NOTE))
+    (note,) = [n for n in a.notes if n.startswith("hardware counters unavailable")]
+    assert "\n" not in note and ",," not in note and ":u" not in note, note
+    assert "cycles, instructions, cache-references, cache-misses, branch-misses as <not supported>" in note, note
+    assert "counted only task-clock" in note, note
+    # a note that is not perf's CSV is kept, on one line
+    other = RulesAnalyst().analyze(_report(counters_note="perf not found on PATH;\n install linux-perf"))
+    assert "hardware counters unavailable: perf not found on PATH; install linux-perf" in other.notes, other.notes

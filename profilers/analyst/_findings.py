@@ -7,13 +7,16 @@ from dataclasses import dataclass, field
 
 from kforge.profilers.report import ProfileReport
 
-from ._hardware import Claim
+from ._hardware import BANDWIDTH_CEILING_FRACTION, Claim
 from .base import Evidence
 
-__all__ = ["CONFIDENCE_WEIGHT", "PRIORITY_CODE", "Draft", "Findings", "own_share", "pct", "roofline_evidence"]
+__all__ = ["CONFIDENCE_WEIGHT", "PRIORITY_CODE", "ROOFLINE_BANDWIDTH", "ROOFLINE_COMPUTE", "Draft", "Findings", "own_share", "pct", "roofline_evidence"]
 
 # Expected effect counts for less when the rule is less sure: ranking uses gain x weight.
 CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.7, "low": 0.4}
+# Above this fraction of the measured copy bandwidth or matmul rate, the ceiling is what limits.
+ROOFLINE_BANDWIDTH = BANDWIDTH_CEILING_FRACTION
+ROOFLINE_COMPUTE = 0.6
 # Claims from the code rank after Nsight Compute's (which measures the kernel) and beside perf's.
 PRIORITY_CODE = 5
 
@@ -69,11 +72,15 @@ def own_share(report: ProfileReport | None) -> float:
 
 
 def roofline_evidence(report: ProfileReport | None) -> list[Evidence]:
+    """The timed bytes and FLOPs against the device's measured ceilings: the same facts wherever a rule cites them,
+    so the analysis lists each once."""
     ev = []
     if report is not None and report.bandwidth_fraction is not None:
         ev.append(Evidence(metric="bandwidth_fraction", value=report.bandwidth_fraction,
-                           judged_against="1.0 = the measured copy bandwidth", source="timing"))
+                           judged_against=f">= {ROOFLINE_BANDWIDTH:g} of the measured copy bandwidth is at the ceiling",
+                           source="timing"))
     if report is not None and report.compute_fraction is not None:
         ev.append(Evidence(metric="compute_fraction", value=report.compute_fraction,
-                           judged_against="1.0 = the measured matmul rate", source="timing"))
+                           judged_against=f">= {ROOFLINE_COMPUTE:g} of the measured matmul rate is at the ceiling",
+                           source="timing"))
     return ev

@@ -73,10 +73,36 @@ def classify(report: ProfileReport) -> HardwareFindings:
     """Run the ncu and perf rules over `report.counters`."""
     out = HardwareFindings()
     if report.counters_note:
-        out.notes.append(f"hardware counters unavailable: {report.counters_note}")
+        out.notes.append(f"hardware counters unavailable: {_one_line(report.counters_note)}")
     _ncu(report, out)
     _perf(report, out)
     return out
+
+
+# One row of `perf stat -x ,`: value (or <not supported>/<not counted>), unit, event (with a modifier such as ':u'), ...
+_PERF_ROW = re.compile(r"(?:^|\s)(?P<value><[^>\n]+>|[\d.]+),[^,\n]*,(?P<event>[\w./-]+)(?::\w+)?,", re.M)
+
+
+def _one_line(note: str) -> str:
+    """The collector's note in one line: perf's CSV rows become which events it could not count, and why in its words."""
+    rows = list(_PERF_ROW.finditer(note))
+    if not rows:
+        return " ".join(note.split())
+    missing: dict[str, list[str]] = {}
+    counted = []
+    for row in rows:
+        event, value = row.group("event"), row.group("value")
+        if value.startswith("<"):
+            missing.setdefault(value, []).append(event)
+        else:
+            counted.append(event)
+    said = "; ".join(f"perf reported {', '.join(events)} as {reason}" for reason, events in missing.items())
+    if missing and "<not supported>" in missing:
+        said += " (this host exposes no hardware PMU events to perf: usual in a virtual machine)"
+    if counted:
+        said += f"{'; ' if said else 'perf '}counted only {', '.join(counted)}" + (" (a software event)" if counted == [
+            "task-clock"] else "")
+    return said
 
 
 def _first(values: dict[str, float], names: tuple[str, ...]) -> tuple[str, float] | None:

@@ -16,7 +16,7 @@ from ._findings import Draft, Findings, pct
 from .base import Evidence
 from .source import SourceFacts
 
-__all__ = ["inner_loop_evidence", "loop_verdicts", "unvectorized_loops"]
+__all__ = ["inner_loop_evidence", "loop_verdicts", "unvectorized_loops", "verdict_evidence"]
 
 GAIN_VECTORIZE = 0.5
 
@@ -103,8 +103,7 @@ def unvectorized_loops(facts: SourceFacts, compiler: CompilerFacts | None, out: 
     i, remark = missed[0]
     loop = facts.loops[i]
     reasons = remark.missed or ["couldn't vectorize loop"]
-    ev = [Evidence(metric=f"vectorizer on line {loop.line}", value="not vectorized: " + "; ".join(reasons),
-                   judged_against="vectorized", source="compiler")]
+    ev = [verdict_evidence(facts, i, verdicts[i])]
     if len(missed) > 1:
         ev.append(Evidence(metric="other loops not vectorized", value=", ".join(f"line {facts.loops[j].line}"
                                                                                for j, _ in missed[1:]),
@@ -118,20 +117,20 @@ def unvectorized_loops(facts: SourceFacts, compiler: CompilerFacts | None, out: 
         "medium", ev, share, gain=share * GAIN_VECTORIZE, located=True))
 
 
+def verdict_evidence(facts: SourceFacts, index: int, remarks: list[LoopRemark]) -> Evidence:
+    """The vectorizer's verdict on loop `index` (of facts.loops) as one Evidence: every rule that cites it cites the
+    same fact, so the analysis lists it once."""
+    done = [r for r in remarks if r.vectorized]
+    width = max((r.vector_bytes or 0 for r in done), default=0)
+    value = (f"vectorized ({width}-byte vectors)" if width else "vectorized") if done else \
+        "not vectorized: " + ("; ".join(dict.fromkeys(m for r in remarks for m in r.missed)) or "couldn't vectorize loop")
+    return Evidence(metric=f"vectorizer on the loop at line {facts.loops[index].line}", value=value,
+                    judged_against="vectorized", source="compiler")
+
+
 def inner_loop_evidence(facts: SourceFacts, compiler: CompilerFacts | None, limit: int = 4) -> list[Evidence]:
     """Whether each inner loop vectorized, by the compiler's word: the fact an agent cannot see for itself."""
     if compiler is None or not compiler.builds:
         return []
     verdicts = loop_verdicts(facts, compiler)
-    ev = []
-    for i in facts.innermost():
-        remarks = verdicts.get(i)
-        if not remarks:
-            continue
-        done = [r for r in remarks if r.vectorized]
-        width = max((r.vector_bytes or 0 for r in done), default=0)
-        value = (f"vectorized ({width}-byte vectors)" if width else "vectorized") if done else \
-            "not vectorized: " + "; ".join(dict.fromkeys(m for r in remarks for m in r.missed))
-        ev.append(Evidence(metric=f"vectorizer on the loop at line {facts.loops[i].line}", value=value,
-                           judged_against="vectorized", source="compiler"))
-    return ev[:limit]
+    return [verdict_evidence(facts, i, verdicts[i]) for i in facts.innermost() if verdicts.get(i)][:limit]

@@ -19,7 +19,7 @@ from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_
 from ._gpu_code import gpu_findings
 from ._hardware import Claim
 from ._passes import pass_groups
-from ._unvectorized import inner_loop_evidence, unvectorized_loops
+from ._unvectorized import inner_loop_evidence, loop_verdicts, unvectorized_loops, verdict_evidence
 from .base import Evidence
 from .source import Loop, SourceFacts
 
@@ -63,17 +63,6 @@ def _cores(report: ProfileReport | None) -> int:
     return os.cpu_count() or 1
 
 
-def _loop_remark(compiler: CompilerFacts | None, loop: Loop):
-    """The vectorizer's verdict on `loop` (its header line), or None."""
-    if compiler is None:
-        return None
-    for build in compiler.builds:
-        for remark in build.loops:
-            if remark.line == loop.line:
-                return remark
-    return None
-
-
 def _gemm_nests(facts: SourceFacts) -> list[tuple[int, list[int]]]:
     """(innermost loop, its chain) for loop nests of depth >= 3 that accumulate a product of two arrays."""
     found = []
@@ -111,6 +100,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             f"line {outer.line}", why, f"most of {pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
             "high", ev, share, gain=share * GAIN_GEMM_TILING, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
+    verdicts = loop_verdicts(facts, compiler) if compiler is not None else {}
     explained: set[int] = set()  # inner loops a rule above already explains (the vectorizer's verdict included)
     for i in facts.innermost():
         if i in gemm_loops:
@@ -120,12 +110,11 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
         if not strided:
             continue
         explained.add(i)
-        remark = _loop_remark(compiler, loop)
+        remarks = verdicts.get(i, [])
         ev = roof + [Evidence(metric="inner loop index", value=strided[0][1], judged_against=f"unit stride in {loop.var}",
                               source="source")]
-        if remark is not None and not remark.vectorized:
-            ev.append(Evidence(metric=f"vectorizer on line {loop.line}", value="not vectorized: " + "; ".join(remark.missed),
-                               judged_against="vectorized", source="compiler"))
+        if remarks and not any(r.vectorized for r in remarks):
+            ev.append(verdict_evidence(facts, i, remarks))
         why = (f"the inner loop over {loop.var} (line {loop.line}) reads {strided[0][1]}: consecutive iterations are "
                f"a row apart, so each 64-byte cache line gives one float and the loop cannot vectorize")
         out.drafts.append(Draft(
@@ -135,7 +124,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             "output row itself); where the order cannot change, process a block of columns per pass so each cache "
             "line is used fully.",
             f"line {strided[0][0]}", why, f"most of {pct(share)} of the time: a strided walk moves up to 16x the bytes",
-            "high" if remark is not None or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
+            "high" if remarks or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
         out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
     _serial(report, facts, out, share, roof)
     unvectorized_loops(facts, compiler, out, share, explained | gemm_loops)

@@ -20,7 +20,8 @@ from kforge.profilers.report import OpRow, ProfileReport
 from kforge.profilers.torch_profiler import CUSTOM_PREFIX
 
 from . import _hardware
-from ._findings import CONFIDENCE_WEIGHT, Draft as _Draft, Findings as _Findings
+from ._findings import (CONFIDENCE_WEIGHT, ROOFLINE_BANDWIDTH, ROOFLINE_COMPUTE, Draft as _Draft, Findings as _Findings,
+                        roofline_evidence)
 from ._compare import describe_changes, locate_definition
 from ._remedies import MATMUL_REMEDIES, REMEDIES, REMEDY_TITLES, SLOWER_THAN_EAGER, family_of, is_matmul_like
 from .base import Analysis, Bottleneck, Evidence, Recommendation
@@ -378,21 +379,13 @@ def _drop_what_is_there(out: _Findings, facts, report: ProfileReport) -> None:
     out.drafts[:] = kept
 
 
-# Above this fraction of the measured copy bandwidth or matmul rate, the ceiling is what limits.
-ROOFLINE_BANDWIDTH = _hardware.BANDWIDTH_CEILING_FRACTION
-ROOFLINE_COMPUTE = 0.6
 _PRIORITY_ROOFLINE = 7
 
 
 def _rule_roofline(report: ProfileReport, out: _Findings) -> None:
     """Classify from the timed bytes and FLOPs against the device's measured ceilings."""
     bw, comp = report.bandwidth_fraction, report.compute_fraction
-    if bw is not None:
-        out.evidence.append(Evidence(metric="bandwidth_fraction", value=bw, judged_against=f">= {ROOFLINE_BANDWIDTH:g} "
-                                     "of the measured copy bandwidth is at the ceiling", source="timing"))
-    if comp is not None:
-        out.evidence.append(Evidence(metric="compute_fraction", value=comp, judged_against=f">= {ROOFLINE_COMPUTE:g} "
-                                     "of the measured matmul rate is at the ceiling", source="timing"))
+    out.evidence.extend(roofline_evidence(report))
     if bw is not None and bw >= ROOFLINE_BANDWIDTH:
         out.claims.append(_hardware.Claim(
             "memory-bound", _PRIORITY_ROOFLINE, f"the candidate moves its inputs and outputs at {_pct(bw)} of the "
