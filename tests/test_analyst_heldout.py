@@ -169,3 +169,90 @@ def test_unavailable_counters_are_said_in_one_line_not_pasted():
     # a note that is not perf's CSV is kept, on one line
     other = RulesAnalyst().analyze(_report(counters_note="perf not found on PATH;\n install linux-perf"))
     assert "hardware counters unavailable: perf not found on PATH; install linux-perf" in other.notes, other.notes
+
+
+# -- ranking and the verdict when no measurement classifies the candidate -----------------------------------------------
+
+_ROWNORM = """#include <cmath>
+#include <cstdint>
+#include <vector>
+extern "C" void l2_rows(const float* xp, float* yp, int64_t R, int64_t C) {
+    #pragma omp parallel for
+    for (int64_t r = 0; r < R; ++r) {
+        const float* row = xp + r * C;
+        float* out = yp + r * C;
+        std::vector<float> sq(C);
+        for (int64_t k = 0; k < C; ++k) {
+            sq[k] = row[k] * row[k];
+        }
+        float ss = 0.0f;
+        for (int64_t k = 0; k < C; ++k) {
+            ss += sq[k];
+        }
+        const float inv = 1.0f / std::sqrt(ss);
+        for (int64_t k = 0; k < C; ++k) {
+            out[k] = row[k] * inv;
+        }
+    }
+}
+"""
+
+
+def test_a_pass_merge_found_in_the_code_outranks_a_compiler_flag_and_the_verdict_says_what_is_known(tmp_path):
+    """Held-out: a row-wise L2 norm, parallel over rows, squaring into a scratch row, summing it, scaling. It got
+    "unknown (no rule found a clear limit in this profile)" and "Compile for this CPU's vector width" first, the merge
+    of the two passes second: wider vectors pay in compute-bound loops, which nothing measured showed."""
+    code = _candidate(_ROWNORM)
+    compiler = _vectorizer_report(tmp_path, _ROWNORM)
+    assert [r.vector_bytes for r in compiler.builds[0].loops if r.vectorized] == [16, 16, 16], compiler  # no -march
+    report = _report(threads=2, median_us=3000.0, eager=2.04, compiled=0.97, bandwidth=0.083,
+                     counters_note=_PERF_NOTE)
+    a = RulesAnalyst().analyze(report, code=code, compiler=compiler)
+    titles = [r.title for r in a.recommendations]
+    assert titles[0] == "Merge the 2 passes into one loop", str(a)
+    assert titles.index("Compile for this CPU's vector width") > 0, str(a)
+    assert not any(re.search(r"omp parallel|paralleli[sz]e", f"{r.title} {r.action}") for r in a.recommendations)
+    # no measurement decides the class; the verdict says what the evidence shows and which measurement would decide
+    assert a.bottleneck == "unknown"
+    assert "no rule found a clear limit" not in a.bottleneck_why, a.bottleneck_why
+    assert "8% of the measured copy bandwidth" in a.bottleneck_why and "(sq)" in a.bottleneck_why, a.bottleneck_why
+    assert "perf" in a.bottleneck_why and "<not supported>" in a.bottleneck_why, a.bottleneck_why
+    # where the code itself is compute-bound (a scalar exp in the loop), wider vectors keep their weight
+    exp_code = code.replace("sq[k] = row[k] * row[k];", "sq[k] = std::exp(row[k]);")
+    exp_compiler = compiler.model_copy(update={"builds": [compiler.builds[0].model_copy(update={"scalar_math": ["expf"]})]})
+    hot = RulesAnalyst().analyze(report, code=exp_code, compiler=exp_compiler)
+    assert hot.bottleneck == "compute-bound", str(hot)
+    hot_titles = [r.title for r in hot.recommendations]
+    assert hot_titles.index("Compile for this CPU's vector width") < hot_titles.index("Merge the 2 passes into one loop")
+
+
+_GEMM = """#include <cstdint>
+extern "C" void mm(const float* pa, const float* pb, float* pc, int64_t M, int64_t K, int64_t N) {
+    #pragma omp parallel for collapse(2)
+    for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < N; ++j) {
+            float dot = 0.0f;
+            for (int64_t k = 0; k < K; ++k) {
+                dot += pa[i * K + k] * pb[k * N + j];
+            }
+            pc[i * N + j] = dot;
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("cpp, first", [(_COLSUM, "Make the inner loop unit-stride"),
+                                        (_GEMM, "Tile the matmul loops and order them i-k-j")])
+def test_memory_bound_is_not_claimed_on_a_tiny_bandwidth_fraction(cpp, first):
+    """Held-out: "memory-bound" at 0.0139 (colsum) and 0.0006 (naive matmul) of the measured copy bandwidth, from the
+    code's shape alone. The advice stays; the class is claimed only where the timing leaves memory possible."""
+    code = _candidate(cpp)
+    tiny = RulesAnalyst().analyze(_report(threads=4, eager=0.05, bandwidth=0.0139, compute=0.02), code=code)
+    assert tiny.recommendations[0].title == first, str(tiny)
+    assert tiny.bottleneck != "memory-bound", str(tiny)
+    assert "1.4% of the measured copy bandwidth" in tiny.bottleneck_why, tiny.bottleneck_why
+    assert "the code shows" in tiny.bottleneck_why and "perf" in tiny.bottleneck_why, tiny.bottleneck_why
+    # a fraction the access pattern can explain keeps the class
+    busy = RulesAnalyst().analyze(_report(threads=4, eager=0.05, bandwidth=0.2), code=code)
+    assert busy.bottleneck == "memory-bound" and busy.recommendations[0].title == first, str(busy)

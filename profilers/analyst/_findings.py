@@ -10,13 +10,20 @@ from kforge.profilers.report import ProfileReport
 from ._hardware import BANDWIDTH_CEILING_FRACTION, Claim
 from .base import Evidence
 
-__all__ = ["CONFIDENCE_WEIGHT", "PRIORITY_CODE", "ROOFLINE_BANDWIDTH", "ROOFLINE_COMPUTE", "Draft", "Findings", "own_share", "pct", "roofline_evidence"]
+__all__ = ["CONFIDENCE_WEIGHT", "MEMORY_CLAIM_MIN_FRACTION", "PRIORITY_CODE", "ROOFLINE_BANDWIDTH", "ROOFLINE_COMPUTE",
+           "UNCONFIRMED_WEIGHT", "memory_claim", "Draft", "Findings", "own_share", "pct", "roofline_evidence"]
 
 # Expected effect counts for less when the rule is less sure: ranking uses gain x weight.
 CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.7, "low": 0.4}
+# A change that pays only in a bottleneck class the analysis did not find: its gain is this much as likely.
+UNCONFIRMED_WEIGHT = 0.5
 # Above this fraction of the measured copy bandwidth or matmul rate, the ceiling is what limits.
 ROOFLINE_BANDWIDTH = BANDWIDTH_CEILING_FRACTION
 ROOFLINE_COMPUTE = 0.6
+# A walk that uses one float of each 64-byte cache line moves at most 16x the bytes the timing counts. Below the
+# bandwidth ceiling / 16 the timed call is far from the ceiling even so: the timing does not show memory as the
+# limit, and a memory class from the code's shape alone is not asserted.
+MEMORY_CLAIM_MIN_FRACTION = ROOFLINE_BANDWIDTH / 16
 # Claims from the code rank after Nsight Compute's (which measures the kernel) and beside perf's.
 PRIORITY_CODE = 5
 
@@ -44,6 +51,9 @@ class Draft:
     # A located change of small expected effect (a `__restrict__`): it does not displace the texts by a
     # measured bottleneck class, only the 'unknown' one, which asks for a measurement the notes already name.
     hint: bool = False
+    # The class whose loops the change speeds up ('compute-bound': wider vectors); where the analysis found
+    # another class, or none, its expected gain counts for less (`UNCONFIRMED_WEIGHT`).
+    needs: str | None = None
 
     @property
     def expected_gain(self) -> float:
@@ -58,6 +68,22 @@ class Findings:
     notes: list[str] = field(default_factory=list)
     # Features not to advise though the code lacks them, with why (a parallel region on a 5 us call).
     avoid: dict[str, str] = field(default_factory=dict)
+    # Why a class the code's shape suggests was not claimed (the measurements do not show it), for the verdict.
+    withheld: list[str] = field(default_factory=list)
+
+
+def memory_claim(report: ProfileReport | None, out: Findings, claim: Claim) -> None:
+    """Claim memory-bound from the code's shape unless the timed call's traffic says memory is not the limit: then
+    say so instead, for the verdict to name what the measurements show."""
+    bw = report.bandwidth_fraction if report is not None else None
+    if bw is None or bw >= MEMORY_CLAIM_MIN_FRACTION:
+        out.claims.append(claim)
+        return
+    said = (f"the timed call moves its inputs and outputs at {100 * bw:.2g}% of the measured copy bandwidth, under "
+            f"{pct(MEMORY_CLAIM_MIN_FRACTION)} (a sixteenth of the ceiling: one float per 64-byte line read would still "
+            "be far from it), so the timing does not show memory as the limit")
+    if said not in out.withheld:
+        out.withheld.append(said)
 
 
 def pct(x: float) -> str:

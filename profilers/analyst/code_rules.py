@@ -15,7 +15,7 @@ import re
 from kforge.profilers.compiler_report import CompilerFacts
 from kforge.profilers.report import ProfileReport
 
-from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_evidence
+from ._findings import PRIORITY_CODE, Draft, Findings, memory_claim, own_share, pct, roofline_evidence
 from ._gpu_code import gpu_findings
 from ._hardware import Claim
 from ._passes import pass_groups
@@ -99,7 +99,7 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             "in registers or L1, and let that inner loop vectorize (`#pragma omp simd`).",
             f"line {outer.line}", why, f"most of {pct(share)} of the time: untiled matmuls run ~10x below tiled ones",
             "high", ev, share, gain=share * GAIN_GEMM_TILING, located=True))
-        out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
+        memory_claim(report, out, Claim("memory-bound", PRIORITY_CODE, why, ev, "medium", "memory-bound:cache"))
     verdicts = loop_verdicts(facts, compiler) if compiler is not None else {}
     explained: set[int] = set()  # inner loops a rule above already explains (the vectorizer's verdict included)
     for i in facts.innermost():
@@ -125,12 +125,12 @@ def _cpu_rules(report: ProfileReport | None, facts: SourceFacts, compiler: Compi
             "line is used fully.",
             f"line {strided[0][0]}", why, f"most of {pct(share)} of the time: a strided walk moves up to 16x the bytes",
             "high" if remarks or roof else "medium", ev, share, gain=share * GAIN_STRIDED, located=True))
-        out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
+        memory_claim(report, out, Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
     _serial(report, facts, out, share, roof)
     unvectorized_loops(facts, compiler, out, share, explained | gemm_loops)
     _scalar_math(facts, compiler, out, share, roof, code)
     _narrow_vectors(facts, compiler, out, share, code)
-    _passes(facts, out, share)
+    _passes(report, facts, out, share)
     _atomics(facts, out, share)
 
 
@@ -271,11 +271,11 @@ def _narrow_vectors(facts: SourceFacts, compiler: CompilerFacts | None, out: Fin
             f"has {build.host_vector_bytes}-byte ones.", f"line {first.line}",
             f"{len(narrow)} vectorized loop(s) use {first.vector_bytes}-byte vectors on a CPU with "
             f"{build.host_vector_bytes}-byte registers", "up to 2-4x in those loops when they are compute-bound",
-            "medium", ev, share, gain=share * GAIN_WIDER_VECTORS, located=True))
+            "medium", ev, share, gain=share * GAIN_WIDER_VECTORS, located=True, needs="compute-bound"))
         return
 
 
-def _passes(facts: SourceFacts, out: Findings, share: float) -> None:
+def _passes(report: ProfileReport | None, facts: SourceFacts, out: Findings, share: float) -> None:
     """Sibling passes over the same range that could be fewer (the shapes are in `_passes.py`)."""
     for group in pass_groups(facts):
         loops = [facts.loops[i] for i in group.loops]
@@ -318,7 +318,7 @@ def _passes(facts: SourceFacts, out: Findings, share: float) -> None:
         out.drafts.append(Draft(title, action, f"line {loops[0].line}", why, effect, confidence, ev, share,
                                 gain=share * gain, located=True))
         if group.kind == "chain" and not group.nested:
-            out.claims.append(Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
+            memory_claim(report, out, Claim("memory-bound", PRIORITY_CODE, why, ev, "medium"))
 
 
 def _atomics(facts: SourceFacts, out: Findings, share: float) -> None:

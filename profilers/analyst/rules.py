@@ -20,8 +20,8 @@ from kforge.profilers.report import OpRow, ProfileReport
 from kforge.profilers.torch_profiler import CUSTOM_PREFIX
 
 from . import _hardware
-from ._findings import (CONFIDENCE_WEIGHT, ROOFLINE_BANDWIDTH, ROOFLINE_COMPUTE, Draft as _Draft, Findings as _Findings,
-                        roofline_evidence)
+from ._findings import (CONFIDENCE_WEIGHT, ROOFLINE_BANDWIDTH, ROOFLINE_COMPUTE, UNCONFIRMED_WEIGHT, Draft as _Draft,
+                        Findings as _Findings, roofline_evidence)
 from ._compare import describe_changes, locate_definition
 from ._remedies import MATMUL_REMEDIES, REMEDIES, REMEDY_TITLES, SLOWER_THAN_EAGER, family_of, is_matmul_like
 from .base import Analysis, Bottleneck, Evidence, Recommendation
@@ -334,10 +334,44 @@ def _rule_noise(report: ProfileReport, out: _Findings) -> None:
             d.confidence = _LOWER[d.confidence]
 
 
+def _order(drafts: list[_Draft]) -> list[_Draft]:
+    """By expected effect: the share of time a change should save, weighted by how sure the rule is."""
+    return sorted(drafts, key=lambda d: (-round(d.expected_gain * CONFIDENCE_WEIGHT[d.confidence], 6),
+                                         _CONFIDENCE_ORDER[d.confidence], d.title, d.where or ""))
+
+
+def _weigh_by_class(out: _Findings, bottleneck: Bottleneck) -> None:
+    """A change that pays only in one class (wider vectors: compute-bound loops) counts for less where the analysis
+    found another class or none; a change in the code's structure ranks ahead of it then."""
+    for d in out.drafts:
+        if d.needs and d.needs != bottleneck:
+            d.gain = d.expected_gain * UNCONFIRMED_WEIGHT
+            d.expected_effect += (f"; nothing measured says the loops are {d.needs}" if bottleneck == "unknown" else
+                                  f"; less where the candidate is {bottleneck}")
+
+
+def _unclassified_why(report: ProfileReport, out: _Findings, family: str) -> str:
+    """Why no class was found, in what the evidence does show: the roofline's fractions (or why a class the code
+    suggests was withheld), the code's main finding, and the measurement that would decide."""
+    parts = list(out.withheld)
+    if not parts and report.bandwidth_fraction is not None:
+        parts.append(f"the timed call moves its inputs and outputs at {_pct(report.bandwidth_fraction)} of the measured "
+                     f"copy bandwidth (the ceiling is {_pct(ROOFLINE_BANDWIDTH)})"
+                     + (f" and computes at {_pct(report.compute_fraction)} of the measured matmul rate (the ceiling is "
+                        f"{_pct(ROOFLINE_COMPUTE)})" if report.compute_fraction is not None else ""))
+    located = [d for d in _order(out.drafts) if d.located and not d.hint]
+    if located:
+        parts.append(f"the code shows {located[0].why}")
+    if report.ops and report.candidate is not None:
+        parts.append(f"the measurement that would classify it: {_deciding_measurement(report, family)}")
+    if not located and not out.withheld:
+        parts.insert(0, "no rule found a clear limit in this profile")
+    return "; ".join(parts)
+
+
 def _rank(drafts: list[_Draft], code: str | None) -> list[Recommendation]:
     """By expected effect: the share of time a change should save, weighted by how sure the rule is."""
-    ordered = sorted(drafts, key=lambda d: (-round(d.expected_gain * CONFIDENCE_WEIGHT[d.confidence], 6),
-                                            _CONFIDENCE_ORDER[d.confidence], d.title, d.where or ""))
+    ordered = _order(drafts)
     recs = []
     for rank, d in enumerate(ordered[:MAX_RECOMMENDATIONS], start=1):
         where = d.where
@@ -404,6 +438,9 @@ def _deciding_measurement(report: ProfileReport, family: str) -> str:
     if not report.counters:
         if family == "gpu":
             return "hardware counters: Nsight Compute (profile_kernel with hardware_counters on a host with ncu)"
+        if report.counters_note and "<not supported>" in report.counters_note:
+            return ("hardware counters from perf (IPC and cache misses) on a host whose CPU exposes them: here perf "
+                    "reported them <not supported> (a virtual machine without a virtual PMU)")
         return "hardware counters from perf (IPC and cache misses; needs perf and perf_event_paranoid <= 2)"
     if report.bandwidth_fraction is None:
         return ("the achieved bandwidth against the device's measured ceiling (profile_kernel, with a reference whose "
@@ -466,12 +503,10 @@ class RulesAnalyst:
         bottleneck: Bottleneck = winner.bottleneck if winner else "unknown"  # type: ignore[assignment]
         if winner is None:
             missing = _missing_data(report)
-            why = "no rule found a clear limit in this profile"
             if report.ops and report.candidate is not None:
                 missing = [_deciding_measurement(report, family)]
             out.notes.append("to classify the bottleneck, add: " + missing[0])  # the one measurement that decides
-        else:
-            why = winner.why
+        _weigh_by_class(out, bottleneck)
         _rule_speed(report, bottleneck, out)
         remedy = (winner.remedy if winner else None) or bottleneck
         _rule_hot_kernel(report, bottleneck, remedy, winner.confidence if winner else "low", out)
@@ -481,6 +516,7 @@ class RulesAnalyst:
         if text is not None:
             out.notes.append(f"analysed {report.collector} output parsed from text, so fewer facts: no timing, "
                              "no baselines, no calls per forward")
+        why = winner.why if winner else _unclassified_why(report, out, family)
         evidence = list(winner.evidence) if winner else []
         for ev in out.evidence:
             if ev not in evidence:
