@@ -252,6 +252,7 @@ def test_memory_bound_is_not_claimed_on_a_tiny_bandwidth_fraction(cpp, first):
     assert tiny.recommendations[0].title == first, str(tiny)
     assert tiny.bottleneck != "memory-bound", str(tiny)
     assert "1.4% of the measured copy bandwidth" in tiny.bottleneck_why, tiny.bottleneck_why
+    assert "2% of the measured matmul rate" in tiny.bottleneck_why, tiny.bottleneck_why
     assert "the code shows" in tiny.bottleneck_why and "perf" in tiny.bottleneck_why, tiny.bottleneck_why
     # a fraction the access pattern can explain keeps the class
     busy = RulesAnalyst().analyze(_report(threads=4, eager=0.05, bandwidth=0.2), code=code)

@@ -359,6 +359,9 @@ def _unclassified_why(report: ProfileReport, out: _Findings, family: str) -> str
                      f"copy bandwidth (the ceiling is {_pct(ROOFLINE_BANDWIDTH)})"
                      + (f" and computes at {_pct(report.compute_fraction)} of the measured matmul rate (the ceiling is "
                         f"{_pct(ROOFLINE_COMPUTE)})" if report.compute_fraction is not None else ""))
+    elif parts and report.compute_fraction is not None:
+        parts.append(f"it computes at {_pct(report.compute_fraction)} of the measured matmul rate (the ceiling is "
+                     f"{_pct(ROOFLINE_COMPUTE)})")
     located = [d for d in _order(out.drafts) if d.located and not d.hint]
     if located:
         parts.append(f"the code shows {located[0].why}")
