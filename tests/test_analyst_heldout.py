@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kforge.profilers.analyst import RulesAnalyst
-from kforge.profilers.compiler_report import CompilerFacts, CompilerReport, LoopRemark, imported_math
+from kforge.profilers.compiler_report import CompilerFacts, CompilerReport, imported_math
 from kforge.profilers.report import Baseline, OpRow, ProfileReport, TimingStats
 
 

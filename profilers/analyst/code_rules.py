@@ -21,7 +21,7 @@ from ._hardware import Claim
 from ._passes import pass_groups
 from ._unvectorized import inner_loop_evidence, loop_verdicts, unvectorized_loops, verdict_evidence
 from .base import Evidence
-from .source import Loop, SourceFacts
+from .source import SourceFacts
 
 __all__ = ["PRIORITY_CODE", "advised_against", "code_findings"]
 
