@@ -200,7 +200,7 @@ async def test_a_stopping_server_leaves_its_jobs_for_the_next_one(tmp_path, monk
     # a server that died without cleaning up (SIGKILL) leaves "running" under a dead owner
     tools.store.update_job(running.id, status="running", owner=f"{first.owner.rsplit(':', 1)[0]}:{2**22 + 1}")
     tools.store.update_job(queued.id, owner=f"{first.owner.rsplit(':', 1)[0]}:{2**22 + 1}")
-    assert not jobs_module._pid_alive(2**22 + 1)
+    assert not jobs_module.pid_alive(2**22 + 1)
 
     second = JobManager(tools, parallel=2)
     async with second.running():
@@ -218,7 +218,7 @@ async def test_a_job_whose_server_died_running_it_twice_fails_with_the_reason(tm
     monkeypatch.setattr(jobs_module, "parse_request", lambda data: SleepRequest(**data))
     tools = FakeTools(tmp_path)
     dead = f"{os.uname().nodename}:{2**22 + 1}"
-    assert not jobs_module._pid_alive(2**22 + 1)
+    assert not jobs_module.pid_alive(2**22 + 1)
     tools.store.insert_job({"job_id": "j1", "key": "k", "tool": "compile_kernel", "backend": "cpu", "client": "a",
                             "device": "test-cpu", "owner": dead, "status": "running",
                             "request": SleepRequest(candidate_code="killer", seconds=30).model_dump(),

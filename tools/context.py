@@ -6,6 +6,7 @@ Built once by the server from its settings and passed down; nothing below reads 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import time
@@ -62,6 +63,9 @@ def sweep_leftovers(jobs: Path) -> list[str]:
                 if owner.group(2) != host or pid_alive(int(owner.group(1))):
                     continue
             elif time.time() - entry.lstat().st_mtime < _UNOWNED_KEEP_S:
+                continue
+            if not os.path.lexists(entry):  # a warm worker's directory, removed with the job that linked it
+                removed.append(entry.name)
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 remove_scratch(entry, jobs)
