@@ -53,3 +53,48 @@ async def test_a_hang_is_called_from_the_reference_time_not_the_worker_deadline(
     failure = verdict["failure"]
     assert failure["kind"] == "timeout" and "x the reference's" in failure["message"] and "at least 30 s" in failure["message"]
     assert took < 200, f"called hung after {took:.0f} s"
+
+
+_DIES_IN_BFLOAT16 = '''
+import os
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        if x.dtype == torch.bfloat16:  # the judge's bfloat16 null candidate runs the reference this way
+            os._exit(7)
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(256, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+_RELU = _DIES_IN_BFLOAT16.replace("class Model", "class ModelNew").replace("os._exit(7)", "pass")
+
+
+async def test_a_judge_that_dies_beside_the_candidates_call_is_the_references_failure(tmp_path):
+    """The judge's null candidates run while the candidate's worker runs its trial (a small problem); when the
+    judge dies there, the verdict blames the reference, never the candidate, and the server goes on."""
+    import json
+
+    args = {"backend": "cpu", "reference_code": _DIES_IN_BFLOAT16, "trials": 2, "use_store": False}
+    trace = tmp_path / "trace.jsonl"
+    async with stdio_session(tmp_path, KFORGE_TRACE=str(trace)) as client:
+        verdict = (await client.call_tool("verify_against_reference", {**args, "candidate_code": _RELU})
+                   ).structured_content
+        assert not verdict["correct"] and verdict["failure"]["stage"] == "reference", verdict["failure"]
+        assert "the reference failed, not the candidate" in verdict["failure"]["message"]
+        plain = _DIES_IN_BFLOAT16.replace("os._exit(7)", "pass")
+        ok = (await client.call_tool("verify_against_reference", {**args, "reference_code": plain,
+                                                                  "candidate_code": _RELU})).structured_content
+        assert ok["correct"], ok
+    spans = [json.loads(line) for line in trace.read_text().splitlines()]
+    calibrations = [s for s in spans if (s["role"], s["op"]) == ("judge", "calibrate")]
+    trials = [s for s in spans if (s["role"], s["op"]) == ("candidate", "trial")]
+    assert any(t["at"] < c["at"] + c["s"] and c["at"] < t["at"] + t["s"] for c in calibrations for t in trials), spans

@@ -134,10 +134,21 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
     truth = exact if exact is not None and exact.shape == expected.shape else None
     acc = _Pass(tol.atol, tol.rtol, expected.is_floating_point(), truth is not None)
     g_all, t_all = got.detach().reshape(-1), truth.detach().reshape(-1) if truth is not None else None
-    for lo in range(0, e_all.numel(), _CHUNK):
-        hi = lo + _CHUNK
-        acc.add(lo, e_all[lo:hi].to(device, torch.float64), g_all[lo:hi].to(device, torch.float64),
-                t_all[lo:hi].to(device, torch.float64) if t_all is not None else None)
+
+    def chunks():
+        for lo in range(0, e_all.numel(), _CHUNK):
+            hi = lo + _CHUNK
+            yield lo, e_all[lo:hi].to(device, torch.float64), g_all[lo:hi].to(device, torch.float64), \
+                t_all[lo:hi].to(device, torch.float64) if t_all is not None else None
+
+    for lo, e, g, t in chunks():
+        acc.add(e, g, t)
+    acc.finish()
+    if acc.mismatches:  # a second pass, only for a wrong output: where its first mismatches are
+        for lo, e, g, _ in chunks():
+            if len(acc.first) >= _FIRST_MISMATCHES:
+                break
+            acc.locate(lo, e, g)
     first = [Mismatch(index=_unravel(i, expected.shape), got=g, expected=e) for i, g, e in acc.first]
     if acc.mismatches:
         problems.append(f"{acc.mismatches} of {e_all.numel()} elements differ beyond atol={tol.atol:g}, rtol={tol.rtol:g} "
@@ -174,7 +185,12 @@ def _unravel(flat_index: int, shape: Any) -> list[int]:
 
 class _Pass:
     """One streaming pass over an output, chunk by chunk: the element-wise test and the sums that the
-    relative L2 errors need (candidate against the truth, and the reference against the float64 run)."""
+    relative L2 errors need (candidate against the truth, and the reference against the float64 run).
+
+    Every count, maximum and sum stays on the device until `finish`, and nothing is selected by a mask:
+    on a GPU a pass over a multi-GB output is a few dozen bandwidth-bound kernels, not thousands of
+    host round trips and gathers (a null candidate, wrong everywhere, made those gathers as large as
+    the output and took seconds)."""
 
     def __init__(self, atol: float, rtol: float, floating: bool, has_exact: bool) -> None:
         self.atol, self.rtol, self.floating, self.has_exact = atol, rtol, floating, has_exact
@@ -182,46 +198,73 @@ class _Pass:
         self.max_abs = self.max_rel = 0.0
         self.first: list[tuple[int, float, float]] = []
         self.sq = {"got": [0.0, 0.0], "reference": [0.0, 0.0]}  # [sum (x - truth)^2, sum truth^2] over finite pairs
+        self._parts: list[Any] = []  # per chunk, one float64 vector of the quantities below
 
-    def add(self, start: int, e: Any, g: Any, exact: Any) -> None:
+    def _bad(self, e: Any, g: Any, diff: Any) -> Any:
         import torch
 
-        both_nan = torch.isnan(e) & torch.isnan(g)
+        # Same-signed infinities compare equal (inf - inf is NaN), and so do NaNs where the reference has one.
+        ok = (diff <= self.atol + self.rtol * e.abs()) | (torch.isnan(e) & torch.isnan(g)) | (torch.isinf(e) & (g == e))
+        return ~ok
+
+    def add(self, e: Any, g: Any, exact: Any) -> None:
+        import torch
+
         diff = (g - e).abs()
-        # Same-signed infinities compare equal; inf - inf is NaN, so handle them before the tolerance test.
-        same_inf = torch.isinf(e) & (g == e)
-        bad = ~((diff <= self.atol + self.rtol * e.abs()) | both_nan | same_inf)
-        mismatches = int(bad.sum())
-        self.mismatches += mismatches
-        finite = torch.isfinite(e) & torch.isfinite(g)
-        if bool(finite.any()):
-            self.max_abs = max(self.max_abs, float(diff[finite].max()))
-        big = finite & (e.abs() > max(self.atol, 1e-12))
-        if bool(big.any()):
-            self.max_rel = max(self.max_rel, float((diff[big] / e.abs()[big]).max()))
-        self.nan_count += int((torch.isnan(g) & ~torch.isnan(e)).sum())
-        self.inf_count += int((torch.isinf(g) & ~torch.isinf(e)).sum())
-        if mismatches and len(self.first) < _FIRST_MISMATCHES:
-            for i in torch.nonzero(bad).flatten()[:_FIRST_MISMATCHES - len(self.first)].tolist():
-                self.first.append((start + i, float(g[i]), float(e[i])))
+        bad = self._bad(e, g, diff)
+        e_finite = torch.isfinite(e)
+        finite = e_finite & torch.isfinite(g)
+        abs_err = torch.where(finite, diff, 0.0)
+        e_abs = e.abs()
+        big = finite & (e_abs > max(self.atol, 1e-12))
+        rel_err = torch.where(big, diff / torch.where(big, e_abs, 1.0), 0.0)
+        quantities = [bad.sum(), abs_err.amax() if abs_err.numel() else diff.new_zeros(()),
+                      rel_err.amax() if rel_err.numel() else diff.new_zeros(()),
+                      (torch.isnan(g) & ~torch.isnan(e)).sum(), (torch.isinf(g) & ~torch.isinf(e)).sum()]
         if self.floating:
-            truth = exact if exact is not None else e
-            self._square_sums("got", g, truth)
+            truth, fin = (exact, torch.isfinite(exact) & torch.isfinite(g)) if exact is not None else (e, finite)
+            quantities += _square_sums(g, truth, fin, abs_err if exact is None else None)
             if exact is not None:
-                self._square_sums("reference", e, exact)
+                quantities += _square_sums(e, exact, torch.isfinite(exact) & e_finite)
+        self._parts.append(torch.stack([q.to(torch.float64) for q in quantities]))
 
-    def _square_sums(self, key: str, x: Any, truth: Any) -> None:
+    def finish(self) -> None:
+        """Bring the per-chunk quantities to the host, once."""
         import torch
 
-        finite = torch.isfinite(truth) & torch.isfinite(x)
-        t = truth[finite]
-        self.sq[key][0] += float((x[finite] - t).pow(2).sum())
-        self.sq[key][1] += float(t.pow(2).sum())
+        if not self._parts:
+            return
+        parts = torch.stack(self._parts).cpu()
+        self._parts = []
+        total, peak = parts.sum(0).tolist(), parts.amax(0).tolist()
+        self.mismatches, self.nan_count, self.inf_count = int(total[0]), int(total[3]), int(total[4])
+        self.max_abs, self.max_rel = peak[1], peak[2]
+        if self.floating:
+            self.sq["got"] = total[5:7]
+            if self.has_exact:
+                self.sq["reference"] = total[7:9]
+
+    def locate(self, start: int, e: Any, g: Any) -> None:
+        """Record the first mismatches of a chunk (the output is already known to be wrong)."""
+        import torch
+
+        bad = self._bad(e, g, (g - e).abs())
+        for i in torch.nonzero(bad).flatten()[:_FIRST_MISMATCHES - len(self.first)].tolist():
+            self.first.append((start + i, float(g[i]), float(e[i])))
 
     def relative_error(self, key: str) -> float | None:
         """||x - truth|| / ||truth|| over finite pairs (None when the truth is all zero)."""
         num, den = self.sq[key]
         return None if den == 0.0 else (num / den) ** 0.5
+
+
+def _square_sums(x: Any, truth: Any, finite: Any, abs_diff: Any = None) -> list[Any]:
+    """[sum (x - truth)^2, sum truth^2] over the finite pairs, as device scalars."""
+    import torch
+
+    d = abs_diff if abs_diff is not None else torch.where(finite, x - truth, 0.0)
+    t = torch.where(finite, truth, 0.0)
+    return [torch.dot(d, d) if d.dim() == 1 else (d * d).sum(), torch.dot(t, t) if t.dim() == 1 else (t * t).sum()]
 
 
 def _norm_check(expected: Any, acc: _Pass, precision: str, problems: list[str]) -> tuple[float | None, float | None, bool]:

@@ -112,7 +112,10 @@ class JudgeOps:
             return first
         return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected],
                 "distribution": first["distribution"], "note": first["note"], "exact": first["exact"],
-                "exact_note": first["exact_note"], "reference_call_s": min(cold, first["seconds"])}
+                "exact_note": first["exact_note"], "reference_call_s": min(cold, first["seconds"]),
+                "footprint_bytes": self.input_bytes + sum(t.numel() * t.element_size() for t in self.expected
+                                                          if isinstance(t, torch.Tensor)),
+                "capacity_bytes": _memory_capacity(self.backend.device)}
 
     def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""

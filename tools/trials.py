@@ -9,6 +9,7 @@ three times its own footprint, and nothing of its size is written to disk.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -46,6 +47,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
     the judge's: the reference's fault), that failure."""
     outcome = TrialsOutcome()
     alive_nulls: list[str] | None = None if calibrate else []
+    beside = calibrate_beside_trial(prepared)
     for i in range(count):
         try:
             expected = prepared if i == 0 else await judge.call("expect", stage="reference", i=i)
@@ -58,18 +60,25 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         if expected.get("note"):
             outcome.notes.append(expected["note"])
 
-        try:
-            # Calibration first, not beside the candidate's call: on a problem of several GB the two would need
-            # the device memory of both at once. It costs milliseconds, and only until every null is rejected.
-            nulls = await judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging) \
-                if alive_nulls != [] else None
-        except WorkerDied as died:
-            return outcome, as_reference_failure(died.failure)
-        try:
-            record = await worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
-                                       timeout_s=deadline, timeout_why=why)
-        except WorkerDied as died:
-            return outcome, died.failure
+        calibrating = alive_nulls != []
+        calibration = judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging) \
+            if calibrating else _nothing()
+        trial = worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
+                            timeout_s=deadline, timeout_why=why)
+        if calibrating and not beside:
+            # On a problem of several GB the two would need the device memory of both at once.
+            calibration_or_died = await _settle(calibration)
+            if isinstance(calibration_or_died, WorkerDied):
+                trial.close()  # never started
+                return outcome, as_reference_failure(calibration_or_died.failure)
+            record_or_died = await _settle(trial)
+        else:  # the judge's nulls beside the candidate's call: each process is idle while the other works
+            calibration_or_died, record_or_died = await asyncio.gather(_settle(calibration), _settle(trial))
+        if isinstance(calibration_or_died, WorkerDied):
+            return outcome, as_reference_failure(calibration_or_died.failure)
+        if isinstance(record_or_died, WorkerDied):
+            return outcome, record_or_died.failure
+        nulls, record = calibration_or_died, record_or_died
         alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
         if "error" in record:
             outcome.trials.append({"error": record["error"], "checks": [], "distribution": expected["distribution"]})
@@ -93,6 +102,29 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
     except WorkerDied as died:
         return outcome, died.failure
     return outcome, None
+
+
+# Calibration runs beside the candidate's call when the problem takes under this share of the device's memory.
+_BESIDE_SHARE = 1 / 16
+
+
+def calibrate_beside_trial(prepared: dict[str, Any]) -> bool:
+    """Whether the judge's null candidates may run while the candidate's worker runs its trial: both
+    processes then hold a trial's inputs and outputs at once, so only where that is small beside the device."""
+    footprint, capacity = prepared.get("footprint_bytes"), prepared.get("capacity_bytes")
+    return bool(footprint is not None and capacity and footprint < _BESIDE_SHARE * capacity)
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _settle(call: Awaitable[Any]) -> Any:
+    """The call's reply, or the WorkerDied it raised (so that two calls run side by side both finish)."""
+    try:
+        return await call
+    except WorkerDied as died:
+        return died
 
 
 def _merge_nulls(outcome: TrialsOutcome, verdicts: dict[str, Any]) -> list[str]:
