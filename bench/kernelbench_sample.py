@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -418,14 +419,30 @@ class GpuMemory:
 
     def __enter__(self):
         self.proc = None
+        self.apps: list[dict[int, int]] = []  # snapshots of memory per process (MiB), to say whose the peak is
         if shutil.which("nvidia-smi"):
             self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                                           "-lms", "100", "-i", "0"], stdout=subprocess.PIPE, text=True)
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self._poll_apps, daemon=True)
+            self.thread.start()
         return self
+
+    def _poll_apps(self) -> None:
+        while not self.stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits",
+                                      "-i", "0"], capture_output=True, text=True, timeout=10).stdout
+                self.apps.append({int(a): int(b) for a, b in (ln.split(",") for ln in out.splitlines() if "," in ln)})
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            self.stop.wait(0.05)
 
     def __exit__(self, *exc):
         self.mib = []
         if self.proc is not None:
+            self.stop.set()
+            self.thread.join(timeout=15)
             self.proc.terminate()
             out, _ = self.proc.communicate(timeout=10)
             self.mib = [int(x) for x in out.split() if x.strip().isdigit()]
@@ -434,8 +451,16 @@ class GpuMemory:
         if not self.mib:
             return {"error": "nvidia-smi not available"}
         peak = (max(self.mib) - self.mib[0]) * 2**20
-        return {"peak_above_start_gb": round(peak / 1e9, 3), "x_footprint": round(peak / footprint_bytes, 2)
-                if footprint_bytes else None, "samples": len(self.mib)}
+        out = {"peak_above_start_gb": round(peak / 1e9, 3), "x_footprint": round(peak / footprint_bytes, 2)
+               if footprint_bytes else None, "samples": len(self.mib)}
+        if self.apps:
+            # Each process at the snapshot with the most memory in all, largest first, in GB: what it held and how
+            # much of that it took during the call (the job's workers come warm from the pool, so they were there).
+            start, top = self.apps[0], max(self.apps, key=lambda snap: sum(snap.values()))
+            gb = lambda mib: round(mib * 2**20 / 1e9, 2)  # noqa: E731
+            out["processes_at_peak_gb"] = sorted(([gb(m), gb(m - start.get(pid, 0))] for pid, m in top.items()),
+                                                 reverse=True)
+        return out
 
 
 class TraceSpan:
