@@ -361,12 +361,6 @@ async def test_notes_in_tmp_and_shm_do_not_pass_between_jobs(server, sandbox):
     _assert_blocked(read, ("/dev/shm", "/tmp"), sandbox)
 
 
-_SHARED_BUILD_CACHE = pytest.mark.xfail(strict=True, reason=(
-    "open in issue 17: every worker may write the data directory's cache/ (build caches shared between jobs: a "
-    "note passes, and a build could be poisoned); the fix planned is builds in the worker's own directory, "
-    "promoted by the server under a key of the job's own source, and cache/ read-only to workers"))
-
-
 def _notes_between_jobs(server, note: str) -> tuple[list[str], list[Path]]:
     """The directories of the data directory two jobs have in common, as the notes candidate names them."""
     dirs = [server.home, server.home / "jobs", server.home / "cache", server.home / "cache" / "builds"]
@@ -381,7 +375,7 @@ async def _pass_a_note(server, dirs: list[str], note: str) -> tuple[Report, Repo
 
 
 async def test_no_note_passes_between_jobs_through_the_data_directory(server, sandbox):
-    """A worker sees of the data directory only its own directory (and the cache): a note left in the data
+    """A worker sees of the data directory only its own directory (and the cache, read-only): a note left in the data
     directory or in jobs/ lands nowhere (read-only), and the next job finds none."""
     _require(sandbox, "data_notes")
     note = secrets.token_hex(8)
@@ -397,8 +391,8 @@ async def test_no_note_passes_between_jobs_through_the_data_directory(server, sa
     _assert_blocked(read, dirs[:2], sandbox)
 
 
-@_SHARED_BUILD_CACHE
 async def test_no_note_passes_between_jobs_through_the_build_cache(server, sandbox):
+    """cache/ is read-only to workers (the server promotes builds into it): a note left there lands nowhere."""
     _require(sandbox, "data_notes")
     note = secrets.token_hex(8)
     dirs, paths = _notes_between_jobs(server, note)

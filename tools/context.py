@@ -5,8 +5,10 @@ Built once by the server from its settings and passed down; nothing below reads 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -196,6 +198,10 @@ class ToolContext:
         with self.scratch("ceilings") as scratch:
             async with self.device_lock(avail.device_name or backend), self.worker(backend, scratch, "ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)
+        stored = reply.get("to_store")  # measured by a worker of its own (no candidate's): the cache is read-only there
+        if isinstance(stored, dict) and re.fullmatch(r"[A-Za-z0-9-]{1,200}\.json", str(stored.get("name"))):
+            (self.home / "cache" / "ceilings").mkdir(parents=True, exist_ok=True)
+            (self.home / "cache" / "ceilings" / stored["name"]).write_text(json.dumps(stored.get("ceilings")))
         return DeviceFacts(**reply["facts"])
 
     async def require_backend(self, name: str) -> Availability:

@@ -7,6 +7,11 @@
   (tensors, factories, ATen ops) when the source uses nothing else of it (no pybind11, no torch::nn).
   nvcc parses every header twice (device and host), and the full header is most of a build's time
   (measured on an H100: 53-57 s for the stock relu example, 31 s with the lean header).
+* **Builds by the server** (issue 17): a sandboxed worker reads the shared cache but never writes it. A
+  build the cache lacks is asked of the server (`serve_build_request`), which runs it in a sandbox of its
+  own (no candidate code: only the compiler on the candidate's sources, writing only a private staging
+  directory), takes the build's key from the builder *before* any compiler runs, and promotes into
+  `cache/builds/<name>-<key>` only copies of the files a build makes, under their expected names.
 * **Precompiled headers**: the C++ part (`main.cpp`) starts with `torch/extension.h`; a precompiled
   copy, built once per compile-flag set and kept in the cache, cuts its compile to a fraction. GCC
   uses `<dir>/torch/extension.h.gch` when `<dir>` is searched first and the flags match; it is
@@ -28,7 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_key", "build_pch_now", "lean_cuda_sources", "pch_dir_for", "start_pch_build", "toolchain_id"]
+__all__ = ["build_key", "build_pch_now", "job_cache_env", "lean_cuda_sources", "pch_dir_for", "serve_build_request", "start_pch_build",
+           "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -163,9 +169,24 @@ def builder_gone(marker: Path) -> bool:
     return False
 
 
-def _pch_script(pch_dir: Path, build_dir: Path, who: str) -> str | None:
+def _promoted_pch_command(pch_dir: Path, build_dir: Path) -> list[str] | None:
+    """main.cpp's compile command as the server recorded it when it promoted `build_dir` (taken from the
+    build.ninja torch wrote before any compiler ran: a compiler the candidate's flags subverted cannot have
+    changed it), None unless `pch_dir` is the header directory of that build's own flags."""
+    try:
+        recorded = json.loads((build_dir / _PCH_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    cmd = recorded.get("cmd") if isinstance(recorded, dict) else None
+    if recorded.get("pch_key") != pch_dir.name or not isinstance(cmd, list) or not all(isinstance(c, str) for c in cmd):
+        return None
+    return cmd
+
+
+def _pch_script(pch_dir: Path, build_dir: Path, who: str, *, promoted: bool = False) -> str | None:
     """The shell script that builds the header and renames it into place (None: built, being built, or no
-    flags to build it with); claims the build by creating the marker, which holds `who` (a pid, or a word)."""
+    flags to build it with); claims the build by creating the marker, which holds `who` (a pid, or a word).
+    `promoted`: only with the command the server recorded for a build it promoted (`_promoted_pch_command`)."""
     from torch.utils import cpp_extension
 
     marker = pch_dir / "building"
@@ -173,7 +194,7 @@ def _pch_script(pch_dir: Path, build_dir: Path, who: str) -> str | None:
         marker.unlink(missing_ok=True)  # its builder died without cleaning up
     if (pch_dir / "torch" / "extension.h.gch").exists() or marker.exists():
         return None
-    cmd = _main_cpp_flags(build_dir / "build.ninja")
+    cmd = _promoted_pch_command(pch_dir, build_dir) if promoted else _main_cpp_flags(build_dir / "build.ninja")
     if cmd is None:
         return None
     real = Path(cpp_extension.include_paths()[0]) / "torch" / "extension.h"
@@ -198,7 +219,7 @@ def _pch_script(pch_dir: Path, build_dir: Path, who: str) -> str | None:
 def build_pch_now(pch_dir: Path, build_dir: Path) -> bool:
     """`start_pch_build`'s work, here and now (the process is the detached builder: the server started it in
     a sandbox of its own). The marker holds no pid: pids of another PID namespace mean nothing here."""
-    script = _pch_script(pch_dir, build_dir, "sandboxed")
+    script = _pch_script(pch_dir, build_dir, "sandboxed", promoted=True)
     if script is None:
         return False
     subprocess.run(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -237,5 +258,236 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     return True
 
 
-if __name__ == "__main__":  # the server's detached header build, inside its sandbox: PCH_DIR BUILD_DIR
-    build_pch_now(Path(sys.argv[1]), Path(sys.argv[2]))
+def job_cache_env(scratch: Path | str) -> dict[str, str]:
+    """Temporary files and the caches code in a worker writes as it runs, all in the job's own directory (issue 17:
+    a cache shared between jobs passes notes, and one job's entries would be loaded by the next). torch.compile's
+    and Triton's caches hold code a later process loads, written by the candidate's own process: they cannot be
+    checked, so they are per job. The C++/CUDA build cache is shared, read-only, filled by the server."""
+    scratch = Path(scratch)
+    return {"TMPDIR": str(scratch),
+            "TORCH_EXTENSIONS_DIR": str(scratch / "torch_extensions"),
+            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+            "TRITON_CACHE_DIR": str(scratch / "triton"),
+            "CUDA_CACHE_PATH": str(scratch / "nv")}  # the driver's JIT cache
+
+
+# -- builds by the server, promoted into the shared cache (issue 17) ---------------------------------------
+
+_PCH_RECORD = "kforge-pch.json"  # written by the server into a promoted build: its header key and main.cpp command
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # an extension's name (a Python module name)
+_ARCH = re.compile(r"^[0-9A-Za-z.;+ ]{0,200}$")  # TORCH_CUDA_ARCH_LIST
+_MAX_ANSWER_BYTES = 16 * 2**20
+_MAX_PROMOTED_BYTES = 4 * 2**30
+
+
+def _promoted_names(name: str) -> tuple[str, ...]:
+    """The files of a build that go into the cache, by their exact names (nothing else does: objects,
+    ninja's logs, anything a subverted compiler left there)."""
+    from kforge.backends.cpu import VEC_REPORT_FILE
+
+    return (f"{name}.so", "main.cpp", "cuda.cu", "build.ninja", "kforge-build.log", "kforge-kernels.json", VEC_REPORT_FILE)
+
+
+def _copy_regular(src: Path, dst: Path, budget: int) -> int:
+    """Copy `src` if it is a regular file (never through a link) into the new file `dst`; returns bytes copied."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    with os.fdopen(fd, "rb") as f:
+        import stat
+
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > budget:
+            return 0
+        with open(dst, "xb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+        os.chmod(dst, 0o755 if dst.suffix == ".so" else 0o644)
+        return st.st_size
+
+
+def promote_build(cache_dir: Path, name: str, key: str, built: Path, pch_record: dict[str, Any]) -> Path | None:
+    """Copy what the server's builder made in `built` into the cache as `<name>-<key>` (the key the builder gave
+    before any compiler ran), with `pch_record` beside it; None when the build left no library. A build already
+    there (published meanwhile) is kept."""
+    final = cache_dir / f"{name}-{key}"
+    if any(final.glob(f"{name}*.so")):
+        return final
+    tmp = cache_dir / f".building-promoted-{name}-{uuid.uuid4().hex[:12]}"  # `kforge prune` keeps .building-*
+    tmp.mkdir(parents=True)
+    try:
+        budget = _MAX_PROMOTED_BYTES
+        for file_name in _promoted_names(name):
+            budget -= _copy_regular(built / file_name, tmp / file_name, budget)
+        if not (tmp / f"{name}.so").exists():
+            return None
+        (tmp / _PCH_RECORD).write_text(json.dumps(pch_record))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another build published it first: keep theirs
+            pass
+        return final if any(final.glob(f"{name}*.so")) else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def serve_build_request(home: Path, limits: Any, scratch: Path | None, request: Any,
+                              timeout_s: float) -> dict[str, Any]:
+    """Build what a sandboxed worker asked for (`loader._InlineBuilder._built_by_server`) and promote it.
+
+    The builder is `python -m kforge.tools.fast_build --build`, in a sandbox of its own whose only writable
+    directory is a fresh staging directory outside the cache (it may read the asking job's directory, for
+    headers it wrote there). Before it runs any compiler it writes the build's key and header key on a
+    descriptor that no compiler inherits; the server promotes under that key, never one named by the worker
+    or found in the staging directory, and only the files `promote_build` names. The worker waits meanwhile:
+    its candidate cannot reach the staging directory, and the cache is read-only to it.
+    """
+    import anyio
+
+    from .runner import confinement, kill_group, worker_env
+
+    if not isinstance(request, dict) or not isinstance(request.get("kwargs"), dict):
+        return {"declined": "a malformed build request"}
+    kwargs, backend, arch = request["kwargs"], request.get("backend"), request.get("arch") or ""
+    name = kwargs.get("name")
+    if not isinstance(name, str) or not _NAME.match(name) or not isinstance(backend, str) or not isinstance(arch, str) \
+            or not _ARCH.match(arch) or not _NAME.match(backend):
+        return {"declined": "an extension name, backend or architecture list it cannot take"}
+    cache_dir = home / "cache" / "builds"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = home / "staging" / uuid.uuid4().hex
+    out = staging / "out"
+    out.mkdir(parents=True)
+    try:
+        (staging / "request.json").write_text(json.dumps({"kwargs": kwargs, "backend": backend, "arch": arch,
+                                                          "cache_dir": str(cache_dir),
+                                                          "precompiled_headers": bool(limits.precompiled_headers)}))
+        command = [sys.executable, "-m", "kforge.tools.fast_build", "--build", str(staging / "request.json"), str(out)]
+        if (conf := confinement(home, limits, out)) is not None:
+            from dataclasses import replace
+
+            readable = (*conf.extra_readable, str(staging), *([str(scratch.resolve())] if scratch else []))
+            command = [sys.executable, "-m", "kforge.tools.sandbox", replace(conf, extra_readable=readable).as_arg(),
+                       "--", *command]
+        lines: list[dict[str, Any]] = []
+        with open(staging / "builder.log", "wb") as errors:
+            proc = await anyio.open_process(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                            cwd=str(out), env=worker_env(home, out), start_new_session=True)
+            data = b""
+            try:
+                with anyio.fail_after(max(1.0, timeout_s)):
+                    async for chunk in proc.stdout:
+                        data += chunk
+                        if len(data) > _MAX_ANSWER_BYTES:
+                            break
+                    await proc.wait()
+            except TimeoutError:
+                return {"ok": False, "mode": "plain", "output": f"the build of {name} ran out of the step's time "
+                                                                f"({timeout_s:.3g} s) and was stopped"}
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if proc.returncode is None:  # cancelled or late: its processes die with its PID namespace
+                        await kill_group(proc)
+                    await proc.aclose()
+        for line in data.decode(errors="replace").splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                lines.append(item)
+        head = lines[0] if lines else {}
+        done = next((x for x in lines if "done" in x), None)
+        key, pch_key = head.get("key"), head.get("pch_key")
+        if not (isinstance(key, str) and re.fullmatch(r"[0-9a-f]{20}", key or "") and isinstance(pch_key, str)
+                and re.fullmatch(r"[0-9a-f]{20}", pch_key or "")) or done is None:
+            tail = (staging / "builder.log").read_text(errors="replace")[-4000:]
+            return {"ok": False, "mode": "plain", "output": f"the server's build of {name} did not finish "
+                                                            f"(exit {proc.returncode}): {tail}"}
+        answer = {k: done.get(k) for k in ("ok", "how", "not_split", "mode", "output", "generated")}
+        built = out / str(done.get("build_dir") or "-")
+        answer["build_dir"] = str(built)
+        if not done.get("ok"):
+            answer["ok"] = False
+            return answer
+        if built.parent != out or not built.name.startswith(".building-"):
+            return {**answer, "ok": False, "output": "the server's builder named no build directory of its own"}
+        cmds = [x.get("cmd") for x in lines if x.get("ninja") == built.name]
+        final = promote_build(cache_dir, name, key, built, {"pch_key": pch_key, "cmd": cmds[-1] if cmds else None})
+        if final is None:
+            return {**answer, "ok": False, "output": f"the server's build of {name} made no library {name}.so"}
+        answer.update(ok=True, dir=str(final))
+        how = done.get("how") or []
+        if limits.precompiled_headers and "precompiled header" not in how and cmds:
+            from .runner import spawn_pch_build
+
+            spawn_pch_build(home, limits, home / "cache" / "pch" / pch_key, final)
+        return answer
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _serve_build(request_file: Path, out: Path) -> None:
+    """The server's builder (in a sandbox of its own, no candidate code in it): build the request's extension
+    in `out` without loading it, and say on stdout what the server needs, the key before anything compiles."""
+    import ctypes
+
+    trusted = os.fdopen(os.dup(1), "w")  # close-on-exec: no compiler this starts inherits it
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no process it starts may open its memory or fds
+
+    def say(item: dict[str, Any]) -> None:
+        trusted.write(json.dumps(item) + "\n")
+        trusted.flush()
+
+    request = json.loads(request_file.read_text())
+    kwargs = request["kwargs"]
+    if request.get("arch"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = request["arch"]
+    say({"key": build_key(kwargs, request["backend"]), "pch_key": _pch_key(kwargs)})
+
+    from torch.utils import cpp_extension
+
+    from .loader import _BuildError, _InlineBuilder
+
+    run_ninja = cpp_extension._run_ninja_build
+
+    def recorded_ninja(build_directory: str, *args: Any, **kw: Any) -> Any:
+        # build.ninja as torch wrote it, before ninja starts any compiler: main.cpp's command for the header build
+        say({"ninja": Path(build_directory).name, "cmd": _main_cpp_flags(Path(build_directory) / "build.ninja")})
+        return run_ninja(build_directory, *args, **kw)
+
+    cpp_extension._run_ninja_build = recorded_ninja
+    cpp_extension._import_module_from_library = lambda *a, **k: None  # built, never loaded here
+
+    class _Backend:
+        name = request["backend"]
+
+    builder = _InlineBuilder(cpp_extension.load_inline, candidate_text="", cache_dir=Path(request["cache_dir"]),
+                             backend=_Backend(), precompiled_headers=bool(request.get("precompiled_headers")),
+                             build_root=out)
+    builder.keep_failed_builds = True
+
+    def generated() -> dict[str, str]:  # the sources as the compiler saw them: the worker locates messages in them
+        where = builder.last_build_dir
+        return {f: (where / f).read_text(errors="replace")[:_MAX_ANSWER_BYTES // 4]
+                for f in ("main.cpp", "cuda.cu") if where is not None and (where / f).is_file()}
+
+    try:
+        _, build_dir, how = builder._build(kwargs["name"], kwargs)
+    except _BuildError as exc:
+        say({"done": True, "ok": False, "output": exc.output[-_MAX_ANSWER_BYTES // 4:], "mode": builder.last_mode,
+             "not_split": builder._pop_not_split(), "generated": generated(),
+             "build_dir": builder.last_build_dir.name if builder.last_build_dir else None})
+        return
+    say({"done": True, "ok": True, "build_dir": build_dir.name, "how": how, "mode": builder.last_mode,
+         "not_split": builder._pop_not_split(), "generated": generated()})
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--build":  # the server's build of a worker's request, inside its sandbox: REQUEST OUT
+        _serve_build(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:  # the server's detached header build, inside its sandbox: PCH_DIR BUILD_DIR
+        build_pch_now(Path(sys.argv[1]), Path(sys.argv[2]))

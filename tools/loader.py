@@ -5,8 +5,10 @@ real files) and imported as a module. While it imports, `torch.utils.cpp_extensi
 replaced by a wrapper that
 
 * puts each build in a content-addressed directory of the shared build cache (same sources, flags
-  and toolchain -> same directory, so a repeated candidate is ready without compiling; torch's own
-  lock file serializes concurrent builders of one directory);
+  and toolchain -> same directory, so a repeated candidate is ready without compiling);
+* in a sandboxed worker the shared cache is read-only: a build the cache lacks is asked of the server
+  (`build_request`), which builds it in a sandbox of its own and promotes the library into the cache
+  under the key it computed itself, before the candidate may load it (`fast_build.serve_build_request`);
 * adds the backend's default flags (OpenMP on CPU, the present GPU's arch on CUDA);
 * captures the compiler's output and turns it into located diagnostics.
 """
@@ -19,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -230,10 +233,16 @@ class _InlineBuilder:
     """
 
     def __init__(self, original: Any, *, candidate_text: str, cache_dir: Path, backend: Any,
-                 precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None) -> None:
+                 precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None,
+                 build_request: Any = None, build_root: Path | None = None) -> None:
         self.original = original
         self.pch_requests = pch_requests
         self.cache_dir = cache_dir
+        self.build_request = build_request  # the server's builds (a sandboxed worker: the cache is read-only)
+        self.build_root = build_root or cache_dir  # where private build directories go
+        self.last_mode = "plain"  # the form of the last build tried (`_build`'s mode), and its directory
+        self.last_build_dir: Path | None = None
+        self.keep_failed_builds = False  # the server's builder: its whole staging directory goes afterwards
         self.backend = backend
         self.precompiled_headers = precompiled_headers
         self.source_map = SourceMap(candidate_text)
@@ -260,7 +269,9 @@ class _InlineBuilder:
             return self._built(module, BuildInfo(name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=True,
                                                  functions=fn_names, kernels=self._kernel_resources("", final),
                                                  compiler_report=self._compiler_report(name, kwargs, final)))
-        sweep_abandoned_builds(self.cache_dir)
+        if self.build_request is not None:
+            return self._built_by_server(name, kwargs, fn_names, t0)
+        sweep_abandoned_builds(self.build_root)
         module, build_dir, how = self._build(name, kwargs)
         try:
             os.rename(build_dir, final)  # publish; the library stays loaded from its old path
@@ -275,6 +286,56 @@ class _InlineBuilder:
             pch_dir, _ = pch_dir_for(self.cache_dir, kwargs)
             self._start_pch(pch_dir, build_dir, name)  # the next build with these flags uses it
         return self._built(module, info)
+
+    def _built_by_server(self, name: str, kwargs: dict[str, Any], fn_names: list[str], t0: float) -> Any:
+        """A build the read-only cache lacks, made by the server and promoted into the cache (issue 17): this
+        process never writes there, so no job can leave anything in the cache for the next one."""
+        why = "a standalone program" if kwargs.get("is_standalone") else ""
+        try:
+            request = json.loads(json.dumps({"kwargs": kwargs, "backend": self.backend.name,
+                                             "arch": os.environ.get("TORCH_CUDA_ARCH_LIST", "")}))
+        except (TypeError, ValueError):  # arguments that are not plain data: built here, privately
+            request, why = None, why or "its arguments are not plain data"
+        answer = self.build_request(request) if request is not None and not why else None
+        if not isinstance(answer, dict) or answer.get("declined"):
+            why = why or (answer.get("declined") if isinstance(answer, dict) else "the server did not answer")
+            print(f"kforge: build of {name} not shared ({why}); built in the job's own directory", file=sys.stderr)
+            self.build_root = Path(os.environ.get("TMPDIR") or ".") / "builds"
+            self.build_root.mkdir(parents=True, exist_ok=True)
+            module, build_dir, how = self._build(name, kwargs)
+            return self._built(module, BuildInfo(
+                name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=False, functions=fn_names,
+                kernels=self._kernel_resources("", build_dir), fast_paths=how, not_split=self._pop_not_split(),
+                compiler_report=self._compiler_report(name, kwargs, build_dir)))
+        mode = answer.get("mode") if answer.get("mode") in ("split", "lean", "plain") else "plain"
+        _, mapping, _, _ = self._prepare(name, kwargs, mode)
+        # The files the compiler saw, as the server's builder wrote them (its directory is out of reach here):
+        # copies in this job's directory locate the compiler's messages in the candidate.
+        built_in = Path(tempfile.mkdtemp(prefix=f"kforge-build-{name}-"))
+        generated = answer.get("generated") if isinstance(answer.get("generated"), dict) else {}
+        for file_name in ("main.cpp", "cuda.cu"):
+            if isinstance(generated.get(file_name), str):
+                (built_in / file_name).write_text(generated[file_name])
+        not_split = answer.get("not_split") if isinstance(answer.get("not_split"), str) else None
+        if not answer.get("ok"):
+            output = str(answer.get("output") or "the build failed")
+            diags = self._diagnostics(output, built_in, mapping)
+            self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
+                                         functions=fn_names, not_split=not_split))
+            self.diagnostics.extend(diags)
+            raise _BuildError(name, diags, output)
+        final = Path(answer["dir"])
+        if final.parent != self.cache_dir:
+            raise RuntimeError(f"the server's build of {name} is not in the build cache: {final}")
+        module = _import_built(name, final, kwargs.get("is_python_module", True))
+        log = final / "kforge-build.log"
+        output = log.read_text(errors="replace") if log.exists() else ""
+        self.diagnostics.extend(d for d in self._diagnostics(output, built_in, mapping) if d.severity == "warning")
+        how = [h for h in answer.get("how") or [] if isinstance(h, str)]
+        return self._built(module, BuildInfo(
+            name=name, ok=True, seconds=time.perf_counter() - t0, from_cache=False, functions=fn_names,
+            kernels=self._kernel_resources("", final), fast_paths=how, not_split=not_split,
+            compiler_report=self._compiler_report(name, kwargs, final)))
 
     def _start_pch(self, pch_dir: Path, build_dir: Path, name: str) -> None:
         if self.pch_requests is None:
@@ -295,8 +356,39 @@ class _InlineBuilder:
         build that failed for want of the full header is rebuilt plain: a fast path may cost time,
         never a build the candidate's own form would not give.
         """
-        build_dir = self.cache_dir / f".building-{name}-{uuid.uuid4().hex[:12]}"
+        build_dir = self.build_root / f".building-{name}-{uuid.uuid4().hex[:12]}"
         build_dir.mkdir(parents=True)
+        build, mapping, how, mode = self._prepare(name, kwargs, mode)
+        self.last_mode, self.last_build_dir = mode, build_dir
+        capture = build_dir / "kforge-build.log"
+        t0 = time.perf_counter()
+        try:
+            with _fd_capture(capture):
+                module = self.original(**{**build, "build_directory": str(build_dir), "verbose": True})
+        except Exception as exc:
+            output = (capture.read_text(errors="replace") if capture.exists() else "") + "\n" + str(exc)
+            retry = {"split": "lean", "lean": "plain" if _LEAN_HEADER_TO_BLAME.search(output) else None}.get(mode)
+            if retry is not None:
+                if mode == "split":
+                    self._not_split = "the split sources did not compile (the unsplit build's messages are the ones reported)"
+                shutil.rmtree(build_dir, ignore_errors=True)
+                return self._build(name, kwargs, mode=retry)
+            diags = self._diagnostics(output, build_dir, mapping)
+            self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
+                                         functions=_as_list(kwargs["functions"]) if not isinstance(kwargs["functions"], dict)
+                                         else list(kwargs["functions"]), not_split=self._pop_not_split()))
+            self.diagnostics.extend(diags)
+            if not self.keep_failed_builds:
+                shutil.rmtree(build_dir, ignore_errors=True)
+            raise _BuildError(name, diags, output) from exc
+        output = capture.read_text(errors="replace") if capture.exists() else ""
+        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, mapping) if d.severity == "warning")
+        self._kernel_resources(output, build_dir)
+        return module, build_dir, how
+
+    def _prepare(self, name: str, kwargs: dict[str, Any], mode: str) -> tuple[dict[str, Any], dict[str, Any], list[str], str]:
+        """The arguments a build of this form passes to `load_inline`, the map from the files it writes to the
+        candidate's pieces, the fast paths it takes, and the form it ends up in."""
         build = dict(kwargs)
         how: list[str] = []
         mode = mode if build["cuda_sources"] else "plain"
@@ -326,30 +418,7 @@ class _InlineBuilder:
                 mark_used(pch_dir)
                 build["extra_include_paths"] = [str(pch_dir), *(build.get("extra_include_paths") or [])]
                 how.append("precompiled header")
-        capture = build_dir / "kforge-build.log"
-        t0 = time.perf_counter()
-        try:
-            with _fd_capture(capture):
-                module = self.original(**{**build, "build_directory": str(build_dir), "verbose": True})
-        except Exception as exc:
-            output = (capture.read_text(errors="replace") if capture.exists() else "") + "\n" + str(exc)
-            retry = {"split": "lean", "lean": "plain" if _LEAN_HEADER_TO_BLAME.search(output) else None}.get(mode)
-            if retry is not None:
-                if mode == "split":
-                    self._not_split = "the split sources did not compile (the unsplit build's messages are the ones reported)"
-                shutil.rmtree(build_dir, ignore_errors=True)
-                return self._build(name, kwargs, mode=retry)
-            diags = self._diagnostics(output, build_dir, mapping)
-            self.builds.append(BuildInfo(name=name, ok=False, seconds=time.perf_counter() - t0, from_cache=False,
-                                         functions=_as_list(kwargs["functions"]) if not isinstance(kwargs["functions"], dict)
-                                         else list(kwargs["functions"]), not_split=self._pop_not_split()))
-            self.diagnostics.extend(diags)
-            shutil.rmtree(build_dir, ignore_errors=True)
-            raise _BuildError(name, diags, output) from exc
-        output = capture.read_text(errors="replace") if capture.exists() else ""
-        self.diagnostics.extend(d for d in self._diagnostics(output, build_dir, mapping) if d.severity == "warning")
-        self._kernel_resources(output, build_dir)
-        return module, build_dir, how
+        return build, mapping, how, mode
 
     def _pop_not_split(self) -> str | None:
         why, self._not_split = self._not_split, None
@@ -458,9 +527,11 @@ def _read_generated(build_dir: Path, file_name: str, line: int) -> str | None:
 
 
 def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Path, backend: Any,
-                     precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None) -> LoadOutcome:
+                     precompiled_headers: bool = False, pch_requests: list[list[str]] | None = None,
+                     build_request: Any = None) -> LoadOutcome:
     """Import `source` as module `module_name` from file `path`, building its extensions. With `pch_requests`
-    (a sandboxed worker), the header builds it wants are appended there for the server to start.
+    (a sandboxed worker), the header builds it wants are appended there for the server to start; with
+    `build_request` (the cache is read-only here), a build the cache lacks is asked of the server through it.
 
     Never raises for problems in the user's code: they come back as `LoadOutcome.failure`.
     """
@@ -477,7 +548,7 @@ def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Pa
     from torch.utils import cpp_extension
 
     builder = _InlineBuilder(cpp_extension.load_inline, candidate_text=source, cache_dir=cache_dir, backend=backend,
-                             pch_requests=pch_requests,
+                             pch_requests=pch_requests, build_request=build_request,
                              precompiled_headers=precompiled_headers)
     module = ModuleType(module_name)
     module.__file__ = str(path)

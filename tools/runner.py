@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 import anyio
 
 from .channel import Channel, HandedFds, close_all
+from .fast_build import job_cache_env
 from .integrity import process_ids, process_stat
 from .models import Failure
 
@@ -120,7 +121,7 @@ def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: 
         return  # the worker's reply names only the cache's directories
     pch_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
-    if (conf := confinement(home, limits)) is not None:
+    if (conf := confinement(home, limits, pch_dir)) is not None:  # it writes its header's directory, nothing else
         command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
     # Linux shares CPU time between sessions (autogroups): the session's priority is lowered as well as nice.
     proc = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; exec nice -n 19 "$@"',
@@ -135,17 +136,12 @@ def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -
     here = Path(__file__).resolve().parents[1]  # the kforge package directory
     if here.name == "kforge":  # a plain checkout on sys.path: make it importable for the child too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here.parent), env.get("PYTHONPATH")) if p)
-    cache = home / "cache"
     env.update({
-        "TMPDIR": str(scratch),
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "CUDA_CACHE_PATH": str(cache / "nv"),  # the driver's JIT cache: the sandbox lets a worker write only here
         # Inductor compiles in-process: a worker pool would look like (and be) background processes.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        **job_cache_env(scratch),
     })
     env.update(extra or {})
     return env
@@ -418,6 +414,8 @@ class WorkerProcess:
         init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
                 "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes,
                 "file_bytes": self.limits.file_bytes, "precompiled_headers": self.limits.precompiled_headers,
+                # The cache is read-only in the sandbox: builds it lacks are asked of this process (`call`).
+                "server_builds": self.limits.sandbox,
                 # A profiler front-end (ncu) talks to its target over local sockets: keep those on one network.
                 "isolate_network": self.limits.isolate_network and not self._prefix}
         await self._send(init)
@@ -447,7 +445,17 @@ class WorkerProcess:
         nonce = secrets.token_hex(16)
         started = time.perf_counter()
         await self._send(*HANDED.hand_out({"op": op, "nonce": nonce, **payload}))  # another worker's outputs: descriptors
+        deadline = time.monotonic() + (timeout_s or self.limits.timeout_s)
         reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
+        while "build_request" in reply and reply.get("nonce") == nonce and set(reply) <= {"build_request", "nonce"}:
+            # A build the read-only cache lacks, mid-op: built and promoted here (`fast_build.serve_build_request`).
+            from .fast_build import serve_build_request
+
+            close_all(fds)
+            built = await serve_build_request(self.home, self.limits, self.scratch, reply["build_request"],
+                                              deadline - time.monotonic())
+            await self._send({"build_result": built})
+            reply, fds = await self._receive(stage=stage, timeout_s=max(1.0, deadline - time.monotonic()), why=timeout_why)
         peaks = reply.pop("device_peak_bytes", None)
         parts = reply.pop("trace_parts", None) or {}  # where a slow op's time went
         self._trace(op, started, peaks)

@@ -8,8 +8,8 @@ a cold worker before it imports torch); it returns in a new process and the call
   process that called `enter` stays outside as the namespace's parent: it is what the server knows by pid
   (the session leader it kills), and it mirrors the worker's end as its own.
 - **Mounts**: a private tmpfs on `/tmp` and `/dev/shm`, a `/proc` of the namespace, the server's data
-  directory covered by an empty tmpfs with only the worker's own directory (its scratch) and `cache/` bound
-  back, the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
+  directory covered by an empty tmpfs with only the worker's own directory (its scratch) bound back writable
+  and `cache/` read-only (builds are promoted into it by the server, never written by a worker), the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
   is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.channel`).
 - **Landlock**: files are read-only except the worker's writable directories; device nodes are only the
   null devices and the GPU's; no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
@@ -63,8 +63,8 @@ _DENIED_SYSCALLS = (
 
 @dataclass(frozen=True)
 class Confinement:
-    """What a worker may reach. `home`: the server's data directory (only `cache/` and `extra_writable`, the
-    worker's own directory, stay visible, writable); `hidden`: files that must read as empty (the token file); `isolate_network`: False keeps the
+    """What a worker may reach. `home`: the server's data directory (only `cache/`, read-only, and `extra_writable`,
+    the worker's own directory, writable, stay visible; `extra_readable` paths in it stay visible, read-only); `hidden`: files that must read as empty (the token file); `isolate_network`: False keeps the
     worker on the host's network (operators who set `worker_network = "host"`, and ncu's front-end)."""
 
     home: str
@@ -75,8 +75,13 @@ class Confinement:
     max_tasks: int = 0  # processes and threads at once in the worker's PID namespace (0: `default_max_tasks`)
 
     def writable(self) -> list[str]:
-        home = Path(self.home)
-        return [str(home / "cache"), *self.extra_writable]
+        """The worker's own directories: the only places it may write (the shared cache is not one, issue 17)."""
+        return list(self.extra_writable)
+
+    def shared_read_only(self) -> list[str]:
+        """The data directory's shared build caches: readable by every worker, written only by the server, which
+        promotes into them what its own sandboxed builds produced (`kforge.tools.fast_build.serve_build_request`)."""
+        return [str(Path(self.home) / "cache")]
 
     def as_arg(self) -> str:
         import json
@@ -98,7 +103,7 @@ def enter(confinement: Confinement) -> dict[str, Any]:
         report["missing"].append(f"sandbox: {sys.platform} has none of Linux's isolation")
         return report
     libc = ctypes.CDLL(None, use_errno=True)
-    for path in confinement.writable():
+    for path in (*confinement.writable(), *confinement.shared_read_only()):
         os.makedirs(path, mode=0o700, exist_ok=True)
     in_pid_namespace = _unshare(libc, confinement, report)
     if in_pid_namespace:
@@ -212,18 +217,24 @@ def _mounts(libc: Any, confinement: Confinement, report: dict[str, Any], *, new_
         _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's mounts
         private, home = ("/tmp", "/dev/shm"), os.path.realpath(confinement.home)
         writable, readable = _needed_paths(confinement)
-        held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in writable}
-        held |= {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in readable if any(_beneath(p, d) for d in private)}
+        # The shared cache and any readable path of the data directory: bound back read-only once it is covered.
+        in_home = [p for p in (os.path.realpath(q) for q in (*confinement.shared_read_only(), *confinement.extra_readable))
+                   if _beneath(p, home) and os.path.isdir(p) and p not in writable]
+        held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in (*writable, *in_home)}
+        held |= {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in readable
+                 if any(_beneath(p, d) for d in private) and p not in held}
         for directory in private:
             if os.path.isdir(directory):
                 _mount(libc, "tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={_TMPFS_BYTES}")
         # Read-only mounts: Landlock's rule for the private /tmp would otherwise let a worker write what lies
         # beneath it (a checkout or venv in /tmp: the package itself was writable so, CI in /tmp, 2026-11-24).
-        _bind_back(libc, {p: fd for p, fd in held.items() if p not in writable}, read_only=True)
+        _bind_back(libc, {p: fd for p, fd in held.items() if p not in writable and p not in in_home}, read_only=True)
         covered = os.path.isdir(home)  # (not when it lies in the private /tmp: nothing of it is there)
         if covered:  # after the readable paths: one of them may hold it (a venv, the checkout)
             _mount(libc, "tmpfs", home, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")  # mount points only
-        _bind_back(libc, {p: held[p] for p in writable})
+        # Parents first (the server's header build writes its own directory beneath the read-only cache).
+        for path in sorted((*in_home, *writable)):
+            _bind_back(libc, {path: held[path]}, read_only=path not in writable)
         if covered:  # the cover itself read-only: nothing is written beside the worker's directories
             _remount_read_only(libc, home)
         report["applied"].append("private /tmp, /dev/shm and data directory")
@@ -343,7 +354,8 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> No
         report["missing"].append(f"landlock: {os.strerror(ctypes.get_errno())}")
         return
     read = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
-    rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable)]
+    rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable,
+                                 *confinement.shared_read_only())]
     rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *_gpu_devices())]
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
     # The CUDA driver names its threads through /proc/self/task/<tid>/comm during cuInit, which fails (error

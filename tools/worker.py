@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from .candidate_ops import CandidateOps
 from .channel import WorkerChannel, close_all
+from .fast_build import job_cache_env
 from .handoff import return_free_memory
 from .judge import JudgeOps
 
@@ -79,6 +80,8 @@ class Worker(JudgeOps, CandidateOps):
         self.scratch = Path(init["scratch"])
         self.cache_dir = Path(init["cache_dir"])
         self.precompiled_headers = bool(init.get("precompiled_headers"))
+        self.server_builds = bool(init.get("server_builds"))  # the shared cache is read-only: the server builds
+        self.channel: Any = None  # set by `_serve`: a build request goes to the server mid-op
         self.sandboxed = False  # in a PID namespace of its own: set by `_serve`
         # A probe worker has no backend: it must work even where torch cannot be imported. A warm
         # worker (`ready_backend`) imported torch and set its backend up before it had a job.
@@ -169,8 +172,12 @@ class Worker(JudgeOps, CandidateOps):
             ceilings = json.loads(path.read_text())
         else:
             ceilings = self.backend.measure_ceilings()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(ceilings))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(ceilings))
+            except OSError:  # the cache is read-only in the sandbox: the server stores what its own worker measured
+                return {"facts": facts.model_copy(update=ceilings).model_dump(mode="json"), "cached": None,
+                        "to_store": {"name": path.name, "ceilings": ceilings}}
         return {"facts": facts.model_copy(update=ceilings).model_dump(mode="json"), "cached": str(path)}
 
     def op_load(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -179,9 +186,20 @@ class Worker(JudgeOps, CandidateOps):
         role = msg["role"]
         self.user_file = self.scratch / f"{role}.py"
         pch_requests: list[list[str]] | None = [] if self.sandboxed else None
+        build_request = None
+        if self.server_builds and self.channel is not None:  # the cache is read-only here: the server builds
+            def build_request(request: dict[str, Any]) -> dict[str, Any] | None:
+                self.channel.write({"build_request": request, "nonce": msg.get("nonce")})
+                answer = _read(self.channel)
+                if answer is None:
+                    raise SystemExit(0)  # the server is gone
+                close_all(answer.pop("fds"))
+                return answer.get("build_result")
+            pch_requests = [] if pch_requests is None else pch_requests
         outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
                                    cache_dir=self.cache_dir, backend=self.backend,
-                                   precompiled_headers=self.precompiled_headers, pch_requests=pch_requests)
+                                   precompiled_headers=self.precompiled_headers, pch_requests=pch_requests,
+                                   build_request=build_request)
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
         if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
@@ -330,6 +348,8 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network)  # one thread
         os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
+        if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
+            os.environ.update(job_cache_env(first["scratch"]))
         try:
             backend = load_backend(backend_name)
             backend.setup()
@@ -432,7 +452,7 @@ def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any])
         return  # the pool shut down before this worker got a job
     _output_to(init["log"])
     os.chdir(init["scratch"])
-    os.environ["TMPDIR"] = init["scratch"]
+    os.environ.update(job_cache_env(init["scratch"]))  # TMPDIR and the per-job caches (torch.compile, Triton)
     tempfile.tempdir = None  # a warm worker may have cached the pool's directory
     if warm_backend is None and init.get("isolate_network") and sys.platform == "linux" and (
             isolation["network"] != "isolated"):
@@ -448,6 +468,7 @@ def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any])
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
     worker.sandboxed = "PID namespace" in isolation["applied"]  # what it starts dies with it
+    worker.channel = channel
     reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
            "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
     while (msg := _read(channel)) is not None:
