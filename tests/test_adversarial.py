@@ -134,6 +134,14 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
     assert honest.report.candidate.input_sets >= 3
 
 
+async def test_a_thread_left_running_is_seen_by_the_server_in_a_profile_too(ctx):
+    """The server looks at the worker's threads once, after the candidate's last timed round (not after each
+    round): a thread out of Python's sight, spinning since the first call, still fails the profile."""
+    prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate("b2_native_thread"), baselines=("eager",),
+                                budget_s=1.0)
+    assert checks(prof)["no_background_work"] == "fail" and prof.speedup_trusted is False, str(prof)
+
+
 async def test_a_timer_rescaled_inside_the_candidate_is_caught_by_the_servers_clock(ctx):
     """Patching the harness's timer class (nothing an identity check watches) makes every timed call read 3x
     faster; the server times the calls itself, from outside the candidate's process (issue 17). A compute-bound

@@ -377,7 +377,8 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
         """One round of a baseline in the judge; torch.compile's first one compiles, under the compile deadline."""
         first_compile = name == "torch.compile" and not replies[name]
         return await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
-                                policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None)
+                                policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None,
+                                watch_background=False)
 
     for r in range(_ROUNDS):
         await step(f"timing round {r + 1} of {_ROUNDS}: {', '.join(order)}")
@@ -386,8 +387,9 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
                 continue
             if name == "candidate":
                 extra = {"share_outputs": True} if r == _ROUNDS - 1 else {}
+                # The server looks for work the candidate left running once, after its last round (40 ms a look).
                 reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
-                                          timeout_s=deadline, timeout_why=why, **extra)
+                                          timeout_s=deadline, timeout_why=why, watch_background=False, **extra)
                 if reply.get("failure"):
                     raise _TimingFailed(Failure(**reply["failure"]))
             else:
@@ -421,8 +423,9 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             continue
         stats, rounds = merge_rounds(name, rs)
         out[name] = {"stats": stats, "rounds": rounds}
-    out["candidate"].update(revalidation=replies["candidate"][-1]["revalidation"],
-                            integrity=replies["candidate"][-1]["integrity"])
+    integrity = replies["candidate"][-1]["integrity"]
+    integrity["background"] = list(integrity.get("background", [])) + await worker.background_seen()
+    out["candidate"].update(revalidation=replies["candidate"][-1]["revalidation"], integrity=integrity)
     eager_now = out["eager"]["stats"].median_us if "stats" in out.get("eager", {}) else None
     for name in baselines:
         if name in stored:

@@ -434,8 +434,11 @@ class WorkerProcess:
             await self.aclose()
 
     async def call(self, op: str, *, stage: str, timeout_s: float | None = None, timeout_why: str = "",
-                   **payload: Any) -> dict[str, Any]:
+                   watch_background: bool = True, **payload: Any) -> dict[str, Any]:
         """Run one op in the worker and return its reply.
+
+        `watch_background`: after a reply that carries the worker's integrity report, the server looks for work
+        left running (`background_seen`, 40 ms); False where the caller looks once itself after several ops.
 
         Raises:
             WorkerDied: the worker timed out, crashed or exited; its group has been killed.
@@ -470,11 +473,8 @@ class WorkerProcess:
         self._handed += HANDED.take_in(reply, fds)
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
-        if isinstance(reply.get("integrity"), dict) and "PID namespace" in self.isolation.get("applied", []):
-            # What the worker says it left running is checked inside its process; this is the server's own look:
-            # processes left in its namespace, and threads that kept running once it had answered.
-            seen = namespace_processes(self._proc.pid) if self._proc is not None else []
-            seen += await busy_threads(self._proc.pid) if self._proc is not None else []
+        if watch_background and isinstance(reply.get("integrity"), dict):
+            seen = await self.background_seen()
             reply["integrity"]["background"] = list(reply["integrity"].get("background", [])) + seen
         for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
             spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
@@ -483,6 +483,13 @@ class WorkerProcess:
         if "fatal" in reply:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
         return reply
+
+    async def background_seen(self) -> list[str]:
+        """What the worker says it left running is checked inside its process; this is the server's own look:
+        processes left in its namespace, and threads that kept running once it had answered."""
+        if self._proc is None or "PID namespace" not in self.isolation.get("applied", []):
+            return []
+        return namespace_processes(self._proc.pid) + await busy_threads(self._proc.pid)
 
     async def _send(self, payload: dict[str, Any], fds: list[int] | None = None) -> None:
         assert self._channel is not None
