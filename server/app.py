@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from kforge import __version__
 from kforge.backends import Availability
+from kforge.profilers.chart_processes import start_chart_processes
 from kforge.tools.context import RequestError, ToolContext, sweep_leftovers
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
@@ -169,6 +170,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         # Jobs live as long as the server, not as long as a request; warm workers wait for them (on this host;
         # a fleet's nodes start theirs per job). First, the scratch left by servers that died mid-job.
         await anyio.to_thread.run_sync(sweep_leftovers, tools.home / "jobs")
+        if not fleet:  # a fleet's nodes draw their profiles' charts
+            start_chart_processes()
         async with tools.warm_workers(0 if fleet else settings.warm_workers), \
                 (fleet.connected() if fleet else nullcontext()), jobs.running(), anyio.create_task_group() as tg:
             if on_start is not None:

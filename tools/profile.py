@@ -20,10 +20,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import anyio
 
 from kforge.backends.base import DeviceFacts
-from kforge.profilers.charts import keep, profile_charts
+from kforge.profilers.chart_processes import draw_profile_charts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
@@ -174,7 +173,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     timed = _timing_report(backend, device, series, cand, baselines, problem)
                     # The charts need only the timings: drawn (0.1-0.7 s of the server's CPU) beside the last steps.
                     _, (revalidated, prof, ncu_kernels, ncu_note) = await concurrently(
-                        lambda: anyio.to_thread.run_sync(_draw_charts, timed, artifacts), last_steps)
+                        lambda: _draw_charts(timed, artifacts), last_steps)
                 except WorkerDied as died:
                     return failed(died.failure)
                 if prof.get("failure"):
@@ -285,11 +284,10 @@ def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str
                                  problem["dtype"]))
 
 
-def _draw_charts(report: ProfileReport, artifacts: Path) -> None:
+async def _draw_charts(report: ProfileReport, artifacts: Path) -> None:
     """The profile's charts, kept as its artifacts (served with the result: `kforge.server.pictures`)."""
     with traced("server", "profile.charts"):
-        for chart in profile_charts(report):
-            keep(chart, artifacts)
+        await draw_profile_charts(report, artifacts)
 
 
 def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:
