@@ -23,7 +23,7 @@ import anyio
 from .charts import Chart, keep, profile_charts, roofline_chart, timing_chart
 from .report import ProfileReport
 
-__all__ = ["draw_profile_charts", "start_chart_processes", "stop_chart_processes"]
+__all__ = ["PendingCharts", "draw_profile_charts", "start_chart_processes", "stop_chart_processes"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,19 +97,35 @@ def _draw_in_thread(report: ProfileReport, artifacts: Path) -> None:
         keep(chart, artifacts)
 
 
+class PendingCharts:
+    """A profile's charts being drawn in the drawing processes from the moment it was made; `keep` waits for them
+    and writes them (or draws them in a thread, where the processes are not running)."""
+
+    def __init__(self, report: ProfileReport) -> None:
+        self.report = report
+        self.futures: list[Future[Chart | None]] | None = None
+        if _executor is None:  # not started with the server: started now for the next profiles (they take a second)
+            start_chart_processes()
+            return
+        try:
+            self.futures = [_executor.submit(draw, report) for draw in _DRAWERS]
+        except (BrokenProcessPool, OSError, RuntimeError) as exc:
+            _give_up(exc)
+
+    async def keep(self, artifacts: Path) -> None:
+        if self.futures is not None:
+            try:
+                for future in self.futures:
+                    chart = await anyio.to_thread.run_sync(future.result)
+                    if chart is not None:
+                        keep(chart, artifacts)
+                return
+            except (BrokenProcessPool, OSError, RuntimeError) as exc:
+                _give_up(exc)
+        await anyio.to_thread.run_sync(_draw_in_thread, self.report, artifacts)
+
+
 async def draw_profile_charts(report: ProfileReport, artifacts: Path) -> None:
     """Draw the profile's charts into `artifacts` (`profile_charts`' files), in the drawing processes when
     they run (`start_chart_processes`, at the server's start), else in a thread."""
-    if _executor is None:  # not started with the server: started now for the next profiles (they take a second)
-        start_chart_processes()
-        await anyio.to_thread.run_sync(_draw_in_thread, report, artifacts)
-        return
-    try:
-        futures: list[Future[Chart | None]] = [_executor.submit(draw, report) for draw in _DRAWERS]
-        for future in futures:
-            chart = await anyio.to_thread.run_sync(future.result)
-            if chart is not None:
-                keep(chart, artifacts)
-    except (BrokenProcessPool, OSError, RuntimeError) as exc:
-        _give_up(exc)
-        await anyio.to_thread.run_sync(_draw_in_thread, report, artifacts)
+    await PendingCharts(report).keep(artifacts)

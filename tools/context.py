@@ -13,6 +13,7 @@ import shutil
 import socket
 import time
 from contextlib import asynccontextmanager, contextmanager
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -111,6 +112,8 @@ class ToolContext:
     pool: WorkerPool | None = field(default=None, init=False)
     #: baseline timings by (reference, baseline, budget, environment): (when measured, the judge's reply)
     baseline_timings: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = field(default_factory=dict, init=False)
+    _facts: dict[str, DeviceFacts] = field(default_factory=dict, init=False)  # `device_facts`, per backend
+    _facts_locks: dict[str, anyio.Lock] = field(default_factory=lambda: defaultdict(anyio.Lock), init=False)
 
     def worker(self, backend: str, scratch: Path, role: str, **kwargs: Any) -> WorkerProcess:
         """A worker for one job (warm from the pool when one is ready)."""
@@ -193,7 +196,16 @@ class ToolContext:
             return self._availability
 
     async def device_facts(self, backend: str, *, remeasure: bool = False) -> DeviceFacts:
-        """The device's facts with measured ceilings (measured once per device, then cached)."""
+        """The device's facts with measured ceilings (measured once per device, then cached on disk and here).
+
+        Measured by a worker of its own, never a candidate's: a candidate could report low ceilings and so
+        place itself near the roofline (and a profile would pay the 0.3 s measurement each time)."""
+        async with self._facts_locks[backend]:
+            if remeasure or backend not in self._facts:
+                self._facts[backend] = await self._measure_facts(backend, remeasure)
+            return self._facts[backend]
+
+    async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
         avail = await self.require_backend(backend)
         with self.scratch("ceilings") as scratch:
             async with self.device_lock(avail.device_name or backend), self.worker(backend, scratch, "ceilings") as w:

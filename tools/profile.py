@@ -22,7 +22,7 @@ from typing import Any
 
 
 from kforge.backends.base import DeviceFacts
-from kforge.profilers.chart_processes import draw_profile_charts
+from kforge.profilers.chart_processes import PendingCharts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
@@ -78,6 +78,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     if use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
+    # Measured by the server's own worker, once per device (before this job takes its workers and the device).
+    device = await ctx.device_facts(backend)
     profile_id = uuid.uuid4().hex[:12]
     init_seed, seeds = _fresh_seeds(_INPUT_SETS)
     steps = 6.0 + len(baselines)
@@ -146,6 +148,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
                                                    fresh_baselines, step, problem["reference_call_s"])
+                    timed = _timing_report(backend, device, series, series["candidate"], baselines, problem)
+                    # On a device clock the charts start now, in processes of their own, beside the server's clock
+                    # and the last steps; a host clock would feel their CPU, so there they wait for the anchor.
+                    charts = PendingCharts(timed) if series["candidate"]["stats"].clock == "device" else None
                     anchor = await _wall_anchor(worker, series["candidate"]["stats"].median_us,
                                                 problem["reference_call_s"], ctx.limits)
                 except _TimingFailed as timing_failed:
@@ -169,11 +175,10 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
 
                 try:
                     await step("reading the device's ceilings (measured once per device)")
-                    device = DeviceFacts(**(await worker.call("ceilings", stage="ceilings"))["facts"])
-                    timed = _timing_report(backend, device, series, cand, baselines, problem)
-                    # The charts need only the timings: drawn (0.1-0.7 s of the server's CPU) beside the last steps.
-                    _, (revalidated, prof, ncu_kernels, ncu_note) = await concurrently(
-                        lambda: _draw_charts(timed, artifacts), last_steps)
+                    charts = charts or PendingCharts(timed)
+                    revalidated, prof, ncu_kernels, ncu_note = await last_steps()
+                    with traced("server", "profile.charts"):  # what is left of their drawing (0.1-0.3 s each)
+                        await charts.keep(artifacts)
                 except WorkerDied as died:
                     return failed(died.failure)
                 if prof.get("failure"):
@@ -282,12 +287,6 @@ def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str
         problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
         **ProfileReport.roofline(device, stats.median_us, problem["problem_bytes"], problem["problem_flops"],
                                  problem["dtype"]))
-
-
-async def _draw_charts(report: ProfileReport, artifacts: Path) -> None:
-    """The profile's charts, kept as its artifacts (served with the result: `kforge.server.pictures`)."""
-    with traced("server", "profile.charts"):
-        await draw_profile_charts(report, artifacts)
 
 
 def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:
