@@ -49,7 +49,7 @@ def test_doctor_advice_fits_the_host_and_shows_the_disk(tmp_path):
         import importlib
 
         assert _nvidia_gpu() or importlib.import_module("triton.runtime.interpreter")
-    assert f"disk: " in out.stdout and f"in {tmp_path}: store" in out.stdout and "`kforge prune`" in out.stdout
+    assert "disk: " in out.stdout and f"in {tmp_path}: store" in out.stdout and "`kforge prune`" in out.stdout
     disk = _doctor(tmp_path, "--no-measure")["disk"]
     assert disk["total_bytes"] > 0 and set(disk["caches"]) >= {"builds", "pch"} and disk["cache_max_bytes"] == 20e9
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters, stdio_client
 
-from .conftest import HttpServer, free_port, kforge_command, server_env
+from .conftest import free_port, kforge_command, server_env
 
 pytestmark = pytest.mark.anyio
 

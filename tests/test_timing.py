@@ -176,7 +176,7 @@ def test_rounds_merge_into_one_series_and_the_speedup_interval_covers_one_for_th
     # The same kernel in two processes, drifting together by a few percent between rounds.
     same_a = [round_reply(100 * d) for d in (1.0, 1.03, 0.98)]
     same_b = [round_reply(100 * d) for d in (1.0, 1.03, 0.98)]
-    (a, a_rounds), (b, b_rounds) = merge_rounds("eager", same_a), merge_rounds("candidate", same_b)
+    (a, a_rounds), (_, b_rounds) = merge_rounds("eager", same_a), merge_rounds("candidate", same_b)
     assert a.samples == 120 and a.rounds == 3 and a.q1_us <= a.median_us <= a.q3_us
     ratio, ci = speedup_interval(a_rounds, b_rounds)
     assert ci[0] <= 1.0 <= ci[1] and ratio == pytest.approx(1.0, abs=0.03)
