@@ -23,7 +23,7 @@ import anyio
 from .charts import Chart, keep, profile_charts, roofline_chart, timing_chart
 from .report import ProfileReport
 
-__all__ = ["PendingCharts", "draw_profile_charts", "start_chart_processes", "stop_chart_processes"]
+__all__ = ["PendingCharts", "start_chart_processes", "stop_chart_processes"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,6 @@ def _warm() -> None:
 def _die_with(parent: int) -> None:
     """A drawing process ends with the server, however the server ends (SIGKILL included)."""
     import ctypes
-    import os
     import signal
 
     try:
@@ -124,8 +123,3 @@ class PendingCharts:
                 _give_up(exc)
         await anyio.to_thread.run_sync(_draw_in_thread, self.report, artifacts)
 
-
-async def draw_profile_charts(report: ProfileReport, artifacts: Path) -> None:
-    """Draw the profile's charts into `artifacts` (`profile_charts`' files), in the drawing processes when
-    they run (`start_chart_processes`, at the server's start), else in a thread."""
-    await PendingCharts(report).keep(artifacts)

@@ -11,9 +11,7 @@ import secrets
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
-
-import anyio
+from typing import Any
 
 from .compare import PRECISIONS
 from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
@@ -21,7 +19,7 @@ from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, Ker
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
-from .trials import as_reference_failure, judge_trials
+from .trials import as_reference_failure, concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
@@ -84,28 +82,6 @@ async def _ready_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str,
     if setup.get("failure"):
         return None, compiled, setup, Failure(**setup["failure"])
     return worker, compiled, setup, None
-
-
-A = TypeVar("A")
-B = TypeVar("B")
-
-
-async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]]) -> tuple[A, B]:
-    """Run two independent steps at once (the judge's reference beside the candidate's build)."""
-    results: list[Any] = [None, None]
-
-    async def run(i: int, step: Callable[[], Awaitable[Any]]) -> None:
-        results[i] = await step()
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run, 0, first)
-            tg.start_soon(run, 1, second)
-    except BaseExceptionGroup as group:  # one step failed (a harness error): raise it as itself
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-    return results[0], results[1]
 
 
 async def _prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, reference: str,

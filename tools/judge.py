@@ -41,6 +41,13 @@ def _memory_capacity(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _tensor_bytes(values: list[Any]) -> int:
+    """Bytes held by the tensors among `values`."""
+    import torch
+
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
 def _mean64(t: Any) -> float:
     """The mean in float64 without a float64 copy of the whole tensor."""
     import torch
@@ -113,8 +120,7 @@ class JudgeOps:
         return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected],
                 "distribution": first["distribution"], "note": first["note"], "exact": first["exact"],
                 "exact_note": first["exact_note"], "reference_call_s": min(cold, first["seconds"]),
-                "footprint_bytes": self.input_bytes + sum(t.numel() * t.element_size() for t in self.expected
-                                                          if isinstance(t, torch.Tensor)),
+                "footprint_bytes": self.input_bytes + _tensor_bytes(self.expected),
                 "capacity_bytes": _memory_capacity(self.backend.device)}
 
     def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +136,7 @@ class JudgeOps:
             variant = VARIANTS[i % len(VARIANTS)][0] if self.want_variants else "native"
             self.sets.variants[i] = variant
             inputs = self.sets.fresh(i)
-            self.input_bytes = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+            self.input_bytes = _tensor_bytes(inputs)
             self._input_shapes = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
             t0 = time.perf_counter()
             out = self._reference_outputs(self.model, inputs)
@@ -178,9 +184,7 @@ class JudgeOps:
         return None
 
     def _exact_too_large(self) -> str | None:
-        import torch
-
-        outputs = sum(t.numel() * t.element_size() for t in self.expected if isinstance(t, torch.Tensor))
+        outputs = _tensor_bytes(self.expected)
         # Inputs and outputs in float64 (up to twice their float32 size), and the reference's copies of them.
         as64 = 2 * 2 * (self.input_bytes + outputs)
         capacity = _memory_capacity(self.backend.device)
@@ -299,7 +303,7 @@ class JudgeOps:
         from torch.utils.flop_counter import FlopCounterMode
 
         i = self.expected_index or 0
-        outputs = sum(t.numel() * t.element_size() for t in self.expected if isinstance(t, torch.Tensor))
+        outputs = _tensor_bytes(self.expected)
         flops = None
         # Counted on the meta device (shapes only): a real call held another set of inputs and outputs, several
         # GB on a large problem, beside the trial's. Counted for real only where meta cannot run it.

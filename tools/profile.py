@@ -20,7 +20,6 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.chart_processes import PendingCharts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
@@ -30,12 +29,12 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, concurrently, launch_once, with_jit_kernels
+from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .static_scan import scan_candidate
 from .timing import merge_rounds
-from .trials import judge_trials
+from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
 
 __all__ = ["BASELINES", "profile_kernel"]

@@ -9,14 +9,15 @@ three times its own footprint, and nothing of its size is written to disk.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
+
+import anyio
 
 from .models import Failure
 from .runner import WorkerDied, WorkerProcess
 
-__all__ = ["TrialsOutcome", "as_reference_failure", "judge_trials"]
+__all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trials"]
 
 
 @dataclass
@@ -60,20 +61,22 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         if expected.get("note"):
             outcome.notes.append(expected["note"])
 
-        calibrating = alive_nulls != []
-        calibration = judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging) \
-            if calibrating else _nothing()
-        trial = worker.call("trial", stage="forward", i=i, variant=expected["distribution"], repeat=repeat,
-                            timeout_s=deadline, timeout_why=why)
-        if calibrating and not beside:
-            # On a problem of several GB the two would need the device memory of both at once.
-            calibration_or_died = await _settle(calibration)
+        async def trial() -> Any:
+            return await _settle(worker.call("trial", stage="forward", i=i, variant=expected["distribution"],
+                                             repeat=repeat, timeout_s=deadline, timeout_why=why))
+
+        async def calibration() -> Any:
+            return await _settle(judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging))
+
+        if alive_nulls == []:  # every null rejected already (or calibration not asked for)
+            calibration_or_died, record_or_died = None, await trial()
+        elif beside:  # the judge's nulls beside the candidate's call: each process is idle while the other works
+            calibration_or_died, record_or_died = await concurrently(calibration, trial)
+        else:  # on a problem of several GB the two would need the device memory of both at once
+            calibration_or_died = await calibration()
             if isinstance(calibration_or_died, WorkerDied):
-                trial.close()  # never started
                 return outcome, as_reference_failure(calibration_or_died.failure)
-            record_or_died = await _settle(trial)
-        else:  # the judge's nulls beside the candidate's call: each process is idle while the other works
-            calibration_or_died, record_or_died = await asyncio.gather(_settle(calibration), _settle(trial))
+            record_or_died = await trial()
         if isinstance(calibration_or_died, WorkerDied):
             return outcome, as_reference_failure(calibration_or_died.failure)
         if isinstance(record_or_died, WorkerDied):
@@ -115,16 +118,35 @@ def calibrate_beside_trial(prepared: dict[str, Any]) -> bool:
     return bool(footprint is not None and capacity and footprint < _BESIDE_SHARE * capacity)
 
 
-async def _nothing() -> None:
-    return None
-
-
 async def _settle(call: Awaitable[Any]) -> Any:
     """The call's reply, or the WorkerDied it raised (so that two calls run side by side both finish)."""
     try:
         return await call
     except WorkerDied as died:
         return died
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]]) -> tuple[A, B]:
+    """Run two independent steps at once (the judge's reference beside the candidate's build, its nulls beside
+    a trial)."""
+    results: list[Any] = [None, None]
+
+    async def run(i: int, step: Callable[[], Awaitable[Any]]) -> None:
+        results[i] = await step()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, 0, first)
+            tg.start_soon(run, 1, second)
+    except BaseExceptionGroup as group:  # one step failed (a harness error): raise it as itself
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    return results[0], results[1]
 
 
 def _merge_nulls(outcome: TrialsOutcome, verdicts: dict[str, Any]) -> list[str]:
