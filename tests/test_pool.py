@@ -46,8 +46,9 @@ async def test_held_forks_start_after_the_release_but_a_waiting_job_still_gets_o
         with anyio.fail_after(120):
             waited = await pool.acquire("cpu")
         assert waited is not None
-        await ctx.forks_finished()
-        assert not sum(pool._starting.values())  # every kind's
+        with anyio.fail_after(120):
+            while sum(pool._starting.values()):  # every kind's
+                await anyio.sleep(0.05)
         release()
         release()  # idempotent
         with anyio.fail_after(120):
@@ -57,6 +58,62 @@ async def test_held_forks_start_after_the_release_but_a_waiting_job_still_gets_o
         for warm in (taken, waited):
             await kill_group(warm.proc)
             await warm.proc.aclose()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def _stopped(pid: int) -> bool:
+    """Whether the process is (or becomes, within a second: a signal is delivered asynchronously) stopped."""
+    with anyio.move_on_after(1):
+        while _state(pid) != "T":
+            await anyio.sleep(0.01)
+    return _state(pid) == "T"
+
+
+async def _under_way_with_pid(pool) -> list:
+    with anyio.fail_after(60):
+        while not (forks := [f for f in pool._under_way if f.pid is not None]):
+            await anyio.sleep(0.01)
+    return forks
+
+
+async def test_a_timing_stops_the_forks_under_way_and_they_go_on_after_it(tmp_path):
+    """The forks a job's takes started are stopped, not waited for, while a profile times; they keep their work."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        forks = await _under_way_with_pid(pool)  # the server's first refills, still readying
+        release = ctx.hold_forks()
+        ctx.pause_forks()
+        for fork in forks:
+            assert await _stopped(fork.pid), "a fork under way kept running beside the timing"
+        deadline = forks[0].scope.deadline
+        await anyio.sleep(1.5)
+        assert all(_state(f.pid) == "T" for f in forks)
+        started = pool.started
+        release()
+        assert forks[0].scope is None or forks[0].scope.deadline >= deadline + 1.5  # the pause does not count
+        with anyio.fail_after(120):
+            await _ready(pool, 2)
+        assert pool.started >= started + len(forks) and not pool.problems
+
+
+async def test_a_job_waiting_for_a_worker_lets_a_stopped_fork_of_its_kind_go_on(tmp_path):
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        forks = await _under_way_with_pid(pool)
+        release = ctx.hold_forks()
+        ctx.pause_forks()
+        backend, env = forks[0].kind
+        with anyio.fail_after(120):
+            warm = await pool.acquire(backend, dict(env))
+        assert warm is not None
+        others = [f for f in pool._under_way if f.kind != forks[0].kind and f.pid is not None]
+        assert all([await _stopped(f.pid) for f in others])  # only its own kind
+        release()
+        await kill_group(warm.proc)
+        await warm.proc.aclose()
 
 
 async def test_a_jobs_workers_are_killed_at_once_and_collected_in_the_background(tmp_path):

@@ -159,10 +159,11 @@ class ToolContext:
         """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
         return self.pool.hold_forks() if self.pool is not None else (lambda: None)
 
-    async def forks_finished(self) -> None:
-        """Return once no warm worker is being started: nothing else readies a device beside a timing."""
+    def pause_forks(self) -> None:
+        """Stop the warm workers being readied until the holds are released: nothing else readies a device beside
+        a timing (`WorkerPool.pause_forks`)."""
         if self.pool is not None:
-            await self.pool.forks_finished()
+            self.pool.pause_forks()
 
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.

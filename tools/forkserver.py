@@ -10,9 +10,10 @@ job: candidates still never share a process.
 Control channel (a Unix stream socket on the zygote's fd 0):
   server -> zygote: one byte carrying one file descriptor (SCM_RIGHTS): the new worker's protocol
                     socket; the zygote reads one byte at a time, so each byte owns exactly its fd;
-  zygote -> server: JSON lines: {"ready": true} (or false, and why) once, then {"exited": pid, "code": c} per worker
-                    (c as subprocess reports it: negative for a signal), because only the zygote, the
-                    workers' parent, can learn how a worker ended.
+  zygote -> server: JSON lines: {"ready": true} (or false, and why) once, then {"forked": pid} per request, in
+                    the order of the requests (the server can pause a worker still readying its device), and
+                    {"exited": pid, "code": c} per worker (c as subprocess reports it: negative for a signal),
+                    because only the zygote, the workers' parent, can learn how a worker ended.
 The server closing the channel ends the zygote, which kills the workers it still has.
 """
 
@@ -68,6 +69,7 @@ def serve_forks(ctl_fd: int, preload: Callable[[], Any], run_child: Callable[[so
                         os._exit(code)
                 os.close(fd)
                 children.add(pid)
+                _send_line(ctl, {"forked": pid})
     finally:
         for pid in children:
             try:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -89,6 +91,55 @@ class WarmProcess:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+class _Fork:
+    """A fork under way: its worker is still readying its device, and a timing can stop it and let it go on.
+
+    A profile waited 0.27 s for the refills that a verify's takes had started (two small GEMMs, H100 trace,
+    2026-11-24): stopping them (SIGSTOP to the worker's group) takes their CPU and device work away from the
+    timing at once, and they go on afterwards with the work they had done."""
+
+    def __init__(self, kind: _Kind) -> None:
+        self.kind = kind
+        self.pid: int | None = None  # from the zygote's "forked" line
+        self.scope: anyio.CancelScope | None = None  # the wait for its answer: its deadline moves by the pause
+        self._stopped_at: float | None = None
+        self._want_stopped = False
+
+    def forked(self, pid: int) -> None:
+        self.pid = pid
+        if self._want_stopped:
+            self._signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        self._want_stopped = True
+        if self.pid is not None:
+            self._signal(signal.SIGSTOP)
+
+    def go_on(self) -> None:
+        self._want_stopped = False
+        if self._stopped_at is not None:
+            self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        # The worker leads its own group once it called setsid, its sandbox's process included; just forked,
+        # it may not have yet: then it is one process, in the zygote's group.
+        delivered = False
+        for send in (os.killpg, os.kill):
+            try:
+                send(self.pid, sig)  # type: ignore[arg-type]
+                delivered = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not delivered:
+            return
+        if sig == signal.SIGSTOP and self._stopped_at is None:
+            self._stopped_at = anyio.current_time()
+        elif sig == signal.SIGCONT and self._stopped_at is not None:
+            if self.scope is not None:
+                self.scope.deadline += anyio.current_time() - self._stopped_at
+            self._stopped_at = None
+
+
 class _Zygote:
     """One backend's fork server: started once, then forks warm workers on request."""
 
@@ -96,6 +147,8 @@ class _Zygote:
         self.proc, self.ctl = proc, ctl
         self.lines = BufferedByteReceiveStream(ctl)  # the zygote's JSON lines: ready, then exit codes
         self.children: dict[int, ForkedProcess] = {}
+        self._requested: deque[_Fork] = deque()  # forks asked for whose pid the zygote has not named yet
+        self._asking = anyio.Lock()  # one request at a time: the "forked" lines come in the order of the requests
 
     @classmethod
     async def start(cls, backend: str, argv_extra: list[str], env: dict[str, str], cwd: Path) -> _Zygote | str:
@@ -125,6 +178,10 @@ class _Zygote:
         try:
             while True:
                 msg = json.loads(await self.lines.receive_until(b"\n", 1 << 16))
+                if "forked" in msg:
+                    if self._requested:
+                        self._requested.popleft().forked(int(msg["forked"]))
+                    continue
                 child = self.children.pop(msg.get("exited"), None)
                 if child is not None:
                     child._exited(int(msg["code"]))
@@ -137,18 +194,24 @@ class _Zygote:
                 child._exited(-9)
             self.children.clear()
 
-    async def fork(self, extra_env: dict[str, str], scratch: Path) -> WarmProcess | str:
+    async def fork(self, extra_env: dict[str, str], scratch: Path, under_way: _Fork) -> WarmProcess | str:
         """A new worker with this environment, its device started and `scratch` its only writable directory
-        of the data directory, or why there is none."""
+        of the data directory, or why there is none. `under_way` learns its pid while it readies."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            await self.ctl.send_fds(b"f", [theirs.fileno()])
+            async with self._asking:
+                self._requested.append(under_way)
+                try:
+                    await self.ctl.send_fds(b"f", [theirs.fileno()])
+                except BaseException:
+                    self._requested.remove(under_way)  # no "forked" line will come for it
+                    raise
         finally:
             theirs.close()
         channel = await Channel.from_socket(ours)
         try:
             await channel.send((json.dumps({"env": extra_env, "scratch": str(scratch)}) + "\n").encode())
-            with anyio.fail_after(_FORK_TIMEOUT_S):
+            with anyio.fail_after(_FORK_TIMEOUT_S) as under_way.scope:
                 reply = json.loads((await channel.receive_line(1 << 16))[0])
         except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
                 ValueError) as exc:
@@ -188,7 +251,7 @@ class WorkerPool:
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
         self._quiet = 0  # timings in progress or about to start: no new fork until they end (`hold_forks`)
-        self._forks_done = anyio.Event()  # set when no fork is under way
+        self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
 
@@ -223,7 +286,7 @@ class WorkerPool:
         A fork starts a device context and warms the libraries (~1.3 s of GPU and CPU work on an H100):
         beside a timing it slowed the timed calls 2-3x (a profile's first round, H100 trace, 2026-11-24). A
         profile holds this from the moment it takes its workers until it is done with the device, so the
-        refills its takes ask for start after it, and waits for forks already under way (`forks_finished`)
+        refills its takes ask for start after it, and stops the forks already under way (`pause_forks`)
         before timing."""
         self._quiet += 1
         released = False
@@ -233,14 +296,17 @@ class WorkerPool:
             if not released:
                 released = True
                 self._quiet -= 1
+                if not self._quiet:
+                    for fork in self._under_way:
+                        fork.go_on()
                 self._wake.set()
         return release
 
-    async def forks_finished(self) -> None:
-        """Wait until no fork is under way."""
-        with anyio.move_on_after(_FORK_TIMEOUT_S):
-            while sum(self._starting.values()):
-                await self._forks_done.wait()
+    def pause_forks(self) -> None:
+        """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
+        keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind."""
+        for fork in self._under_way:
+            fork.stop()
 
     def reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> bool:
         """Await killed workers' exits in the background (each a device context's teardown, 0.15-0.2 s on an
@@ -303,6 +369,9 @@ class WorkerPool:
         if warm is not None or self._tg is None:
             return warm
         self._waiting[kind] += 1
+        for fork in self._under_way:
+            if fork.kind == kind:
+                fork.go_on()  # a job that cannot go on without it comes before a timing's quiet
         self._wake.set()
         try:
             with anyio.move_on_after(wait_s):
@@ -361,18 +430,19 @@ class WorkerPool:
         backend, env = kind
         started = time.perf_counter()
         own = self.home / "jobs" / scratch_name("w")
+        under_way = _Fork(kind)
+        self._under_way.add(under_way)
         try:
             zygote = await self._zygote(backend)
             own.mkdir(mode=0o700, parents=True)
-            warm = await zygote.fork(dict(env), own) if isinstance(zygote, _Zygote) else zygote
+            warm = await zygote.fork(dict(env), own, under_way) if isinstance(zygote, _Zygote) else zygote
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         finally:
+            self._under_way.discard(under_way)
+            under_way.go_on()  # (a fork that failed while stopped must not stay stopped)
             self._starting[kind] -= 1
-            if not sum(self._starting.values()):
-                self._forks_done.set()
-                self._forks_done = anyio.Event()
         if isinstance(warm, str):  # stop trying; cold workers report the problem properly
             shutil.rmtree(own, ignore_errors=True)
             self._wanted.discard(kind)

@@ -143,7 +143,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                 return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
             async with ctx.device_lock(avail.device_name or backend):
-                await ctx.forks_finished()
+                ctx.pause_forks()
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
                                                    fresh_baselines, step, problem["reference_call_s"])
