@@ -73,6 +73,7 @@ CASES = [
     ("b2_orphan", "relu", "strict", False, {"no_background_work": "fail", "outputs_match": "pass"}),
     ("b3_timer_patch", "relu", "strict", False, {"harness_intact": "fail", "static_scan": "pass", "outputs_match": "pass"}),
     ("b7_guess_seed", "relu", "strict", False, {"outputs_match": "fail"}),
+    ("a18_tiny_noise", "relu", "strict", True, {"deterministic": "warn", "outputs_match": "pass"}),
 ]
 
 
@@ -184,3 +185,30 @@ async def test_a_reused_output_buffer_is_revalidated_as_returned(ctx):
                                 budget_s=1.0)
     got = checks(prof)
     assert got["timed_outputs"] == "pass" and got["probe_memo"] == "pass", str(prof)
+
+
+@pytest.mark.parametrize(("name", "correct", "deterministic"), [
+    ("honest_cpp_relu", True, "pass"), ("a18_tiny_noise", True, "warn"), ("a1_stale_empty", False, None),
+    ("a2_unwritten_tail", False, None)])
+async def test_a_large_problems_repeat_runs_apart_with_the_same_verdicts(ctx, monkeypatch, name, correct, deterministic):
+    """On a problem large beside the device, the repeat after NaN-poisoning runs once the judge has checked and
+    let go of the first outputs (two runs' outputs and the expected ones no longer held at once), and is
+    compared with a digest of them: the verdicts are those of the repeat run inside the trial."""
+    from kforge.tools import trials
+    from kforge.tools.runner import WorkerProcess
+
+    monkeypatch.setattr(trials, "_BESIDE_SHARE", 0.0)  # as for a problem of several GB on a GPU
+    ops: list[str] = []
+    call = WorkerProcess.call
+
+    async def recorded(self, op, **kw):
+        ops.append(op)
+        return await call(self, op, **kw)
+    monkeypatch.setattr(WorkerProcess, "call", recorded)
+    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate(name), use_store=False)
+    assert result.failure is None and result.correct is correct, str(result)
+    if deterministic is not None:
+        assert checks(result)["deterministic"] == deterministic, str(result)
+        assert ops.count("repeat") == ops.count("check_repeat") == 5, ops
+    else:
+        assert checks(result)["outputs_match"] == "fail"

@@ -88,3 +88,17 @@ def test_the_reduced_precision_hint_only_where_it_could_explain_the_error():
     wrong = compare_outputs([e], [e * 0.4], exact=[e.double()])[0]  # 0.6: a wrong kernel
     assert not near.correct and any("reduced-precision" in p for p in near.problems)
     assert not wrong.correct and not any("reduced-precision" in p for p in wrong.problems)
+
+
+def test_a_bfloat16_output_read_as_float32_judges_as_its_float32_copy():
+    """The judge's bfloat16 null is compared without a float32 copy of its output: the same verdict, errors and
+    counts as the copy, and a dtype problem only where it is not asked for."""
+    e = torch.randn(3000, 700)
+    got = (e.to(torch.bfloat16) @ torch.eye(700, dtype=torch.bfloat16))  # a reduced-precision result
+    [read] = compare_outputs([e], [got], read_as_expected=True)
+    [copied] = compare_outputs([e], [got.to(torch.float32)])
+    assert not copied.correct and read.model_dump(exclude={"got"}) == copied.model_dump(exclude={"got"})
+    [strict] = compare_outputs([e], [got])
+    assert any("dtype" in p for p in strict.problems)
+    [ints] = compare_outputs([torch.ones(4, dtype=torch.int64)], [torch.ones(4)], read_as_expected=True)
+    assert not ints.correct and any("dtype" in p for p in ints.problems)  # only floats are read across dtypes

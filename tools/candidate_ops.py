@@ -26,7 +26,8 @@ _COPIED_SET_BYTES = 256 * 2**20  # timing input sets up to this size get a fresh
 
 
 class CandidateOps:
-    # State (set by Worker.__init__): module, model, backend, sets, extensions, kernel_names, snapshot.
+    # State (set by Worker.__init__): module, model, backend, sets, extensions, kernel_names, snapshot, shelf,
+    # _output_sizes.
 
     def op_setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Build ModelNew with the reference's initial weights; the trial inputs are made from the seeds.
@@ -78,8 +79,8 @@ class CandidateOps:
                     "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
                     "aliases": aliased_outputs(out, args), "inputs_modified": modified_inputs(args, self.sets.fresh(i))}
                 record["outputs"] = self.shelf.put(out) if msg.get("share", True) else []
+                sizes = self._output_sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
                 if msg.get("repeat", True):
-                    sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
                     del out, args  # (the shelf may still hold the outputs: the judge reads them)
                     poison_allocator(sizes, self.backend.device)
                     again = flatten_outputs(self.model(*self.sets.fresh(i)))
@@ -90,6 +91,29 @@ class CandidateOps:
             f = self._failure(exc, "forward")["failure"]
             return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
         return record
+
+    def op_repeat(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Trial i's inputs again after the allocator was poisoned with NaN, its outputs held for the judge: the
+        repeat of `op_trial` on its own, once the judge has let go of the first outputs (a problem whose two
+        runs' outputs and the judge's expected ones would not fit on the device at once)."""
+        import torch
+
+        from .compare import flatten_outputs
+        from .inputs import poison_allocator
+
+        i = msg["i"]
+        self.shelf.clear()
+        try:
+            with torch.no_grad():
+                poison_allocator(self._output_sizes, self.backend.device)
+                again = flatten_outputs(self.model(*self.sets.fresh(i)))
+                self.backend.synchronize()
+                return {"repeat": self.shelf.put(again),
+                        "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in again]}
+        except BaseException as exc:  # noqa: BLE001
+            self.shelf.clear()
+            f = self._failure(exc, "forward")["failure"]
+            return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
 
     def op_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial 0's inputs (a fresh copy) through `_decoy_record`."""

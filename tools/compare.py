@@ -106,7 +106,8 @@ _CHUNK = 1 << 24
 
 
 def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None,
-                 precision: str = "strict", exact: Any = None, device: str = "cpu") -> OutputCheck:
+                 precision: str = "strict", exact: Any = None, device: str = "cpu", read_as_expected: bool = False,
+                 ) -> OutputCheck:
     import torch
 
     exp_info = tensor_info(expected)
@@ -123,7 +124,7 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         return OutputCheck(output=index, correct=False, expected=exp_info, got=got_info, problems=problems)
     if got.shape != expected.shape:
         problems.append(f"shape {list(got.shape)} != expected {list(expected.shape)}")
-    if got.dtype != expected.dtype:
+    if got.dtype != expected.dtype and not (read_as_expected and got.is_floating_point() == expected.is_floating_point()):
         problems.append(f"dtype {got_info.dtype} != expected {exp_info.dtype}")
     e_all = expected.detach().reshape(-1)
     # The output's RMS sets the tolerance only at a declared lower precision: no extra pass otherwise.
@@ -302,16 +303,21 @@ def _with_devices(check: OutputCheck, expected_device: str | None, got_device: s
 
 def compare_outputs(expected: list[Any], got: list[Any], *, atol: float | None = None, rtol: float | None = None,
                     expected_devices: list[str | None] | None = None, got_devices: list[str | None] | None = None,
-                    precision: str = "strict", exact: list[Any] | None = None, device: str = "cpu") -> list[OutputCheck]:
+                    precision: str = "strict", exact: list[Any] | None = None, device: str = "cpu",
+                    read_as_expected: bool = False) -> list[OutputCheck]:
     """Check every expected output against the candidate's output at the same position.
 
     `exact`: the reference's outputs computed in float64, when it could run in float64.
     `device`: where the float64 arithmetic runs (the judge's GPU where it has one: a dozen passes over
     each output take ~100 ms per million elements on a host CPU, and CPUs are shared by every worker).
+    `read_as_expected`: a floating output of another dtype is read as if cast to the expected one, a chunk
+    at a time (the judge's bfloat16 null: every bfloat16 is a float32, and a float32 copy of an 8.6 GB output
+    beside it and the expected one took 3x the output in the judge, conv2d at its KernelBench size).
     """
     exact = exact or []
     checks = [_compare_one(i, exp, got[i] if i < len(got) else None, atol, rtol, precision,
-                           exact[i] if i < len(exact) else None, device) for i, exp in enumerate(expected)]
+                           exact[i] if i < len(exact) else None, device, read_as_expected)
+              for i, exp in enumerate(expected)]
     exp_dev, got_dev = expected_devices or [], got_devices or []
     checks = [_with_devices(c, exp_dev[i] if i < len(exp_dev) else None, got_dev[i] if i < len(got_dev) else None)
               for i, c in enumerate(checks)]

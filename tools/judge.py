@@ -71,7 +71,8 @@ _REAL_FLOP_COUNT_BYTES = 2**30  # where meta cannot count a call's FLOPs, a real
 
 
 class JudgeOps:
-    # State (set by Worker.__init__): module, model, backend, sets, expected, exact, expected_devices.
+    # State (set by Worker.__init__): module, model, backend, sets, expected, exact, expected_devices,
+    # _first_digests, _weights.
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
@@ -195,13 +196,15 @@ class JudgeOps:
         return None
 
     def _compare(self, got: list[Any], msg: dict[str, Any], devices: list[str | None] | None = None,
-                 expected: list[Any] | None = None, exact: list[Any] | None = None) -> list[Any]:
+                 expected: list[Any] | None = None, exact: list[Any] | None = None,
+                 read_as_expected: bool = False) -> list[Any]:
         from .compare import compare_outputs
 
         return compare_outputs(self.expected if expected is None else expected, got, atol=msg.get("atol"),
                                rtol=msg.get("rtol"), expected_devices=self.expected_devices, got_devices=devices,
                                precision=msg.get("precision", "strict"),
-                               exact=self.exact if exact is None else exact, device=self.backend.device)
+                               exact=self.exact if exact is None else exact, device=self.backend.device,
+                               read_as_expected=read_as_expected)
 
     def _current(self, i: int) -> None:
         if self.expected_index != i:
@@ -210,7 +213,7 @@ class JudgeOps:
     def op_check(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Judge trial i's record from the candidate's worker: its outputs, and its repeat after poisoning."""
         from .handoff import open_outputs, release_opened
-        from .output_contract import same_values
+        from .output_contract import same_values, value_digest
 
         i, record = msg["i"], msg["record"]
         self._current(i)
@@ -222,18 +225,50 @@ class JudgeOps:
         opened = time.perf_counter()
         trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, msg, record.get("devices"))]
         compared = time.perf_counter()
+        if msg.get("digest"):  # the repeat comes on its own (`op_check_repeat`), once these are let go
+            weights = self._digest_weights()
+            self._first_digests = [value_digest(g, weights) for g in got]
         if "repeat" in record:  # the same inputs again after poisoning memory with NaN
             again = open_outputs(record["repeat"], msg.get("fds") or [])
-            rechecks = self._compare(again, msg, record.get("devices"))
-            trial["repeat_identical"] = len(again) == len(got) and all(same_values(a, b) for a, b in zip(again, got))
-            trial["repeat_correct"] = all(c.correct for c in rechecks)
-            trial["repeat_problems"] = [p for c in rechecks for p in c.problems][:3]
+            trial.update(self._repeat_verdict(again, msg, record, len(again) == len(got) and all(
+                same_values(a, b) for a, b in zip(again, got))))
             del again
         del got
         release_opened()
         return_free_memory(self.backend.device)
         return {"trial": trial, "trace_parts": {"open": opened - started, "compare": compared - opened,
                                                 "repeat_and_release": time.perf_counter() - compared}}
+
+    def op_check_repeat(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Judge trial i's repeat, run on its own (`CandidateOps.op_repeat`): correct, and bitwise the first
+        run's outputs as `op_check` digested them."""
+        from .handoff import open_outputs, release_opened
+        from .output_contract import value_digest
+
+        i, record = msg["i"], msg["record"]
+        self._current(i)
+        again = open_outputs(record["repeat"], msg.get("fds") or [])
+        weights = self._digest_weights()
+        identical = len(again) == len(self._first_digests) and all(
+            value_digest(a, weights) == d for a, d in zip(again, self._first_digests))
+        verdict = self._repeat_verdict(again, msg, record, identical)
+        del again
+        release_opened()
+        return_free_memory(self.backend.device)
+        return {"repeat": verdict}
+
+    def _repeat_verdict(self, again: list[Any], msg: dict[str, Any], record: dict[str, Any],
+                        identical: bool) -> dict[str, Any]:
+        rechecks = self._compare(again, msg, record.get("devices"))
+        return {"repeat_identical": identical, "repeat_correct": all(c.correct for c in rechecks),
+                "repeat_problems": [p for c in rechecks for p in c.problems][:3]}
+
+    def _digest_weights(self) -> Any:
+        from .output_contract import digest_weights
+
+        if self._weights is None:
+            self._weights = digest_weights(self.backend.device)
+        return self._weights
 
     def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Would trivial candidates pass trial i's check? Each null named in `nulls` is judged like a candidate."""
@@ -261,7 +296,7 @@ class JudgeOps:
                 if got is None:
                     outcome["applicable"] = False
                 else:
-                    checks = self._compare(got, msg)
+                    checks = self._compare(got, msg, read_as_expected=True)  # what its values would pass as
                     outcome["passes"] = all(c.correct for c in checks)
                     outcome["elementwise_passes"] = all(
                         c.mismatches == 0 and not c.nan_count and not c.inf_count
@@ -294,8 +329,11 @@ class JudgeOps:
         devices = self.expected_devices
         out = self._reference_outputs(self._model_bf16, self.sets.fresh(i), cast=cast)
         self.expected_devices = devices
-        return [o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) else o
-                for o, e in zip(out, expected)]
+        # float32 and float64 outputs are compared as read in that dtype (`read_as_expected`; exact, every
+        # bfloat16 being one), without a copy of the output in it; a narrower one is rounded as it would be.
+        wide = (torch.float32, torch.float64)
+        return [o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) and e.dtype not in wide
+                else o for o, e in zip(out, expected)]
 
     def op_problem_size(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["aliased_outputs", "modified_inputs", "same_values"]
+__all__ = ["aliased_outputs", "digest_weights", "modified_inputs", "same_values", "value_digest"]
 
 
 def same_values(a: Any, b: Any) -> bool:
@@ -31,6 +31,40 @@ def same_values(a: Any, b: Any) -> bool:
 
 
 _CHUNK = 1 << 26  # elements per comparison: temporaries stay small however large the tensors
+_DIGEST_CHUNK = 1 << 22  # words per digest step (a few tens of MB of temporaries)
+_WORDS = {1: "uint8", 2: "int16", 4: "int32"}  # element bytes -> the integer word read; larger ones: int64
+
+
+def digest_weights(device: str) -> Any:
+    """Secret weights for `value_digest`, drawn from the OS (not the seeded generators: the candidate's process
+    makes the same inputs from the same seeds)."""
+    import os
+
+    import torch
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
+    return torch.randint(1, 2**31, (_DIGEST_CHUNK,), dtype=torch.int64, device=device, generator=gen)
+
+
+def value_digest(value: Any, weights: Any) -> Any:
+    """A digest of a value's bits (every NaN alike, as in `same_values`), for "bitwise the same as an earlier
+    output" where that output could not be kept beside the new one: secret-weighted sums of its words."""
+    import torch
+
+    if type(value) is not torch.Tensor:
+        return ("value", repr(value))
+    flat = value.detach().reshape(-1)
+    words = getattr(torch, _WORDS.get(flat.element_size(), "int64"))
+    total = 0
+    for lo in range(0, flat.numel(), _DIGEST_CHUNK):
+        chunk = flat[lo:lo + _DIGEST_CHUNK]
+        if chunk.is_floating_point():
+            chunk = torch.where(torch.isnan(chunk), torch.full((), float("nan"), dtype=chunk.dtype, device=chunk.device), chunk)
+        w = chunk.view(words).to(torch.int64)
+        step = int((w * weights[: w.numel()].to(w.device)).sum())  # wraps in int64, the same way every time
+        total = (total * 1_000_003 + step) & (2**64 - 1)
+    return str(value.dtype), tuple(value.shape), total
 
 
 def modified_inputs(args: Sequence[Any], pristine: Sequence[Any]) -> list[int]:

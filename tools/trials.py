@@ -49,6 +49,9 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
     outcome = TrialsOutcome()
     alive_nulls: list[str] | None = None if calibrate else []
     beside = calibrate_beside_trial(prepared)
+    # A large problem's repeat runs once the judge has let go of the first outputs: both runs' outputs and the
+    # expected ones took 3x the outputs at once (conv2d's 8.6 GB output at its KernelBench size).
+    repeat_apart = repeat and not beside
     for i in range(count):
         try:
             expected = prepared if i == 0 else await judge.call("expect", stage="reference", i=i)
@@ -63,7 +66,7 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
 
         async def trial() -> Any:
             return await _settle(worker.call("trial", stage="forward", i=i, variant=expected["distribution"],
-                                             repeat=repeat, timeout_s=deadline, timeout_why=why))
+                                             repeat=repeat and not repeat_apart, timeout_s=deadline, timeout_why=why))
 
         async def calibration() -> Any:
             return await _settle(judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging))
@@ -88,10 +91,20 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
             outcome.failures.append(record["failure"])
             continue
         try:
-            checked = await judge.call("check", stage="compare", i=i, record=record, **judging)
+            checked = await judge.call("check", stage="compare", i=i, record=record, digest=repeat_apart, **judging)
             await worker.call("release", stage="forward")
+            if repeat_apart:
+                again = await worker.call("repeat", stage="forward", i=i, timeout_s=deadline, timeout_why=why)
+                if "error" not in again:
+                    checked["trial"].update((await judge.call("check_repeat", stage="compare", i=i, record=again,
+                                                              **judging))["repeat"])
+                    await worker.call("release", stage="forward")
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
+        if repeat_apart and "error" in again:  # as when the repeat fails inside the trial's own call
+            outcome.trials.append({"error": again["error"], "checks": [], "distribution": expected["distribution"]})
+            outcome.failures.append(again["failure"])
+            continue
         outcome.trials.append(checked["trial"])
         outcome.failures.append(None)
         if on_trial is not None:

@@ -114,6 +114,9 @@ class Worker(JudgeOps, CandidateOps):
         self.shelf = OutputShelf()  # outputs the judge reads in place (candidate role)
         self.expected_index: int | None = None
         self._reference_inputs: Any = None
+        self._output_sizes: list[int] = []  # the last trial's output bytes: what `op_repeat` poisons
+        self._first_digests: list[Any] = []  # the judge's digests of a trial's first outputs (`op_check_repeat`)
+        self._weights: Any = None  # ... and their secret weights, drawn once
 
     # -- helpers ---------------------------------------------------------------------------------
     def _args(self, i: int, sets: list[list[Any]] | None = None) -> list[Any]:
