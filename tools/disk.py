@@ -104,6 +104,15 @@ class PruneReport:
         return text
 
 
+def _header_being_built(entry: Path) -> bool:
+    """Whether `entry` holds a header build's marker whose builder is alive (one whose builder is gone is left
+    over: a build killed with its server)."""
+    from .fast_build import builder_gone
+
+    marker = entry / "building"
+    return marker.exists() and not builder_gone(marker)
+
+
 def _entries(home: Path) -> list[tuple[float, int, Path]]:
     """(last used, bytes, path) of every prunable cache entry."""
     found = []
@@ -114,7 +123,7 @@ def _entries(home: Path) -> list[tuple[float, int, Path]]:
         if name in _PER_ENTRY:
             # A build publishes itself with one rename from .building-*; a header being built has a 'building' marker.
             paths = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".building-")
-                     and not (p / "building").exists()]
+                     and not _header_being_built(p)]
         else:
             paths = [base]
         found += [(_last_used(p), _size(p), p) for p in paths]

@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,8 +34,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_key", "build_pch_now", "job_cache_env", "lean_cuda_sources", "pch_dir_for", "serve_build_request", "start_pch_build",
-           "toolchain_id"]
+from .integrity import process_stat
+
+__all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "name_builder", "pch_dir_for",
+           "serve_build_request", "start_pch_build", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -159,14 +162,15 @@ def builder_gone(marker: Path) -> bool:
     if age > _PCH_TIMEOUT_S + 60:
         return True
     if not text.isdigit():
-        return False  # just created: the builder has not written its process id yet
+        return False  # just created: the claimer has not written its builder's process id yet
     try:
         os.kill(int(text), 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False  # alive, another user's
-    return False
+    stat = process_stat(text)
+    return stat is not None and stat[1] == "Z"  # ended, and not yet reaped by the parent it was handed to
 
 
 def _promoted_pch_command(pch_dir: Path, build_dir: Path) -> list[str] | None:
@@ -183,63 +187,118 @@ def _promoted_pch_command(pch_dir: Path, build_dir: Path) -> list[str] | None:
     return cmd
 
 
-def _pch_script(pch_dir: Path, build_dir: Path, who: str, *, promoted: bool = False) -> str | None:
-    """The shell script that builds the header and renames it into place (None: built, being built, or no
-    flags to build it with); claims the build by creating the marker, which holds `who` (a pid, or a word).
-    `promoted`: only with the command the server recorded for a build it promoted (`_promoted_pch_command`)."""
-    from torch.utils import cpp_extension
-
+def claim_pch(pch_dir: Path) -> bool:
+    """Claim the header build of `pch_dir` by creating its marker ("a header build is running"); False when the
+    header is built or a live builder holds the marker. The claimer then names the process whose end ends the
+    build (`name_builder`), and the builder removes the marker when it is done (`build_pch_now`)."""
     marker = pch_dir / "building"
     if builder_gone(marker):
         marker.unlink(missing_ok=True)  # its builder died without cleaning up
-    if (pch_dir / "torch" / "extension.h.gch").exists() or marker.exists():
-        return None
-    cmd = _promoted_pch_command(pch_dir, build_dir) if promoted else _main_cpp_flags(build_dir / "build.ninja")
-    if cmd is None:
-        return None
-    real = Path(cpp_extension.include_paths()[0]) / "torch" / "extension.h"
-    (pch_dir / "torch").mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(pch_dir / "building", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        os.close(fd)
-    except FileExistsError:
-        return None  # another worker is on it
-    header = pch_dir / "torch" / "extension.h"
-    if not header.exists():
-        shutil.copyfile(real, header)
-    tmp = pch_dir / "torch" / f"extension.h.gch.{uuid.uuid4().hex[:8]}"
-    gch = pch_dir / "torch" / "extension.h.gch"
-    script = (f"echo {who} > {shlex.quote(str(marker))}; "  # who builds: a marker whose builder is gone is stale
-              f"timeout {_PCH_TIMEOUT_S} {shlex.join(cmd)} -x c++-header {shlex.quote(str(header))} -o {shlex.quote(str(tmp))} "
-              f"> {shlex.quote(str(pch_dir / 'build.log'))} 2>&1 && mv -f {shlex.quote(str(tmp))} {shlex.quote(str(gch))}; "
-              f"rm -f {shlex.quote(str(tmp))} {shlex.quote(str(pch_dir / 'building'))}")
-    return script
-
-
-def build_pch_now(pch_dir: Path, build_dir: Path) -> bool:
-    """`start_pch_build`'s work, here and now (the process is the detached builder: the server started it in
-    a sandbox of its own). The marker holds no pid: pids of another PID namespace mean nothing here."""
-    script = _pch_script(pch_dir, build_dir, "sandboxed", promoted=True)
-    if script is None:
+    if (pch_dir / "torch" / "extension.h.gch").exists():
         return False
-    subprocess.run(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=str(pch_dir), check=False)
+    pch_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False  # another builder is on it
     return True
 
 
-def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
-    """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it).
+def name_builder(pch_dir: Path, pid: int) -> None:
+    """Write into the claimed marker the process, as the claimer sees it, that lives exactly as long as the build:
+    once it is gone the marker is stale (`builder_gone`). For a sandboxed builder that is the sandbox's outer
+    process, outside the builder's PID namespace (the builder's own pid means nothing outside it)."""
+    (pch_dir / "building").write_text(f"{pid}\n")
 
-    Written under a unique name and renamed into place, so concurrent builders and readers only ever
-    see a whole file. Runs in its own session, orphaned at start, with a time limit: it outlives the worker
-    that asked and is never one of its processes. (A sandboxed worker's processes all die with it: there the
-    server starts the build instead, in a sandbox of its own, `build_pch_now` through `runner.spawn_pch_build`.)
+
+def _compile_header(cmd: list[str], pch_dir: Path) -> None:
+    """Compile torch/extension.h with main.cpp's flags under a unique name, renamed into place, so concurrent
+    builders and readers only ever see a whole file. The compiler leads a process group of its own (GCC's
+    cc1plus runs in it), killed whole at the time limit or when this builder is told to end (`_end_on_sigterm`):
+    nothing of a build outlives its builder."""
+    import importlib.util
+
+    header = pch_dir / "torch" / "extension.h"
+    header.parent.mkdir(parents=True, exist_ok=True)
+    if not header.exists():  # torch's (`cpp_extension.include_paths()[0]`), found without importing torch: a builder
+        # that imported it took 6 s to end when told to, at the lowest priority on a busy 2-core VM
+        torch_dir = Path(importlib.util.find_spec("torch").origin).parent
+        shutil.copyfile(torch_dir / "include" / "torch" / "extension.h", header)
+    tmp = header.with_name(f"extension.h.gch.{uuid.uuid4().hex[:8]}")
+    with open(pch_dir / "build.log", "wb") as log:
+        proc = subprocess.Popen([*cmd, "-x", "c++-header", str(header), "-o", str(tmp)], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(pch_dir), process_group=0)
+    try:
+        if proc.wait(timeout=_PCH_TIMEOUT_S) == 0:
+            os.replace(tmp, header.with_name("extension.h.gch"))
+    except subprocess.TimeoutExpired:
+        pass  # ended below, with everything it started
+    finally:
+        if proc.returncode is None:  # the time limit, or this builder told to end: its group is still there
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        tmp.unlink(missing_ok=True)
+
+
+def _end_on_sigterm() -> None:
+    """SIGTERM ends the builder through its `finally` clauses (the compiler's group killed, the marker removed):
+    the server's death reaches a builder outside any PID namespace as SIGTERM (`_die_with`)."""
+    def end(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+
+
+def build_pch_now(pch_dir: Path, build_dir: Path, *, promoted: bool = True) -> None:
+    """The claimed header build (`claim_pch`), in the builder process its claimer started, which removes the marker
+    when done. `promoted`: with the command the server recorded for a build it promoted (`_promoted_pch_command`),
+    the server's builds; else with the flags of `build_dir`'s build.ninja, a worker's own (no sandbox)."""
+    _end_on_sigterm()
+    try:
+        cmd = _promoted_pch_command(pch_dir, build_dir) if promoted else _main_cpp_flags(build_dir / "build.ninja")
+        if cmd is not None and not (pch_dir / "torch" / "extension.h.gch").exists():
+            _compile_header(cmd, pch_dir)
+    finally:
+        (pch_dir / "building").unlink(missing_ok=True)
+
+
+def _die_with(parent: int, argv: list[str]) -> None:
+    """The server's child for a header build (`runner.spawn_pch_build`): at the lowest priority, and ending when the
+    server ends, however it ends (SIGKILL included), it becomes `argv`: the sandbox that holds the builder, whose
+    PID namespace dies with it, or the builder itself, which ends its compiler's group on that signal.
+
+    The kernel's parent-death signal survives exec and fires when the server's thread that started this process
+    ends: one that waits for the build (`runner._run_pch_build`). Linux shares CPU time between sessions
+    (autogroups), so `nice` alone ranks the build only within its session (it leads one): its priority is lowered too.
     """
-    script = _pch_script(pch_dir, build_dir, "$$")
-    if script is None:
+    import ctypes
+
+    try:
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:
+        pass  # no autogroups here: nice alone
+    os.nice(19)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the build ends at its time limit
+    if os.getppid() != parent:  # the server died before the request took effect
+        os._exit(0)
+    os.execvp(argv[0], argv)
+
+
+def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
+    """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it), in a
+    worker that writes the cache itself (no sandbox); False when it is built or being built.
+
+    Runs in its own session, orphaned at start, with a time limit: it outlives the worker that asked and is never
+    one of its processes. (A sandboxed worker's processes all die with it: there the server starts the build
+    instead, in a sandbox of its own, ending with the server: `runner.spawn_pch_build`.)
+    """
+    if not claim_pch(pch_dir):
         return False
-    # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background and exits
-    # at once, so the builder is reparented away (to init, or the nearest subreaper) and is never a child of
+    # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background, says its pid
+    # and exits, so the builder is reparented away (to init, or the nearest subreaper) and is never a child of
     # the worker that asked, nor in its session. A candidate's worker reports the processes it left running
     # (its children and its session: `integrity.HarnessSnapshot.background_work`); KForge's own header build
     # must not count against it, and nothing is exempted there that a candidate could also do.
@@ -247,14 +306,17 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     # `nice` alone ranks the build only within its session: the session's own priority is lowered too. A
     # build at full share beside a timed OpenMP kernel on 2 cores made it 25x slower (8 ms stalls per region).
     launcher = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; '
-                                 'nice -n 19 sh -c "$1" </dev/null >/dev/null 2>&1 &', "kforge-pch", script],
-                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, cwd=str(pch_dir))
+                                 'nice -n 19 "$@" </dev/null >/dev/null 2>&1 & echo $!', "kforge-pch", sys.executable,
+                                 "-m", "kforge.tools.fast_build", "--from-ninja", str(pch_dir), str(build_dir)],
+                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd=str(pch_dir), text=True)
     try:
-        launcher.wait(timeout=30)  # it only forks
+        said, _ = launcher.communicate(timeout=30)  # it only forks
     except subprocess.TimeoutExpired:
         launcher.kill()
-        launcher.wait()
+        said, _ = launcher.communicate()
+    if said.strip().isdigit():
+        name_builder(pch_dir, int(said))
     return True
 
 
@@ -489,5 +551,9 @@ def _serve_build(request_file: Path, out: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--build":  # the server's build of a worker's request, inside its sandbox: REQUEST OUT
         _serve_build(Path(sys.argv[2]), Path(sys.argv[3]))
-    else:  # the server's detached header build, inside its sandbox: PCH_DIR BUILD_DIR
+    elif sys.argv[1] == "--die-with":  # the server's child for a header build: SERVER_PID COMMAND...
+        _die_with(int(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1] == "--from-ninja":  # a worker's detached header build (no sandbox): PCH_DIR BUILD_DIR
+        build_pch_now(Path(sys.argv[2]), Path(sys.argv[3]), promoted=False)
+    else:  # the server's header build, inside its sandbox: PCH_DIR BUILD_DIR
         build_pch_now(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -113,22 +113,40 @@ def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) 
 
 def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
     """Start the precompiled-header build a sandboxed worker asked for (everything it starts dies with it), in a
-    sandbox of its own, at the lowest priority, detached: nobody waits for it (a thread reaps it)."""
+    sandbox of its own, at the lowest priority, ending with this server however it ends (`fast_build._die_with`):
+    nobody waits for it (a thread starts and reaps it, `_run_pch_build`)."""
     import threading
+
+    from .fast_build import claim_pch
 
     cache = (home / "cache").resolve()
     if not (pch_dir.resolve().is_relative_to(cache) and build_dir.resolve().is_relative_to(cache)):
         return  # the worker's reply names only the cache's directories
-    pch_dir.mkdir(parents=True, exist_ok=True)
+    if not claim_pch(pch_dir):
+        return  # built, or a live builder is on it
     command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
     if (conf := confinement(home, limits, pch_dir)) is not None:  # it writes its header's directory, nothing else
         command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
-    # Linux shares CPU time between sessions (autogroups): the session's priority is lowered as well as nice.
-    proc = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; exec nice -n 19 "$@"',
-                             "kforge-pch", *command], start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir),
-                            env=worker_env(home, pch_dir))
-    threading.Thread(target=proc.wait, name="kforge-pch-reaper", daemon=True).start()
+    threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
+                     daemon=True).start()
+
+
+def _run_pch_build(pch_dir: Path, command: list[str], env: dict[str, str]) -> None:
+    """A header build's own thread: it starts the build and reaps it. The build's parent-death signal fires when
+    the thread that started it ends, so that thread must live as long as the build, whichever thread asked (a
+    fleet node's job runs in a thread that ends with the job). The marker names the process the build lives in
+    (the sandbox's outer one): a build killed before it could clean up leaves a marker seen as stale at once."""
+    from .fast_build import name_builder
+
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kforge.tools.fast_build", "--die-with", str(os.getpid()),
+                                 *command], start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir), env=env)
+    except OSError:
+        (pch_dir / "building").unlink(missing_ok=True)
+        return
+    name_builder(pch_dir, proc.pid)
+    proc.wait()
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
