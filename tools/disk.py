@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CACHES", "KEEP_RECENT_S", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_used", "prune_caches"]
+__all__ = ["CACHES", "KEEP_RECENT_S", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_loaded", "mark_used",
+           "prune_caches"]
 
 # cache/<name>: what it holds. Entries of the first three are pruned one by one; the compilers' own caches whole.
 CACHES = {
@@ -65,6 +66,24 @@ def mark_used(path: Path) -> None:
         pass  # read-only or gone: pruning then goes by the files' own times
 
 
+def mark_loaded(pid: int, builds: Path) -> None:
+    """Mark used every entry of `builds` whose files process `pid` has mapped (the libraries it loaded), as this
+    process reads them in /proc: the cache is read-only in a sandboxed worker, so its hits cannot mark themselves,
+    and `kforge prune` would take entries in use for cold ones."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return  # gone, or not Linux
+    prefix = str(builds.resolve()) + os.sep
+    used = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path
+        if len(fields) == 6 and fields[5].startswith(prefix):
+            used.add(fields[5][len(prefix):].split(os.sep, 1)[0])
+    for name in used:
+        mark_used(builds / name)
+
+
 @dataclass(frozen=True)
 class DiskUsage:
     home: Path
@@ -107,7 +126,7 @@ class PruneReport:
 def _header_being_built(entry: Path) -> bool:
     """Whether `entry` holds a header build's marker whose builder is alive (one whose builder is gone is left
     over: a build killed with its server)."""
-    from .fast_build import builder_gone
+    from .fast_build import builder_gone  # (fast_build imports this module)
 
     marker = entry / "building"
     return marker.exists() and not builder_gone(marker)

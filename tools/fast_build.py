@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .disk import mark_used
 from .integrity import process_stat
 
 __all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "name_builder", "pch_dir_for",
@@ -374,6 +375,7 @@ def promote_build(cache_dir: Path, name: str, key: str, built: Path, pch_record:
     there (published meanwhile) is kept."""
     final = cache_dir / f"{name}-{key}"
     if any(final.glob(f"{name}*.so")):
+        mark_used(final)  # a hit: `kforge prune` removes the least recently used builds first
         return final
     tmp = cache_dir / f".building-promoted-{name}-{uuid.uuid4().hex[:12]}"  # `kforge prune` keeps .building-*
     tmp.mkdir(parents=True)
@@ -480,7 +482,9 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
             return {**answer, "ok": False, "output": f"the server's build of {name} made no library {name}.so"}
         answer.update(ok=True, dir=str(final))
         how = done.get("how") or []
-        if limits.precompiled_headers and "precompiled header" not in how and cmds:
+        if "precompiled header" in how:  # the header the build used (the builder sees the cache read-only)
+            mark_used(home / "cache" / "pch" / pch_key)
+        elif limits.precompiled_headers and cmds:
             from .runner import spawn_pch_build
 
             spawn_pch_build(home, limits, home / "cache" / "pch" / pch_key, final)

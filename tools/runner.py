@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 import anyio
 
 from .channel import Channel, HandedFds, close_all
+from .disk import mark_loaded
 from .fast_build import job_cache_env
 from .integrity import process_ids, process_stat
 from .models import Failure
@@ -496,11 +497,20 @@ class WorkerProcess:
             reply["integrity"]["background"] = list(reply["integrity"].get("background", [])) + seen
         for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
             spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
+        self._mark_cache_hits(reply)
         if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
             self.device_bytes = max(self.device_bytes, peaks[0])
         if "fatal" in reply:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
         return reply
+
+    def _mark_cache_hits(self, reply: dict[str, Any]) -> None:
+        """The builds a load found in the shared cache, marked used by this process from what the worker mapped
+        (`disk.mark_loaded`): the cache is read-only in the worker, so its hits cannot mark themselves."""
+        builds = reply.get("builds")
+        if self._proc is not None and isinstance(builds, list) and any(isinstance(b, dict) and b.get("from_cache")
+                                                                       for b in builds):
+            mark_loaded(_sandboxed_worker(self._proc.pid) or self._proc.pid, self.home / "cache" / "builds")
 
     async def background_seen(self) -> list[str]:
         """What the worker says it left running is checked inside its process; this is the server's own look:
