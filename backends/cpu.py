@@ -256,6 +256,10 @@ class CpuBackend:
     def setup(self) -> None:
         import torch
 
+        # No GPU for a CPU worker, before anything in it starts CUDA: on a GPU host torch's profiler (asked for
+        # CPU activities only) and torch.cuda.is_available() started the driver and a context in every cpu-kind
+        # worker, 1.15 GB of device memory each beside the GPU jobs (H100, 2026-11-24).
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
         n = threads_wanted()
         # One team size for every OpenMP runtime: torch's own (loaded already) is told through
         # set_num_threads; a runtime a candidate's library brings in later reads OMP_NUM_THREADS when it

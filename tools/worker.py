@@ -419,7 +419,7 @@ def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
     several-GB problem it needs that room: blocks cached by one process are invisible to the other), and
     the op's peaks of reserved and allocated device memory, for KFORGE_TRACE (never for a verdict)."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if torch is None or not torch.cuda.is_initialized():  # (is_available() would start the driver)
         return dict
     try:
         torch.cuda.reset_peak_memory_stats()
