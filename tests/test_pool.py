@@ -74,7 +74,7 @@ async def _stopped(pid: int) -> bool:
 
 async def _under_way_with_pid(pool) -> list:
     with anyio.fail_after(60):
-        while not (forks := [f for f in pool._under_way if f.pid is not None]):
+        while not (forks := [f for f in pool._under_way if f.pid is not None and f.scope is not None]):
             await anyio.sleep(0.01)
     return forks
 
