@@ -64,7 +64,6 @@ class CandidateOps:
         import torch
 
         from .compare import flatten_outputs
-        from .inputs import poison_allocator
         from .output_contract import aliased_outputs, modified_inputs
 
         i = msg["i"]
@@ -79,18 +78,29 @@ class CandidateOps:
                     "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in out],
                     "aliases": aliased_outputs(out, args), "inputs_modified": modified_inputs(args, self.sets.fresh(i))}
                 record["outputs"] = self.shelf.put(out) if msg.get("share", True) else []
-                sizes = self._output_sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
+                self._output_sizes = [o.numel() * o.element_size() for o in out if isinstance(o, torch.Tensor)]
                 if msg.get("repeat", True):
                     del out, args  # (the shelf may still hold the outputs: the judge reads them)
-                    poison_allocator(sizes, self.backend.device)
-                    again = flatten_outputs(self.model(*self.sets.fresh(i)))
-                    self.backend.synchronize()
-                    record["repeat"] = self.shelf.put(again)
+                    record["repeat"] = self.shelf.put(self._run_poisoned(i))
         except BaseException as exc:  # noqa: BLE001
-            self.shelf.clear()
-            f = self._failure(exc, "forward")["failure"]
-            return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
+            return self._failed_forward(exc)
         return record
+
+    def _run_poisoned(self, i: int) -> list[Any]:
+        """Trial i's inputs again, after the allocator was poisoned with NaN where the last outputs' sizes fit."""
+        from .compare import flatten_outputs
+        from .inputs import poison_allocator
+
+        poison_allocator(self._output_sizes, self.backend.device)
+        again = flatten_outputs(self.model(*self.sets.fresh(i)))
+        self.backend.synchronize()
+        return again
+
+    def _failed_forward(self, exc: BaseException) -> dict[str, Any]:
+        """A trial's record when the candidate's call raised: nothing held for the judge, the failure located."""
+        self.shelf.clear()
+        f = self._failure(exc, "forward")["failure"]
+        return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
 
     def op_repeat(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial i's inputs again after the allocator was poisoned with NaN, its outputs held for the judge: the
@@ -98,22 +108,14 @@ class CandidateOps:
         runs' outputs and the judge's expected ones would not fit on the device at once)."""
         import torch
 
-        from .compare import flatten_outputs
-        from .inputs import poison_allocator
-
-        i = msg["i"]
         self.shelf.clear()
         try:
             with torch.no_grad():
-                poison_allocator(self._output_sizes, self.backend.device)
-                again = flatten_outputs(self.model(*self.sets.fresh(i)))
-                self.backend.synchronize()
+                again = self._run_poisoned(msg["i"])
                 return {"repeat": self.shelf.put(again),
                         "devices": [str(o.device) if isinstance(o, torch.Tensor) else None for o in again]}
         except BaseException as exc:  # noqa: BLE001
-            self.shelf.clear()
-            f = self._failure(exc, "forward")["failure"]
-            return {"error": f["message"] + (f" (line {f['line']})" if f["line"] else ""), "failure": f}
+            return self._failed_forward(exc)
 
     def op_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Trial 0's inputs (a fresh copy) through `_decoy_record`."""
