@@ -289,3 +289,35 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
     assert low < cand.median_us < high, (
         f"KForge timed {cand.median_us:.1f} us, torch.utils.benchmark {before:.1f} us before and {after:.1f} us "
         f"after; KForge's warnings: {cand.warnings}")
+
+
+def test_the_server_reads_how_long_a_worker_waited_for_a_core():
+    """The wall-clock anchor counts an op only if the worker hardly waited for a core (`runner.preemptions`): a
+    spinner sharing one core with a rival waits about half the time, one alone on an idle core hardly at all."""
+    from kforge.tools.runner import preemptions
+
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spin = f"import os, time; os.sched_setaffinity(0, {{{cpu}}})\nt = time.perf_counter() + 30\nwhile time.perf_counter() < t: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    rival = None
+    try:
+        time.sleep(0.3)
+        before = preemptions(spinner.pid)
+        time.sleep(0.5)
+        alone = preemptions(spinner.pid)
+        rival = subprocess.Popen([sys.executable, "-c", spin])
+        time.sleep(0.3)
+        shared_from = preemptions(rival.pid), preemptions(spinner.pid)
+        time.sleep(0.5)
+        shared_to = preemptions(rival.pid), preemptions(spinner.pid)
+    finally:
+        for proc in (spinner, rival):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    assert before is not None and alone is not None and alone.switches >= before.switches
+    waited_alone = alone.waited_s - before.waited_s
+    waited_shared = shared_to[1].waited_s - shared_from[1].waited_s + shared_to[0].waited_s - shared_from[0].waited_s
+    # Two spinners on one core for 0.5 s: together they waited about 0.5 s (each ~half); alone, far less.
+    assert waited_shared > 0.3, (waited_alone, waited_shared)
+    assert waited_alone < waited_shared / 3, (waited_alone, waited_shared)

@@ -54,7 +54,8 @@ _COMPILE_TIMEOUT_S = 600.0
 _ANCHOR_BATCH_S = 0.001  # short: some escape preemption on a busy host
 _ANCHOR_BATCHES = 3  # ops of each length that were not preempted more than ...
 _ANCHOR_SWITCHES_TOLERATED = 2  # ... this often wanted (on an idle 2-core VM a CPU matmul's 5 ms op is taken
-# off its core once or twice by its own threads; a busy host takes it off more often)
+# off its core once or twice by its own threads; a busy host takes it off more often) ...
+_ANCHOR_WAIT_TOLERATED = 0.05  # ... nor kept waiting for a core for more than this share of the op's wall time
 _ANCHOR_MAX_BATCHES = 40  # ... among at most this many pairs (~0.2 s in all)
 _ANCHOR_MAX_CALLS = 5000
 # The reference's baselines do not change between candidates: one timed on this device, with these
@@ -233,8 +234,9 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
     of 2N back-to-back calls through the timing sets, and the calls' time the difference of the two (least of
     each). What an op costs besides its calls cancels out: the round trip, and the first call's allocation of
     its output (a 4 GB output is given back between ops: with it counted, honest calls ran 1.4-1.7x slower
-    than timed, H100 2026-11-24). Only ops in which the worker's threads were preempted at most twice count
-    (the server reads the switches in /proc): on a busy host an op's wall time is the other processes' too.
+    than timed, H100 2026-11-24). Only ops in which the worker's threads were preempted at most twice, and waited
+    for a core for at most 5% of the op, count (the server reads both in /proc): on a busy host an op's wall
+    time is the other processes' too.
     None without a median."""
     if not median_us or median_us <= 0:
         return None
@@ -252,7 +254,9 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
             if reply.get("failure"):
                 raise _TimingFailed(Failure(**reply["failure"]))
             after = worker.preemptions()
-            if before is not None and after is not None and after - before <= _ANCHOR_SWITCHES_TOLERATED:
+            if before is not None and after is not None \
+                    and after.switches - before.switches <= _ANCHOR_SWITCHES_TOLERATED \
+                    and after.waited_s - before.waited_s <= _ANCHOR_WAIT_TOLERATED * wall:
                 walls[n].append(wall)
     short, long = walls[calls], walls[2 * calls]
     per_call_us = max(0.0, min(long) - min(short)) / calls * 1e6 if short and long else None

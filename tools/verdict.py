@@ -269,13 +269,14 @@ def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
         return Check(name="wall_clock_anchor", status="skip", hard=True, evidence="no timing to compare")
     if anchor["per_call_us"] is None:
         return Check(name="wall_clock_anchor", status="skip", hard=True,
-                     evidence=f"the host was busy: the worker was preempted more than twice in the server's timed "
-                              f"ops ({anchor['tried']} pairs), so its clock could not check the candidate's timing")
+                     evidence=f"the host was busy: in the server's timed ops ({anchor['tried']} pairs) the worker was "
+                              "preempted more than twice or kept waiting for a core, so its clock could not check "
+                              "the candidate's timing")
     median_us = stats.median_us
     fixed = f"; each op's own cost, {anchor['fixed_us']:.0f} us, cancels" if anchor.get("fixed_us") is not None else ""
     seen = (f"the server's clock measured {anchor['per_call_us']:.1f} us per call: the difference between ops of "
             f"{anchor['calls']} and {2 * anchor['calls']} calls back to back through the timing sets (least of "
-            f"{anchor['batches']} ops of each in which the worker was rarely preempted{fixed}); the timed median, "
+            f"{anchor['batches']} ops of each in which the worker was rarely preempted and hardly waited for a core{fixed}); the timed median, "
             f"caches flushed, is {median_us:.1f} us")
     if anchor["per_call_us"] > _ANCHOR_SLACK * median_us:
         return Check(name="wall_clock_anchor", status="fail", hard=True,
