@@ -199,3 +199,34 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
         left = [p for p in jobs.iterdir() if any(p.iterdir())]
         assert not left, f"a job's files stayed behind: {[(p, list(p.iterdir())) for p in left]}"
     assert not list(jobs.iterdir())
+
+
+async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_it(tmp_path, cpu_example):
+    """A verify holds the pool's forks as a profile does: the refills its takes ask for start once it is done,
+    so nothing readies a device (or takes a core) beside its trials; afterwards the pool fills up again."""
+    from kforge.tools.evaluate import verify_against_reference
+
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 2)
+        with anyio.fail_after(120):
+            while pool._under_way:  # every first fork done
+                await anyio.sleep(0.05)
+        seen: list[int] = []
+        done = anyio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                seen.append(len(pool._under_way))
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], cpu_example["candidate"],
+                                                    trials=2, use_store=False)
+            done.set()
+        assert result.correct, str(result)
+        assert len(seen) > 5 and max(seen) == 0, f"forks under way beside the verify: {seen}"
+        assert pool._quiet == 0
+        with anyio.fail_after(120):  # the refills came after it
+            await _ready(pool, 2)

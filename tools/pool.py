@@ -287,7 +287,8 @@ class WorkerPool:
         beside a timing it slowed the timed calls 2-3x (a profile's first round, H100 trace, 2026-11-24). A
         profile holds this from the moment it takes its workers until it is done with the device, so the
         refills its takes ask for start after it, and stops the forks already under way (`pause_forks`)
-        before timing."""
+        before timing. A verify holds it too: forks beside it slowed its first trials 2-3x on small GEMMs, and
+        two of them held 2.3 GB of device memory during a 4.3 GB problem's verify (H100, 2026-11-24)."""
         self._quiet += 1
         released = False
 
@@ -304,9 +305,11 @@ class WorkerPool:
 
     def pause_forks(self) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
-        keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind."""
+        keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind; a
+        kind some job already waits for is not stopped."""
         for fork in self._under_way:
-            fork.stop()
+            if not self._waiting[fork.kind]:
+                fork.stop()
 
     def reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> bool:
         """Await killed workers' exits in the background (each a device context's teardown, 0.15-0.2 s on an
