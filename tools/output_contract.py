@@ -55,12 +55,18 @@ def value_digest(value: Any, weights: Any) -> Any:
     if type(value) is not torch.Tensor:
         return ("value", repr(value))
     flat = value.detach().reshape(-1)
-    words = getattr(torch, _WORDS.get(flat.element_size(), "int64"))
+    # A complex element is two words (its real and imaginary parts); one with a NaN part equals any other such
+    # element in `same_values`, so all of them digest as NaN+NaNj.
+    parts = 2 if flat.is_complex() else 1
+    words = getattr(torch, _WORDS.get(flat.element_size() // parts, "int64"))
     total = 0
-    for lo in range(0, flat.numel(), _DIGEST_CHUNK):
-        chunk = flat[lo:lo + _DIGEST_CHUNK]
-        if chunk.is_floating_point():
-            chunk = torch.where(torch.isnan(chunk), torch.full((), float("nan"), dtype=chunk.dtype, device=chunk.device), chunk)
+    for lo in range(0, flat.numel(), _DIGEST_CHUNK // parts):
+        chunk = flat[lo:lo + _DIGEST_CHUNK // parts]
+        if chunk.is_floating_point() or chunk.is_complex():
+            nan = complex(float("nan"), float("nan")) if parts == 2 else float("nan")
+            chunk = torch.where(torch.isnan(chunk), torch.full((), nan, dtype=chunk.dtype, device=chunk.device), chunk)
+        if parts == 2:
+            chunk = torch.view_as_real(chunk).reshape(-1)
         w = chunk.view(words).to(torch.int64)
         step = int((w * weights[: w.numel()].to(w.device)).sum())  # wraps in int64, the same way every time
         total = (total * 1_000_003 + step) & (2**64 - 1)
