@@ -11,6 +11,9 @@ import warnings
 from pathlib import Path
 
 import anyio
+from mcp.shared.message import SessionMessage
+from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
+from pydantic import ValidationError
 
 from kforge import __version__
 
@@ -83,7 +86,7 @@ def _serve_transport(args: argparse.Namespace, settings: Settings) -> int:
     from .http import is_loopback, serve_http
 
     if args.transport == "stdio":
-        build_server(settings, on_start=_on_start(settings, "over stdio")).run("stdio")
+        anyio.run(_serve_stdio, build_server(settings, on_start=_on_start(settings, "over stdio")))
         return 0
     try:
         token, source = load_token(settings.token_file)
@@ -111,6 +114,64 @@ def _serve_transport(args: argparse.Namespace, settings: Settings) -> int:
     serve_http(build_server(settings, auth=auth_arguments(token), on_start=_on_start(settings, where)), settings,
                host=args.host, port=args.port, has_token=token is not None)
     return 0
+
+
+async def _serve_stdio(app) -> None:
+    """`MCPServer.run_stdio_async`, except that lines which are no JSON-RPC message get an answer (_AnswerBadLines)."""
+    from mcp.server.stdio import stdio_server
+
+    server = app._lowlevel_server  # private, but the SDK has no public way to give it other streams
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(_AnswerBadLines(read_stream, write_stream), write_stream,
+                         server.create_initialization_options())
+
+
+class _AnswerBadLines:
+    """The stdio read stream, with each line the SDK could not parse answered by a JSON-RPC error (id null).
+
+    The SDK's stdio transport puts such a line into the read stream as its exception (mcp/server/stdio.py), and the
+    server's dispatcher drops it with a debug log (mcp/shared/jsonrpc_dispatcher.py, `_dispatch`; the server sets no
+    `on_stream_exception`): the client got no reply, where JSON-RPC 2.0 wants -32700 or -32600 with id null."""
+
+    def __init__(self, read_stream, write_stream) -> None:
+        self._read, self._write = read_stream, write_stream
+
+    def __getattr__(self, name: str):  # aclose, close, and last_context (the sender's context the SDK reads)
+        return getattr(self._read, name)
+
+    async def receive(self):
+        while isinstance(item := await self._read.receive(), Exception):
+            error = _bad_line_error(item)
+            logging.getLogger(__name__).warning("a line on stdin got error %s: %s", error.code, error.message)
+            await self._write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
+        return item
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self._read.aclose()
+
+
+def _bad_line_error(exc: Exception) -> ErrorData:
+    """-32700 for a line that is no JSON (bad syntax or UTF-8, nested too deep), else -32600 (JSON, but no JSON-RPC
+    message); the message says the first problem pydantic found, without the line."""
+    problems = exc.errors(include_input=False) if isinstance(exc, ValidationError) else []
+    if problems and not any(p["type"] in ("json_invalid", "string_unicode") for p in problems):
+        where = ".".join(str(part) for part in problems[0]["loc"])
+        reason = f"{where}: {problems[0]['msg']}" if where else problems[0]["msg"]
+        return ErrorData(code=INVALID_REQUEST, message=f"Invalid Request: not a JSON-RPC 2.0 message ({reason})"[:200])
+    reason = problems[0]["msg"] if problems else f"{type(exc).__name__}: {exc}"
+    return ErrorData(code=PARSE_ERROR, message=f"Parse error: {reason}"[:200])
 
 
 def _sandbox_missing(settings: Settings) -> list[str]:
