@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from .base import Availability, Backend, DeviceFacts, Timer
+from .base import Availability, Backend, DeviceFacts, GpuInfo, Timer
 
-__all__ = ["Availability", "Backend", "DeviceFacts", "Timer", "backend_names", "import_backend_module", "load_backend"]
+__all__ = ["Availability", "Backend", "DeviceFacts", "GpuInfo", "Timer", "backend_names", "import_backend_module", "load_backend"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import DeviceFacts
+from .base import DeviceFacts, GpuInfo
 
-__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu"]
+__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "list_gpus", "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu"]
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
@@ -19,6 +19,24 @@ def nvidia_gpu_present() -> bool:
     cannot tell): the kernel driver lists its GPUs under /proc/driver/nvidia/gpus, and makes /dev/nvidia0."""
     gpus = "/proc/driver/nvidia/gpus"
     return (os.path.isdir(gpus) and bool(os.listdir(gpus))) or os.path.exists("/dev/nvidia0")
+
+
+def list_gpus() -> list[GpuInfo]:
+    """Each GPU this process sees, in torch's (CUDA's) order: its `index` is what the tools' `gpu` names, and
+    CUDA_VISIBLE_DEVICES=<uuid> pins a worker to it whatever the order. Called in the probe worker only."""
+    import torch
+
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        uuid = str(getattr(props, "uuid", "") or "") or None  # torch prints it bare; nvidia-smi and CUDA say GPU-...
+        if uuid and not uuid.startswith(("GPU-", "MIG-")):
+            uuid = f"GPU-{uuid}"
+        bus = getattr(props, "pci_bus_id", None)
+        pci = (f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
+               if isinstance(bus, int) else None)
+        gpus.append(GpuInfo(index=i, name=props.name, uuid=uuid, pci_bus_id=pci, memory_bytes=props.total_memory))
+    return gpus
 
 
 class EventTimer:

@@ -15,7 +15,21 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Availability", "Backend", "DeviceFacts", "Timer"]
+__all__ = ["Availability", "Backend", "DeviceFacts", "GpuInfo", "Timer"]
+
+
+class GpuInfo(BaseModel):
+    """One GPU of the host, as a probe worker's torch enumerates it (the server itself starts no CUDA)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(description="The GPU's index on this host, as the `gpu` argument of the tools names it.")
+    name: str
+    uuid: str | None = Field(default=None, description="As nvidia-smi prints it ('GPU-...'); workers are pinned by it.")
+    pci_bus_id: str | None = Field(default=None, description="As nvidia-smi prints it ('00000000:19:00.0').")
+    memory_bytes: int | None = None
+    peak_bandwidth_gbs: float | None = Field(default=None, description="Measured device-copy bandwidth, once measured.")
+    peak_tflops: dict[str, float] = Field(default_factory=dict, description="Measured matmul rates, once measured.")
 
 
 class Availability(BaseModel):
@@ -31,6 +45,7 @@ class Availability(BaseModel):
     timing: bool = Field(default=True, description="Whether timings on this backend here mean anything.")
     mode: str | None = Field(default=None, description="A restricted way of running, e.g. 'interpreter'.")
     hardware_profiler: str | None = Field(default=None, description="The counter profiler for this device: 'ncu', 'perf'.")
+    gpus: list[GpuInfo] = Field(default_factory=list, description="Each GPU this backend runs on (none for a CPU).")
 
 
 class DeviceFacts(BaseModel):

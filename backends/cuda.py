@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, nvidia_gpu_present, setup_gpu
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, list_gpus, measure_gpu_ceilings, nvidia_gpu_present, setup_gpu
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["CudaBackend"]
@@ -72,7 +72,7 @@ class CudaBackend:
         name = torch.cuda.get_device_name(0)
         versions["compute_capability"] = f"{major}.{minor}"
         return Availability(backend=self.name, ok=True, versions=versions, device_name=name, hardware_profiler="ncu",
-                            reason=f"{torch.cuda.device_count()} GPU(s); builds for sm_{major}{minor}")
+                            reason=f"{torch.cuda.device_count()} GPU(s); builds for sm_{major}{minor}", gpus=list_gpus())
 
     def setup(self) -> None:
         import torch

@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from ._host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, measure_gpu_ceilings, setup_gpu
+from ._nvidia import EventTimer, L2Flusher, gpu_facts, list_gpus, measure_gpu_ceilings, setup_gpu
 from .base import Availability, DeviceFacts, map_structure
 
 __all__ = ["TritonBackend"]
@@ -54,7 +54,7 @@ class TritonBackend:
         versions["triton"] = triton.__version__
         if self._gpu:
             return Availability(backend=self.name, ok=True, versions=versions, device_name=torch.cuda.get_device_name(0),
-                                hardware_profiler="ncu",
+                                hardware_profiler="ncu", gpus=list_gpus(),
                                 reason="GPU present: kernels are JIT-compiled by Triton and timed")
         try:  # the interpreter has needs of its own (numpy) that `import triton` does not reveal
             import triton.runtime.interpreter  # noqa: F401

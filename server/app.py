@@ -27,6 +27,7 @@ from kforge import __version__
 from kforge.backends import Availability
 from kforge.profilers.chart_processes import start_chart_processes
 from kforge.tools.context import RequestError, ToolContext, sweep_leftovers
+from kforge.tools.gpus import describe_gpu
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES
@@ -63,6 +64,8 @@ _PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(
 _PROBLEM = Annotated[str | None, Field(description="Name of a problem (resource kforge://problems) instead of reference_code: "
                                                    "one of the server's pack, e.g. 'softmax', or a KernelBench problem, e.g. "
                                                    "'kernelbench:level1/23_Softmax', where the server has a KernelBench checkout.")]
+_GPU = Annotated[int | None, Field(ge=0, description="Which GPU of the host to run on (its index; list_backends lists "
+                                  "them); omitted: the least loaded one. Timing jobs never share a GPU.")]
 _USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
 _JOB_ID = Annotated[str, Field(description="A job_id from a job handle (or resource kforge://jobs).")]
 _RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -74,7 +77,10 @@ class BackendList(BaseModel):
     backends: list[Availability]
 
     def __str__(self) -> str:
-        lines = [f"{a.backend}: {'available' if a.ok else 'unavailable'} ({a.reason})" for a in self.backends]
+        lines = []
+        for a in self.backends:
+            lines.append(f"{a.backend}: {'available' if a.ok else 'unavailable'} ({a.reason})")
+            lines += [f"  {describe_gpu(g)}" for g in a.gpus]
         usable = [a.backend for a in self.backends if a.ok]
         if usable:
             lines.append(f"Next: read kforge://examples/{usable[0]} (a verified reference and candidate), then "
@@ -201,8 +207,10 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
 
     @mcp.tool(name="list_backends", title="List backends", annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
-        """Which backends this host offers, and for each one that it does not, why."""
-        return _result(BackendList(backends=await offered()))
+        """Which backends this host offers, and for each one that it does not, why; each GPU a backend runs on
+        (index, name, uuid, memory, and its measured ceilings once measured)."""
+        found = await offered()
+        return _result(BackendList(backends=found if fleet else [tools.measured_gpus(a) for a in found]))
 
     async def run_job(ctx: Context, request: JobRequest, wait_s: float) -> CallToolResult:
         with _request_errors():
@@ -215,7 +223,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
     async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
                                   reference_code: _REFERENCE = None, problem: _PROBLEM = None,
-                                  use_store: _USE_STORE = True,
+                                  use_store: _USE_STORE = True, gpu: _GPU = None,
                                   wait_s: _wait("the build") = settings.job_wait_s,
                                   ) -> Annotated[CallToolResult, _or_job(CompileResult)]:
         """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
@@ -225,7 +233,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         Long builds return a job handle: fetch the result with get_job."""
         ref = _reference(reference_code, problem, problems) if (reference_code or problem) else None
         return await run_job(ctx, CompileRequest(backend=backend, candidate_code=candidate_code, reference_code=ref,
-                                                 use_store=use_store), wait_s)
+                                                 use_store=use_store, gpu=gpu), wait_s)
 
     @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
     async def verify_against_reference_tool(
@@ -236,6 +244,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         rtol: Annotated[float | None, Field(ge=0, description="Override the per-dtype relative tolerance.")] = None,
         precision: _PRECISION = "strict",
         use_store: _USE_STORE = True,
+        gpu: _GPU = None,
         wait_s: _wait("the verdict") = settings.job_wait_s,
     ) -> Annotated[CallToolResult, _or_job(VerifyResult)]:
         """Run ModelNew and the reference Model (same initial weights) on fresh secret-seeded inputs from
@@ -246,7 +255,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         Long runs return a job handle: fetch the result with get_job."""
         return await run_job(ctx, VerifyRequest(
             backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
-            trials=trials, atol=atol, rtol=rtol, precision=precision, use_store=use_store), wait_s)
+            trials=trials, atol=atol, rtol=rtol, precision=precision, use_store=use_store, gpu=gpu), wait_s)
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
     async def profile_kernel_tool(
@@ -262,6 +271,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
                                                  "(about 10-20 s more); False for timing only.")] = True,
         use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
         fresh_baselines: Annotated[bool, Field(description="Time every baseline in this run, reusing none.")] = False,
+        gpu: _GPU = None,
         wait_s: _wait("the profile") = settings.job_wait_s,
     ) -> Annotated[CallToolResult, _or_job(ProfileResult)]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
@@ -271,7 +281,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         return await run_job(ctx, ProfileRequest(
             backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
             baselines=tuple(baselines), budget_s=budget_s, precision=precision, hardware_counters=hardware_counters,
-            use_store=use_store, fresh_baselines=fresh_baselines), wait_s)
+            use_store=use_store, fresh_baselines=fresh_baselines, gpu=gpu), wait_s)
 
     @mcp.tool(name="get_job", title="Get a job's result or progress",
               annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
@@ -441,10 +451,12 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, pr
 
     @mcp.resource("kforge://devices", mime_type="application/json", title="Devices and their measured ceilings")
     async def devices() -> str:
-        """The devices this host offers (per backend) and the ceilings measured on them (device copy bandwidth,
-        matmul rates), which profile_kernel reads fractions against. Run `kforge doctor` to measure them."""
+        """The devices this host offers (per backend; each GPU with its index, uuid and memory) and the ceilings
+        measured on them (device copy bandwidth, matmul rates), which profile_kernel reads fractions against. Run
+        `kforge doctor` to measure them."""
         measured = {p.stem: json.loads(p.read_text()) for p in sorted((tools.home / "cache" / "ceilings").glob("*.json"))}
-        offered = [{"backend": a.backend, "device": a.device_name, "timing": a.timing, "hardware_profiler": a.hardware_profiler}
+        offered = [{"backend": a.backend, "device": a.device_name, "timing": a.timing, "hardware_profiler": a.hardware_profiler,
+                    **({"gpus": [g.model_dump(mode="json") for g in tools.measured_gpus(a).gpus]} if a.gpus else {})}
                    for a in await tools.availability() if a.ok]
         return json.dumps({"backends": offered, "measured_ceilings": measured,
                            "note": None if measured else "no ceilings measured yet: run `kforge doctor` or profile_kernel"},

@@ -19,6 +19,7 @@ from kforge import __version__
 
 from kforge.backends import Availability
 from kforge.tools.disk import disk_usage, format_bytes, prune_caches
+from kforge.tools.gpus import Placement, describe_gpu
 
 from .auth import MAKE_TOKEN
 from .clients import CLIENTS, client_config, where_it_goes
@@ -202,8 +203,18 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         if args.measure:  # ceilings: measured once per device, then read from the cache
             for a in found:
                 if a.ok and a.timing:
-                    facts[a.backend] = await tools.device_facts(a.backend, remeasure=args.remeasure)
-        return found, facts
+                    # each GPU of the host, side by side (one worker per GPU); the first stands for the backend
+                    placements = [Placement(g, len(a.gpus)) for g in a.gpus] or [None]
+                    measured = {}
+
+                    async def measure(i: int, placement: Placement | None, backend: str = a.backend) -> None:
+                        measured[i] = await tools.device_facts(backend, remeasure=args.remeasure, placement=placement)
+
+                    async with anyio.create_task_group() as tg:
+                        for i, placement in enumerate(placements):
+                            tg.start_soon(measure, i, placement)
+                    facts[a.backend] = measured[0]
+        return [tools.measured_gpus(a) for a in found], facts
 
     found, facts = anyio.run(gather)
     disk = disk_usage(settings.home)
@@ -231,6 +242,8 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
             f = facts[a.backend]
             rates = ", ".join(f"{dtype} {rate:g} TFLOP/s" for dtype, rate in f.peak_tflops.items())
             print(f"       measured ceilings: copy {f.peak_bandwidth_gbs:g} GB/s; matmul {rates}")
+        for gpu in a.gpus:
+            print(f"       {describe_gpu(gpu)}")
     cap = f"cap {settings.cache_max_gb:g} GB (KFORGE_CACHE_MAX_GB)" if settings.cache_max_gb else "no cap"
     parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in disk.caches.items() if n)
     print(f"disk: {format_bytes(disk.total_bytes)} in {settings.home}: store {format_bytes(disk.store_bytes)}; "

@@ -13,7 +13,7 @@ import shutil
 import socket
 import time
 from contextlib import asynccontextmanager, contextmanager
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -22,6 +22,7 @@ import anyio
 
 from kforge.backends import Availability, DeviceFacts, backend_names
 
+from . import gpus
 from .pool import WorkerPool
 from .runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
 from .store import ResultStore
@@ -112,13 +113,38 @@ class ToolContext:
     pool: WorkerPool | None = field(default=None, init=False)
     #: baseline timings by (reference, baseline, budget, environment): (when measured, the judge's reply)
     baseline_timings: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = field(default_factory=dict, init=False)
-    _facts: dict[str, DeviceFacts] = field(default_factory=dict, init=False)  # `device_facts`, per backend
-    _facts_locks: dict[str, anyio.Lock] = field(default_factory=lambda: defaultdict(anyio.Lock), init=False)
+    #: `device_facts`, per backend and GPU (its uuid; "" for one GPU or none)
+    _facts: dict[tuple[str, str], DeviceFacts] = field(default_factory=dict, init=False)
+    _facts_locks: dict[tuple[str, str], anyio.Lock] = field(default_factory=lambda: defaultdict(anyio.Lock), init=False)
+    #: tool calls running on each GPU (by uuid or index), for placing a direct call (`on_gpu`); jobs are placed by
+    #: the job manager, which counts its queued and running jobs
+    _gpu_calls: Counter[str] = field(default_factory=Counter, init=False)
 
-    def worker(self, backend: str, scratch: Path, role: str, **kwargs: Any) -> WorkerProcess:
-        """A worker for one job (warm from the pool when one is ready)."""
+    def worker(self, backend: str, scratch: Path, role: str, *, extra_env: dict[str, str] | None = None,
+               **kwargs: Any) -> WorkerProcess:
+        """A worker for one job (warm from the pool when one is ready), pinned to the job's GPU (`kforge.tools.gpus`)."""
+        env = {**gpus.pin_env(gpus.current()), **(extra_env or {})} or None
         return WorkerProcess(backend=backend, home=self.home, scratch=scratch, limits=self.limits, role=role,
-                             pool=self.pool, **kwargs)
+                             pool=self.pool, extra_env=env, **kwargs)
+
+    @asynccontextmanager
+    async def on_gpu(self, backend: str, gpu: int | None) -> AsyncIterator[gpus.Placement | None]:
+        """Run the block on GPU `gpu` of the backend, or the least loaded one (None for a CPU backend): the workers
+        it starts are pinned there, and its device lock, ceilings and baselines are that GPU's."""
+        avail = await self.require_backend(backend)
+        placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[_gpu_id(p.gpu)])
+        if placement is not None:
+            self._gpu_calls[_gpu_id(placement.gpu)] += 1
+        try:
+            with gpus.placed_on(placement):
+                yield placement
+        finally:
+            if placement is not None:
+                self._gpu_calls[_gpu_id(placement.gpu)] -= 1
+
+    def device_key(self, avail: Availability) -> str:
+        """The device the running call times on: its GPU where the host has several (`device_lock`)."""
+        return gpus.device_key(avail, gpus.current())
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
@@ -134,8 +160,8 @@ class ToolContext:
             try:
                 for avail in await self.availability():
                     if avail.ok:
-                        pool.want(avail.backend)
-                        pool.want(avail.backend, SYNC_LAUNCHES)  # verify's candidate
+                        for env in warm_kinds(avail):
+                            pool.want(avail.backend, env)
             except Exception:  # noqa: BLE001 - a failed probe is reported by the first tool call
                 pass
 
@@ -168,8 +194,8 @@ class ToolContext:
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.
 
-        Keyed by the physical device (`Availability.device_name`), not the backend: `cuda` and
-        `triton` share one GPU, and must not time on it at once.
+        Keyed by the physical device (`device_key`: each GPU of a multi-GPU host, else `Availability.device_name`),
+        not the backend: `cuda` and `triton` share one GPU, and must not time on it at once.
         """
         return self._locks.setdefault(device, anyio.Lock())
 
@@ -196,21 +222,41 @@ class ToolContext:
                 self._availability = [Availability(**b) for b in reply["backends"]]
             return self._availability
 
-    async def device_facts(self, backend: str, *, remeasure: bool = False) -> DeviceFacts:
+    async def device_facts(self, backend: str, *, remeasure: bool = False,
+                           placement: gpus.Placement | None = None) -> DeviceFacts:
         """The device's facts with measured ceilings (measured once per device, then cached on disk and here).
 
+        The device: `placement`'s GPU, else the running call's (`on_gpu`), else the backend's one device.
         Measured by a worker of its own, never a candidate's: a candidate could report low ceilings and so
         place itself near the roofline (and a profile would pay the 0.3 s measurement each time)."""
-        async with self._facts_locks[backend]:
-            if remeasure or backend not in self._facts:
-                self._facts[backend] = await self._measure_facts(backend, remeasure)
-            return self._facts[backend]
+        placement = placement or gpus.current()
+        key = (backend, (placement.gpu.uuid or "") if placement is not None and placement.pinned else "")
+        async with self._facts_locks[key]:
+            if remeasure or key not in self._facts:
+                with gpus.placed_on(placement):
+                    self._facts[key] = await self._measure_facts(backend, remeasure)
+            return self._facts[key]
+
+    def measured_gpus(self, avail: Availability) -> Availability:
+        """`avail` with each GPU's ceilings where they were measured (the cache `device_facts` fills)."""
+        torch = avail.versions.get("torch", "")
+        listed = []
+        for gpu in avail.gpus:
+            uuid = gpu.uuid if len(avail.gpus) > 1 else None  # one GPU: cached per device model, as before
+            path = self.home / "cache" / "ceilings" / gpus.ceilings_name(avail.backend, gpu.name, torch, uuid)
+            try:
+                listed.append(gpu.model_copy(update=json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                listed.append(gpu)
+        return avail.model_copy(update={"gpus": listed})
 
     async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
         avail = await self.require_backend(backend)
+        placement = gpus.current()
+        tag = {"gpu": placement.gpu.uuid} if placement is not None and placement.pinned else {}
         with self.scratch("ceilings") as scratch:
-            async with self.device_lock(avail.device_name or backend), self.worker(backend, scratch, "ceilings") as w:
-                reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure)
+            async with self.device_lock(self.device_key(avail)), self.worker(backend, scratch, "ceilings") as w:
+                reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure, **tag)
         stored = reply.get("to_store")  # measured by a worker of its own (no candidate's): the cache is read-only there
         if isinstance(stored, dict) and re.fullmatch(r"[A-Za-z0-9-]{1,200}\.json", str(stored.get("name"))):
             (self.home / "cache" / "ceilings").mkdir(parents=True, exist_ok=True)
@@ -232,4 +278,17 @@ class ToolContext:
         from kforge import __version__
 
         avail = await self.require_backend(backend)
-        return {"kforge": __version__, **avail.versions, "device": avail.device_name or ""}
+        placement = gpus.current()  # a host's GPUs may differ: the one the call runs on
+        device = placement.gpu.name if placement is not None else avail.device_name
+        return {"kforge": __version__, **avail.versions, "device": device or ""}
+
+
+def _gpu_id(gpu: Any) -> str:
+    return gpu.uuid or str(gpu.index)
+
+
+def warm_kinds(avail: Availability) -> list[dict[str, str]]:
+    """The extra environments of the warm workers a server keeps for an available backend: plain and verify's
+    synchronous launches, for each GPU of a multi-GPU host (pinned to it), else once (`kforge.tools.gpus`)."""
+    placements = [gpus.Placement(g, len(avail.gpus)) for g in avail.gpus] or [None]
+    return [env for p in placements for env in (gpus.pin_env(p), {**gpus.pin_env(p), **SYNC_LAUNCHES})]

@@ -16,6 +16,7 @@ from typing import Any
 
 from .compare import PRECISIONS
 from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
+from .gpus import current as current_gpu, on_one_gpu
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
 from .runner import WorkerDied, WorkerGroup, WorkerProcess
@@ -30,7 +31,8 @@ async def _spec(ctx: ToolContext, tool: str, backend: str, candidate: str, refer
                 options: dict[str, Any]) -> JobSpec:
     return JobSpec(tool=tool, backend=backend, candidate_sha256=sha256_text(candidate),
                    reference_sha256=sha256_text(reference) if reference is not None else None,
-                   options=options, environment=await ctx.environment(backend))
+                   options=options, environment=await ctx.environment(backend),
+                   gpu=placement.gpu if (placement := current_gpu()) else None)
 
 
 def _compile_result(spec: JobSpec, reply: dict[str, Any] | None, failure: Failure | None) -> CompileResult:
@@ -122,6 +124,7 @@ def with_jit_kernels(compiled: CompileResult, run: dict[str, Any]) -> CompileRes
     return compiled.model_copy(update={"jit_kernels": [KernelResources(**k) for k in run["jit_kernels"]]})
 
 
+@on_one_gpu  # gpu=: its workers start the device, and a reference's launch runs there
 async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *, reference_code: str | None = None,
                          use_store: bool = True, progress: Progress = no_progress) -> CompileResult:
     """Build the candidate; with a reference, also launch it once on the reference's inputs so kernels
@@ -171,6 +174,7 @@ async def launch_once(worker: WorkerProcess, inputs: dict[str, Any], timeout_s: 
     return await worker.call("evidence", stage="forward", custom_work=False)
 
 
+@on_one_gpu  # gpu=
 async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                                    trials: int = 5, atol: float | None = None, rtol: float | None = None,
                                    precision: str = "strict", use_store: bool = True,

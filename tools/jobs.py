@@ -4,8 +4,10 @@ A tool call submits a request and waits a bounded time, forwarding progress. If 
 then the caller gets a `JobStatus` handle and fetches the result later with `get_job`, from any
 connection: a job outlives the client that started it (desktop clients cancel calls after about 60 s).
 
-- **Queues:** one per accelerator (the backend's device; `cuda` and `triton` share a GPU), bounded: a
-  full queue answers "busy, retry in N s" instead of growing without limit.
+- **Queues:** one per accelerator (the backend's device; `cuda` and `triton` share a GPU; each GPU of a
+  multi-GPU host is one), bounded: a full queue answers "busy, retry in N s" instead of growing without limit.
+  A job of a GPU backend is bound at submission to the GPU it asked for, else to the least loaded one (fewest
+  queued and running jobs; `kforge.tools.gpus`).
 - **Parallel, fair:** up to `parallel` jobs run at once (builds use the CPU cores; timing still takes the
   device's lock, one at a time). The next job goes to the client with the fewest running jobs, then the
   one served least recently: one client's burst does not starve another.
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends import Availability
 
+from . import gpus
 from .context import Progress, RequestError, ToolContext
 from .requests import JobRequest, parse_request, request_key, result_model
 from .runner import pid_alive
@@ -222,7 +225,7 @@ class JobManager:
         for job in self._jobs.values():
             if job.key == key and job.status in ACTIVE:
                 return job
-        device = self.executor.queue_for(avail)
+        request, device = self._place(avail, request)
         queued = [j for j in self._pending if j.device == device]
         if len(queued) >= self.queue_limit:
             return JobStatus(status="busy", tool=request.tool, retry_after_s=self._estimate_wait(queued),
@@ -401,6 +404,18 @@ class JobManager:
         self._jobs.pop(job.id, None)  # finished jobs are read from the store
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _place(self, avail: Availability, request: JobRequest) -> tuple[JobRequest, str]:
+        """The request bound to one GPU of this host (the one it names, else the least loaded), and its queue.
+
+        Only on this host: a fleet's nodes place their own jobs (Ray hands each task its GPU)."""
+        if not isinstance(self.executor, LocalExecutor) or not avail.gpus:
+            if getattr(request, "gpu", None) is not None and not avail.gpus:
+                gpus.choose_gpu(avail, request.gpu, lambda p: 0)  # says why a GPU cannot be asked for here
+            return request, self.executor.queue_for(avail)
+        load = Counter(j.device for j in self._jobs.values() if j.status in ACTIVE)
+        placement = gpus.choose_gpu(avail, request.gpu, lambda p: load[gpus.device_key(avail, p)])
+        return request.model_copy(update={"gpu": placement.gpu.index}), gpus.device_key(avail, placement)
+
     def _estimate_wait(self, queued: list[_Job]) -> float:
         """About when a slot frees for a new job: the queued jobs' expected time over the parallel slots."""
         expected = sum(self._mean_s.get(j.request.tool, _DEFAULT_JOB_S) for j in queued)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kforge.backends.base import GpuInfo
 from kforge.profilers.compiler_report import CompilerReport, KernelResources
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel
 
@@ -135,10 +136,14 @@ class JobSpec(BaseModel):
     reference_sha256: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, str] = Field(default_factory=dict, description="kforge and toolchain versions.")
+    gpu: GpuInfo | None = Field(default=None, description="The GPU this ran on (none on a CPU backend); a stored "
+                                "answer names the GPU that computed it.")
 
     @property
     def key(self) -> str:
-        return sha256_text(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+        # Not keyed by the GPU: a verdict holds on every GPU of the model the environment names (a profile's
+        # reused baselines are keyed by the GPU itself: `kforge.tools.profile`).
+        return sha256_text(json.dumps(self.model_dump(mode="json", exclude={"gpu"}), sort_keys=True))
 
 
 class Diagnostic(BaseModel):

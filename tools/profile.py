@@ -29,6 +29,7 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
+from .gpus import current as current_gpu, on_one_gpu, pin_env
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
@@ -64,6 +65,7 @@ _ANCHOR_MAX_CALLS = 5000
 BASELINE_REUSE_S = 600.0
 
 
+@on_one_gpu  # gpu=
 async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
                          baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, precision: str = "strict",
                          hardware_counters: bool = True, use_store: bool = False, fresh_baselines: bool = False,
@@ -143,7 +145,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             except WorkerDied as died:
                 return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
-            async with ctx.device_lock(avail.device_name or backend):
+            async with ctx.device_lock(ctx.device_key(avail)):
                 ctx.pause_forks()
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
@@ -360,7 +362,8 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     otherwise it is timed in this run.
     """
     def key(name: str) -> tuple[str, ...]:
-        return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True))
+        return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True),
+                (spec.gpu.uuid or str(spec.gpu.index)) if spec.gpu else "")  # timed on this GPU, reused on it only
 
     stored = {n: ctx.baseline_timings.get(key(n)) for n in baselines if n != "eager"}
     stored = {n: v for n, v in stored.items()
@@ -458,7 +461,7 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
     problem = None
     try:
         async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=ctx.limits, role="ncu",
-                                 prefix=prefix) as w:
+                                 prefix=prefix, extra_env=pin_env(current_gpu()) or None) as w:
             loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
             if loaded.get("failure") is None:
                 await launch_once(w, inputs, timeout_s=_NCU_TIMEOUT_S)

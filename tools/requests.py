@@ -27,6 +27,8 @@ class _Request(BaseModel):
 
     backend: str
     candidate_code: str
+    #: the GPU's index; None: the job manager binds the least loaded one at submission (`JobManager.submit`)
+    gpu: int | None = None
 
 
 class CompileRequest(_Request):
@@ -37,7 +39,7 @@ class CompileRequest(_Request):
 
     async def run(self, ctx: ToolContext, progress: Progress) -> CompileResult:
         return await compile_kernel(ctx, self.backend, self.candidate_code, reference_code=self.reference_code,
-                                    use_store=self.use_store, progress=progress)
+                                    use_store=self.use_store, gpu=self.gpu, progress=progress)
 
 
 class VerifyRequest(_Request):
@@ -53,7 +55,8 @@ class VerifyRequest(_Request):
     async def run(self, ctx: ToolContext, progress: Progress) -> VerifyResult:
         return await verify_against_reference(ctx, self.backend, self.reference_code, self.candidate_code,
                                               trials=self.trials, atol=self.atol, rtol=self.rtol,
-                                              precision=self.precision, use_store=self.use_store, progress=progress)
+                                              precision=self.precision, use_store=self.use_store, gpu=self.gpu,
+                                              progress=progress)
 
 
 class ProfileRequest(_Request):
@@ -71,7 +74,7 @@ class ProfileRequest(_Request):
         return await profile_kernel(ctx, self.backend, self.reference_code, self.candidate_code,
                                     baselines=self.baselines, budget_s=self.budget_s, precision=self.precision,
                                     hardware_counters=self.hardware_counters, use_store=self.use_store,
-                                    fresh_baselines=self.fresh_baselines, progress=progress)
+                                    fresh_baselines=self.fresh_baselines, gpu=self.gpu, progress=progress)
 
 
 JobRequest = Annotated[Union[CompileRequest, VerifyRequest, ProfileRequest], Field(discriminator="tool")]

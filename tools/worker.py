@@ -163,14 +163,15 @@ class Worker(JudgeOps, CandidateOps):
         return {"backends": out}
 
     def op_ceilings(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The device's facts with its measured ceilings, measured once per device and cached."""
-        import re
-
+        """The device's facts with its measured ceilings, measured once per device and cached (per GPU where the
+        server names one: `gpu`, its uuid, on a multi-GPU host)."""
         import torch
 
+        from .gpus import ceilings_name
+
         facts = self.backend.facts()
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.backend.name}-{facts.device_name}-torch{torch.__version__}")
-        path = self.cache_dir.parent / "ceilings" / f"{slug.strip('-')}.json"
+        path = self.cache_dir.parent / "ceilings" / ceilings_name(self.backend.name, facts.device_name,
+                                                                  torch.__version__, msg.get("gpu"))
         if path.exists() and not msg.get("remeasure"):
             ceilings = json.loads(path.read_text())
         else:

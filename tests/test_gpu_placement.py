@@ -1,0 +1,178 @@
+"""Placing jobs on the GPUs of a host, on a machine without a GPU: these test the queueing, the locks, the choice
+of GPU, the workers' pin and the MCP surface, not a GPU. The hardware list is a fake one, put where the server
+reads the probe worker's enumeration (`ToolContext.availability`); everything after it is the real code. The
+same on a real GPU host: tests/test_gpu_devices.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+from mcp import Client
+from pydantic import BaseModel
+
+from kforge.backends import Availability, GpuInfo
+from kforge.server.app import build_server
+from kforge.server.settings import Settings
+from kforge.tools import gpus
+from kforge.tools.context import SYNC_LAUNCHES, RequestError, ToolContext, warm_kinds
+from kforge.tools.jobs import JobManager
+from kforge.tools.models import CompileResult, JobSpec
+
+pytestmark = pytest.mark.anyio
+
+CPU = Availability(backend="cpu", ok=True, reason="test", device_name="test-cpu")
+
+
+def fake_gpus(n: int) -> list[GpuInfo]:
+    return [GpuInfo(index=i, name="Fake GPU", uuid=f"GPU-0000000{i}-fake", memory_bytes=80 * 2**30) for i in range(n)]
+
+
+def fake_cuda(n: int) -> Availability:
+    return Availability(backend="cuda", ok=True, reason="test", device_name="Fake GPU", gpus=fake_gpus(n))
+
+
+def context_with(tmp_path, n_gpus: int) -> ToolContext:
+    """A real ToolContext whose probe answered with `n_gpus` fake GPUs for `cuda` (and the cpu backend)."""
+    ctx = ToolContext(home=tmp_path / "home")
+    ctx._availability = [CPU, fake_cuda(n_gpus)]
+    return ctx
+
+
+class TimedRequest(BaseModel):
+    """A request that takes its GPU's device lock as profile_kernel does (`ctx.device_lock(ctx.device_key(...))`)
+    and records when it held it; no worker, no device."""
+
+    tool: str = "profile_kernel"
+    backend: str = "cuda"
+    candidate_code: str
+    gpu: int | None = None
+    seconds: float = 0.3
+
+    async def run(self, ctx: ToolContext, progress) -> CompileResult:
+        async with ctx.on_gpu(self.backend, self.gpu) as placement:
+            avail = await ctx.require_backend(self.backend)
+            async with ctx.device_lock(ctx.device_key(avail)):
+                start = time.monotonic()
+                await anyio.sleep(self.seconds)
+                HELD.append((placement.gpu.index, start, time.monotonic()))
+        spec = JobSpec(tool=self.tool, backend=self.backend, candidate_sha256=self.candidate_code, gpu=placement.gpu)
+        return CompileResult(spec=spec, ok=True, build_seconds=0.0, load_seconds=0.0, from_cache=False)
+
+
+HELD: list[tuple[int, float, float]] = []
+
+
+async def _no_progress(done, total, message):
+    return None
+
+
+def test_the_least_loaded_gpu_is_chosen_ties_to_the_lowest_index():
+    avail = fake_cuda(3)
+    load = {0: 2, 1: 1, 2: 1}
+    assert gpus.choose_gpu(avail, None, lambda p: load[p.gpu.index]).gpu.index == 1
+    assert gpus.choose_gpu(avail, None, lambda p: 0).gpu.index == 0
+    assert gpus.choose_gpu(avail, 2, lambda p: 99).gpu.index == 2  # an explicit index, however loaded
+
+
+def test_an_index_out_of_range_names_the_gpus_there_are():
+    with pytest.raises(RequestError) as err:
+        gpus.choose_gpu(fake_cuda(2), 2, lambda p: 0)
+    assert "gpu=2 is out of range" in str(err.value) and "0 (Fake GPU), 1 (Fake GPU)" in str(err.value)
+    with pytest.raises(RequestError, match="runs on no GPU"):
+        gpus.choose_gpu(CPU, 0, lambda p: 0)
+    assert gpus.choose_gpu(CPU, None, lambda p: 0) is None  # cpu work is not placed
+
+
+def test_workers_are_pinned_to_their_gpu_only_where_there_are_several(tmp_path):
+    two, one = fake_cuda(2), fake_cuda(1)
+    on_second = gpus.Placement(two.gpus[1], 2)
+    assert gpus.pin_env(on_second) == {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"}
+    assert gpus.device_key(two, on_second) == "GPU 1 (Fake GPU)"
+    alone = gpus.Placement(one.gpus[0], 1)  # one GPU: no pin, and the device keeps its old name
+    assert gpus.pin_env(alone) == {} and gpus.device_key(one, alone) == "Fake GPU"
+    assert gpus.device_key(CPU, None) == "test-cpu"
+    # the warm pool keeps each kind per GPU (plain and verify's synchronous launches), pinned
+    assert warm_kinds(two) == [{"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake"},
+                               {"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake", **SYNC_LAUNCHES},
+                               {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"},
+                               {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake", **SYNC_LAUNCHES}]
+    assert warm_kinds(one) == warm_kinds(CPU) == [{}, SYNC_LAUNCHES]  # as before
+
+
+async def test_a_tool_call_pins_its_workers_and_takes_the_least_busy_gpu(tmp_path):
+    ctx = context_with(tmp_path, 2)
+    async with ctx.on_gpu("cuda", None) as first:
+        assert first.gpu.index == 0
+        w = ctx.worker("cuda", tmp_path / "w", "candidate", extra_env=SYNC_LAUNCHES)
+        assert w._extra_env == {"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake", **SYNC_LAUNCHES}
+        async with ctx.on_gpu("cuda", None) as second:  # GPU 0 is busy with the first call
+            assert second.gpu.index == 1
+            assert ctx.device_key(await ctx.require_backend("cuda")) == "GPU 1 (Fake GPU)"
+            assert (await ctx.environment("cuda"))["device"] == "Fake GPU"
+    assert gpus.current() is None  # the placement ends with the call
+    async with ctx.on_gpu("cpu", None) as none:  # cpu work: no GPU, no pin (its setup hides the GPUs itself)
+        assert none is None and ctx.worker("cpu", tmp_path / "c", "candidate")._extra_env is None
+
+
+async def test_jobs_are_bound_to_the_least_loaded_gpu_and_queue_there(tmp_path):
+    ctx = context_with(tmp_path, 2)
+    manager = JobManager(ctx, parallel=4)
+    HELD.clear()
+    async with manager.running():
+        jobs = [await manager.submit(TimedRequest(candidate_code=f"c{i}"), "a") for i in range(4)]
+        assert [j.request.gpu for j in jobs] == [0, 1, 0, 1]
+        assert [j.device for j in jobs] == ["GPU 0 (Fake GPU)", "GPU 1 (Fake GPU)"] * 2
+        pinned = await manager.submit(TimedRequest(candidate_code="on 1", gpu=1), "b")
+        assert pinned.request.gpu == 1 and pinned.device == "GPU 1 (Fake GPU)"
+        with pytest.raises(RequestError, match="gpu=2 is out of range"):
+            await manager.submit(TimedRequest(candidate_code="nowhere", gpu=2), "b")
+        results = [await manager.wait(j, 10, _no_progress) for j in [*jobs, pinned]]
+    assert [r.spec.gpu.index for r in results] == [0, 1, 0, 1, 1]
+    for gpu in (0, 1):  # one timing at a time on each GPU
+        spans = sorted((s, e) for g, s, e in HELD if g == gpu)
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+    first = {g: min((s, e) for gg, s, e in HELD if gg == g) for g in (0, 1)}
+    assert first[0][0] < first[1][1] and first[1][0] < first[0][1]  # ... and the two GPUs time at the same time
+
+
+async def test_one_gpu_keeps_one_queue_named_as_before(tmp_path):
+    ctx = context_with(tmp_path, 1)
+    manager = JobManager(ctx, parallel=2)
+    HELD.clear()
+    async with manager.running():
+        jobs = [await manager.submit(TimedRequest(candidate_code=f"c{i}", seconds=0.1), "a") for i in range(2)]
+        assert [j.device for j in jobs] == ["Fake GPU", "Fake GPU"] and [j.request.gpu for j in jobs] == [0, 0]
+        for j in jobs:
+            await manager.wait(j, 10, _no_progress)
+    (s1, e1), (s2, e2) = sorted((s, e) for _, s, e in HELD)
+    assert s2 >= e1
+
+
+async def test_the_mcp_tools_take_gpu_and_list_each_gpu(tmp_path):
+    ctx = context_with(tmp_path, 2)
+    (ctx.home / "cache" / "ceilings").mkdir(parents=True)
+    name = gpus.ceilings_name("cuda", "Fake GPU", "", "GPU-00000001-fake")  # measured on GPU 1 only
+    (ctx.home / "cache" / "ceilings" / name).write_text('{"peak_bandwidth_gbs": 3000.0, "peak_tflops": {"bf16": 700.0}}')
+    server = build_server(Settings(home=ctx.home, warm_workers=0, precompiled_headers=False), tools=ctx)
+    async with Client(server) as client:
+        schemas = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+        for tool in ("compile_kernel", "verify_against_reference", "profile_kernel"):
+            assert "gpu" in schemas[tool]["properties"], tool
+        listed = await client.call_tool("list_backends", {})
+        text = listed.content[0].text
+        assert "GPU 0: Fake GPU (GPU-00000000-fake, 80 GiB)" in text
+        assert "GPU 1: Fake GPU (GPU-00000001-fake, 80 GiB); measured ceilings: copy 3000 GB/s; matmul bf16 700" in text
+        cuda = next(b for b in listed.structured_content["backends"] if b["backend"] == "cuda")
+        assert [g["uuid"] for g in cuda["gpus"]] == ["GPU-00000000-fake", "GPU-00000001-fake"]
+        refused = await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "candidate_code": "x", "problem": "relu", "gpu": 2})
+        assert refused.is_error and "gpu=2 is out of range" in refused.content[0].text
+        assert "0 (Fake GPU), 1 (Fake GPU)" in refused.content[0].text
+        on_cpu = await client.call_tool("compile_kernel", {"backend": "cpu", "candidate_code": "x", "gpu": 0})
+        assert on_cpu.is_error and "runs on no GPU" in on_cpu.content[0].text
+        devices = (await client.read_resource("kforge://devices")).contents[0].text
+    cuda = next(b for b in json.loads(devices)["backends"] if b["backend"] == "cuda")
+    assert [g["index"] for g in cuda["gpus"]] == [0, 1] and cuda["gpus"][1]["peak_bandwidth_gbs"] == 3000.0

@@ -1,0 +1,128 @@
+"""Each GPU of the host is a device of its own: its own queue, device lock, warm workers and ceilings.
+
+A job of a GPU backend runs on one GPU: the one its `gpu` argument names (an index of the backend's
+`Availability.gpus`, which a probe worker enumerated: the server never starts CUDA), else the least
+loaded one (fewest queued and running jobs on it; ties go to the lower index). While a tool runs, its
+placement lives in a context variable, so every worker the job starts (`ToolContext.worker`, in any of
+its tasks) is pinned to that GPU without threading an argument through every helper.
+
+Pinning is by UUID (`CUDA_VISIBLE_DEVICES=GPU-...`): inside the worker the GPU is cuda:0, and the pin
+holds whatever order CUDA enumerates devices in. With one GPU (or none) nothing is pinned and the device
+keeps the name it always had, so a one-GPU host behaves as before apart from the result naming its GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+from kforge.backends import Availability, GpuInfo
+
+__all__ = ["Placement", "ceilings_name", "choose_gpu", "current", "describe_gpu", "device_key", "on_one_gpu", "pin_env", "placed_on"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: one GPU of a backend that has `of` of them."""
+
+    gpu: GpuInfo
+    of: int
+
+    @property
+    def pinned(self) -> bool:
+        # One GPU needs no pin: the worker sees it as cuda:0 already (and the pool keeps today's kinds).
+        return self.of > 1 and bool(self.gpu.uuid)
+
+
+_PLACED: ContextVar[Placement | None] = ContextVar("kforge_gpu_placement", default=None)
+
+
+def current() -> Placement | None:
+    """The GPU the running tool call was placed on (None: a CPU backend, or outside a tool call)."""
+    return _PLACED.get()
+
+
+@contextmanager
+def placed_on(placement: Placement | None) -> Iterator[Placement | None]:
+    """Run the block (and the tasks it starts) on `placement`."""
+    token = _PLACED.set(placement)
+    try:
+        yield placement
+    finally:
+        _PLACED.reset(token)
+
+
+def pin_env(placement: Placement | None) -> dict[str, str]:
+    """The environment that confines a worker to the placement's GPU (before CUDA starts; it reads it once)."""
+    if placement is None or not placement.pinned:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": str(placement.gpu.uuid)}
+
+
+def device_key(avail: Availability, placement: Placement | None) -> str:
+    """The device a job queues for and times on: each GPU of a multi-GPU host, else the backend's device (as before).
+
+    The same for every backend on a GPU (`cuda` and `triton` share it), so they never time on it at once."""
+    if placement is None or placement.of < 2:
+        return avail.device_name or avail.backend
+    return f"GPU {placement.gpu.index} ({placement.gpu.name})"
+
+
+def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Placement], int]) -> Placement | None:
+    """The placement of a job of `avail`'s backend: GPU `requested`, else the least loaded one (then the lowest index).
+
+    None for a backend without GPUs (CPU); RequestError (from `kforge.tools.context`) for an index out of range
+    or a GPU asked of a backend that has none."""
+    from .context import RequestError
+
+    gpus = list(avail.gpus)
+    if not gpus:
+        if requested is not None:
+            raise RequestError(f"backend {avail.backend!r} runs on no GPU here, so gpu={requested} cannot be served; "
+                               "leave gpu out")
+        return None
+    placements = [Placement(g, len(gpus)) for g in gpus]
+    if requested is None:
+        return min(placements, key=lambda p: (load(p), p.gpu.index))
+    for p in placements:
+        if p.gpu.index == requested:
+            return p
+    there = ", ".join(f"{g.index} ({g.name})" for g in gpus)
+    raise RequestError(f"gpu={requested} is out of range: this host's {avail.backend} GPUs are {there}; "
+                       "leave gpu out to take the least loaded one")
+
+
+def ceilings_name(backend: str, device_name: str, torch_version: str, gpu_uuid: str | None = None) -> str:
+    """The file a device's measured ceilings are cached in (`cache/ceilings/`): per GPU where a host has several
+    (a GPU is measured, not its model), else per device model as before."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{backend}-{device_name}-torch{torch_version}"
+                  + (f"-{gpu_uuid}" if gpu_uuid else ""))
+    return f"{slug.strip('-')}.json"
+
+
+def describe_gpu(gpu: GpuInfo) -> str:
+    """One GPU as list_backends and doctor print it."""
+    memory = f", {gpu.memory_bytes / 2**30:.0f} GiB" if gpu.memory_bytes else ""
+    rates = ", ".join(f"{dtype} {rate:g} TFLOP/s" for dtype, rate in gpu.peak_tflops.items())
+    measured = (f"; measured ceilings: copy {gpu.peak_bandwidth_gbs:g} GB/s" + (f"; matmul {rates}" if rates else "")
+                if gpu.peak_bandwidth_gbs else "")
+    bus = f", bus {gpu.pci_bus_id}" if gpu.pci_bus_id else ""
+    return f"GPU {gpu.index}: {gpu.name} ({gpu.uuid or 'no uuid'}{memory}{bus}){measured}"
+
+
+def on_one_gpu(tool: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """A tool function `tool(ctx, backend, ...)` that takes `gpu=` (an index; None: the least loaded GPU) and runs
+    on that GPU (`ToolContext.on_gpu`); a backend without GPUs runs as before. A decorator rather than an argument
+    threaded through every helper: what the placement changes (the workers' pin, the device lock, the ceilings,
+    the baselines' key) is read where it is used."""
+    @functools.wraps(tool)
+    async def run(ctx: Any, backend: str, *args: Any, gpu: int | None = None, **kwargs: Any) -> R:
+        async with ctx.on_gpu(backend, gpu):
+            return await tool(ctx, backend, *args, **kwargs)
+    return run
