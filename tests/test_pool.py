@@ -201,14 +201,37 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
     assert not list(jobs.iterdir())
 
 
+async def test_a_light_hold_refills_only_kinds_short_of_idle_workers(tmp_path):
+    """A verify's hold (light) starts no fork of a kind that still has two idle workers (a profile's takes), but
+    one of a kind short of them: the profile after the verify must not wait for its workers."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(3) as pool:
+        with anyio.fail_after(240):
+            while _idle(pool) < 3 or pool._under_way:
+                await anyio.sleep(0.1)
+        release = ctx.hold_forks(light=True)
+        taken = [pool.take("cpu")]
+        await anyio.sleep(1.0)  # a refill would have started by now
+        assert _idle(pool) == 2 and not pool._starting[("cpu", ())], "a fork started while two were idle"
+        taken.append(pool.take("cpu"))
+        with anyio.fail_after(5):
+            while not pool._starting[("cpu", ())]:
+                await anyio.sleep(0.02)
+        release()
+        for warm in taken:
+            assert warm is not None
+            await kill_group(warm.proc)
+            await warm.proc.aclose()
+
+
 async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_it(tmp_path, cpu_example):
-    """A verify holds the pool's forks as a profile does: the refills its takes ask for start once it is done,
-    so nothing readies a device (or takes a core) beside its trials; afterwards the pool fills up again."""
+    """A verify holds the pool's forks (lightly): with enough idle workers the refills its takes ask for start
+    once it is done, so nothing readies a device (or takes a core) beside its trials; then the pool fills up."""
     from kforge.tools.evaluate import verify_against_reference
 
     ctx = ToolContext(home=tmp_path / "home")
-    async with ctx.warm_workers(1) as pool:
-        await _ready(pool, 2)
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 6)
         with anyio.fail_after(120):
             while pool._under_way:  # every first fork done
                 await anyio.sleep(0.05)
@@ -229,4 +252,4 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
         assert len(seen) > 5 and max(seen) == 0, f"forks under way beside the verify: {seen}"
         assert pool._quiet == 0
         with anyio.fail_after(120):  # the refills came after it
-            await _ready(pool, 2)
+            await _ready(pool, 6)

@@ -181,15 +181,15 @@ class ToolContext:
         missing = self.worker_isolation.get("missing", [])
         return [f"the workers' sandbox is incomplete on this host: {'; '.join(missing)}"] if missing else []
 
-    def hold_forks(self) -> Callable[[], None]:
+    def hold_forks(self, light: bool = False) -> Callable[[], None]:
         """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
-        return self.pool.hold_forks() if self.pool is not None else (lambda: None)
+        return self.pool.hold_forks(light) if self.pool is not None else (lambda: None)
 
-    def pause_forks(self) -> None:
+    def pause_forks(self, light: bool = False) -> None:
         """Stop the warm workers being readied until the holds are released: nothing else readies a device beside
         a timing (`WorkerPool.pause_forks`)."""
         if self.pool is not None:
-            self.pool.pause_forks()
+            self.pool.pause_forks(light)
 
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.

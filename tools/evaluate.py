@@ -195,15 +195,15 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
     with ctx.scratch("verify") as scratch:
         async with WorkerGroup(ctx.pool) as workers, AsyncExitStack() as stack:
             # The refills of the workers taken here start once this job is done, and the forks under way stop
-            # meanwhile: no fork readies a device beside the trials (`WorkerPool.hold_forks`).
-            stack.callback(ctx.hold_forks())
+            # meanwhile, except where the pool runs short (`WorkerPool.hold_forks`, light).
+            stack.callback(ctx.hold_forks(light=True))
             await progress(0, steps, "running the reference in the judge worker while the candidate builds")
             # Synchronous launches: a device fault is raised at the candidate line that launched it.
             (judge, failure, prepared), (worker, compiled, setup, cand_failure) = await concurrently(
                 lambda: _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
                 lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
                                          _candidate_inputs(reference_code, seeds, init_seed), extra_env=SYNC_LAUNCHES))
-            ctx.pause_forks()
+            ctx.pause_forks(light=True)
             if failure is not None:
                 return done(failure=failure, checks=[scan])
             await progress(1, steps, "built the candidate")

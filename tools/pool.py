@@ -47,6 +47,7 @@ _ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _FORK_TIMEOUT_S = 60.0  # a fork and a device start
 _REAP_BEFORE_NEXT_BYTES = 4 * 2**30  # killed workers that held more device memory are gone before the next job
 _WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
+_LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refill: a profile takes two
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -251,6 +252,7 @@ class WorkerPool:
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
         self._quiet = 0  # timings in progress or about to start: no new fork until they end (`hold_forks`)
+        self._light_quiet = 0  # verifies in progress: no new fork of a kind with enough idle workers
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
@@ -280,36 +282,49 @@ class WorkerPool:
                         await zygote.close()
                 self._zygotes.clear()
 
-    def hold_forks(self) -> Callable[[], None]:
+    def hold_forks(self, light: bool = False) -> Callable[[], None]:
         """Start no fork until the returned release is called (once or more), except forks a job waits for.
 
         A fork starts a device context and warms the libraries (~1.3 s of GPU and CPU work on an H100):
         beside a timing it slowed the timed calls 2-3x (a profile's first round, H100 trace, 2026-11-24). A
         profile holds this from the moment it takes its workers until it is done with the device, so the
         refills its takes ask for start after it, and stops the forks already under way (`pause_forks`)
-        before timing. A verify holds it too: forks beside it slowed its first trials 2-3x on small GEMMs, and
-        two of them held 2.3 GB of device memory during a 4.3 GB problem's verify (H100, 2026-11-24)."""
-        self._quiet += 1
+        before timing.
+
+        `light` (a verify): kinds with fewer than `_LIGHT_HOLD_IDLE` idle workers still refill. Forks beside a
+        verify slowed its first trials 2-3x on small GEMMs, and two of them held 2.3 GB of device memory during
+        a 4.3 GB problem's verify; but a verify that held every refill left the profile after it waiting
+        0.4-1.2 s for its workers (H100, 2026-11-24)."""
+        if light:
+            self._light_quiet += 1
+        else:
+            self._quiet += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self._quiet -= 1
-                if not self._quiet:
+                if light:
+                    self._light_quiet -= 1
+                else:
+                    self._quiet -= 1
+                if not self._quiet and not self._light_quiet:
                     for fork in self._under_way:
                         fork.go_on()
                 self._wake.set()
         return release
 
-    def pause_forks(self) -> None:
+    def pause_forks(self, light: bool = False) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
         keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind; a
-        kind some job already waits for is not stopped."""
+        kind some job already waits for is not stopped, nor, if `light`, one short of idle workers."""
         for fork in self._under_way:
-            if not self._waiting[fork.kind]:
+            if not self._waiting[fork.kind] and not (light and self._short(fork.kind)):
                 fork.stop()
+
+    def _short(self, kind: _Kind) -> bool:
+        return len(self._idle[kind]) < _LIGHT_HOLD_IDLE
 
     def reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> bool:
         """Await killed workers' exits in the background (each a device context's teardown, 0.15-0.2 s on an
@@ -408,7 +423,8 @@ class WorkerPool:
         if self._tg is None:
             return
         for kind in self._wanted:
-            target = 0 if self._quiet else self._target[kind]  # while quiet, only forks a job waits for
+            held = self._quiet or (self._light_quiet and not self._short(kind))
+            target = 0 if held else self._target[kind]  # while held, only forks a job waits for
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
