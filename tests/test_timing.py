@@ -149,6 +149,23 @@ def test_replay_needs_repeats_faster_than_their_neighbours_not_a_slow_start():
     assert "seen before" in (_replay_warning(replay, fresh) or "")
 
 
+def test_fresh_calls_another_process_interrupted_do_not_read_as_replay():
+    """On a busy host the fresh calls that landed in a burst of other work are slow for that reason: left out
+    (their windows were preempted), they no longer read as replay; a real replay still does on the quiet calls."""
+    from kforge.tools.timing import _replay_warning
+
+    rng = random.Random(11)
+    fresh = [rng.random() < 0.3 for _ in range(90)]
+    # Honest calls of 1.0; every fresh one but a few interrupted by another process and three times slower.
+    disturbed = [f and i % 7 != 0 for i, f in enumerate(fresh)]
+    busy = [(3.0 if d else 1.0) * rng.uniform(0.95, 1.05) for d in disturbed]
+    assert "seen before" in (_replay_warning(busy, fresh) or "")  # counted, the burst looks like replay
+    assert _replay_warning(busy, fresh, disturbed) is None
+    replay = [(1.0 if f else 0.05) * rng.uniform(0.9, 1.1) for f in fresh]
+    some = [i % 5 == 0 for i in range(90)]
+    assert "seen before" in (_replay_warning(replay, fresh, some) or "")
+
+
 def test_calls_are_queued_back_to_back_with_one_sync_per_batch():
     """The device must not idle between timed calls (an idle GPU drops its clocks): many calls per sync."""
     backend = FakeBackend(100e-6)

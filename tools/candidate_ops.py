@@ -271,6 +271,7 @@ class CandidateOps:
             return self._failure(exc, "timing")
         reply: dict[str, Any] = {"timing": timed.stats.model_dump(mode="json"),
                                  "samples_us": [round(x * 1e6, 4) for x in timed.samples_s], "fresh": timed.fresh,
+                                 "disturbed": timed.disturbed,
                                  "integrity": self._integrity()}
         if saved is not None:
             reply["revalidation"] = saved

@@ -62,6 +62,8 @@ class Timed:
     stats: TimingStats
     samples_s: list[float] = field(default_factory=list)
     fresh: list[bool] = field(default_factory=list)  # per sample: a set never seen before (replay check)
+    # per sample: another process took a CPU during the window (host backends' timers): left out of the replay check
+    disturbed: list[bool] = field(default_factory=list)
 
 
 def _median_rel_ci(samples: Sequence[float]) -> float:
@@ -98,9 +100,11 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         # The device timer misses work: the host clock, closed after a device-wide sync, is the honest time
         # of a call. Time it that way, call by call, and let those be the samples.
         samples, picks, hit_budget = _host_samples(fn, make_args, backend, policy, next_call, on_output, clock)
+        disturbed: list[bool] = []
     else:
         batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
-        samples, picks, hit_budget = _device_samples(fn, make_args, backend, policy, next_call, on_output, batch)
+        samples, picks, hit_budget, disturbed = _device_samples(fn, make_args, backend, policy, next_call, on_output,
+                                                                batch)
     extra = []
     if contention and (busy := contention().get("warning")):
         extra.append(busy)
@@ -109,14 +113,14 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if hit_budget:
         extra.append(f"time budget of {policy.budget_s:g} s reached before the median's 95% interval narrowed to "
                      f"+-{100 * policy.target_rel_ci:g}%")
-    replay = _replay_warning(samples, [f for _, f in picks]) if schedule else None
+    replay = _replay_warning(samples, [f for _, f in picks], disturbed) if schedule else None
     extra += [replay] if replay else []
     stats = TimingStats.from_samples_s(label, samples, extra_warnings=extra,
                                        host_median_us=host_med * 1e6 if host_med is not None else None,
                                        unseen_work=unseen, replay_suspected=bool(replay),
                                        input_sets=schedule.sets if schedule else None, threads=threads,
                                        clock="host" if unseen else "device")
-    return Timed(stats, samples, [f for _, f in picks])
+    return Timed(stats, samples, [f for _, f in picks], disturbed)
 
 
 def _enough(samples: list[float], t_sampling: float, policy: TimingPolicy) -> tuple[bool, bool]:
@@ -199,10 +203,12 @@ def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any
 def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
                     policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
                     on_output: Callable[[int, Any], None] | None, batch: int,
-                    ) -> tuple[list[float], list[tuple[int, bool]], bool]:
-    """Batches of calls queued back to back on the device timer, one synchronize per batch."""
+                    ) -> tuple[list[float], list[tuple[int, bool]], bool, list[bool]]:
+    """Batches of calls queued back to back on the device timer, one synchronize per batch; and per call whether
+    another process took a CPU in its window (a host timer's `preemptions`)."""
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
+    disturbed: list[bool] = []
     t_sampling = time.perf_counter()
     while len(samples) < policy.max_samples:
         timers = []
@@ -221,10 +227,11 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
             del out, args
         backend.synchronize()
         samples += [t.elapsed_s() for t in timers]
+        disturbed += [bool(getattr(t, "preemptions", 0)) for t in timers]
         done, hit_budget = _enough(samples, t_sampling, policy)
         if done:
-            return samples, picks, hit_budget
-    return samples, picks, False
+            return samples, picks, hit_budget, disturbed
+    return samples, picks, False, disturbed
 
 
 def _host_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
@@ -285,20 +292,23 @@ class ReplaySchedule:
         return self.used[secrets.randbelow(len(self.used))], False
 
 
-def _replay_warning(samples: list[float], fresh: list[bool]) -> str | None:
+def _replay_warning(samples: list[float], fresh: list[bool], disturbed: Sequence[bool] = ()) -> str | None:
     """Calls on inputs seen before must not be much faster than calls on new ones *next to them*.
 
     Each fresh call is compared with the repeated calls nearest to it in time, and the verdict is
     the median of those ratios: fresh sets run out partway through sampling, so a global median
     would blame replay for any drift (a noisy neighbour, an allocator still growing) between the
-    start and the end of the run. A replaying candidate is faster on every repeat, wherever it is.
+    start and the end of the run. A replaying candidate is faster on every repeat, wherever it is. Calls that
+    another process interrupted (`disturbed`, host backends) are left out: on a busy 2-core host a few fresh
+    calls that landed in a burst of other work read as replay.
     """
+    quiet = [not d for d in disturbed] if len(disturbed) == len(samples) else [True] * len(samples)
     ratios, fresh_times, repeat_times = [], [], []
     for i, is_fresh in enumerate(fresh):
-        if not is_fresh:
+        if not is_fresh or not quiet[i]:
             continue
         near = [samples[j] for j in range(max(0, i - _REPLAY_NEIGHBOURS), min(len(samples), i + _REPLAY_NEIGHBOURS + 1))
-                if not fresh[j]]
+                if not fresh[j] and quiet[j]]
         if near:
             ratios.append(samples[i] / max(statistics.median(near), 1e-12))
             fresh_times.append(samples[i])
@@ -319,8 +329,9 @@ def merge_rounds(label: str, replies: Sequence[dict[str, Any]]) -> tuple[TimingS
     rounds = [[x / 1e6 for x in r["samples_us"]] for r in replies]
     every = [s for r in rounds for s in r]
     fresh = [f for r in replies for f in r.get("fresh", [])]
+    disturbed = [d for r in replies for d in r.get("disturbed") or [False] * len(r["samples_us"])]
     parts = [TimingStats(**r["timing"]) for r in replies]
-    replay = _replay_warning(every, fresh) if len(fresh) == len(every) and any(fresh) else None
+    replay = _replay_warning(every, fresh, disturbed) if len(fresh) == len(every) and any(fresh) else None
     drop = ("seen before", "only ", "noisy:")  # recomputed over the whole series below
     warnings = list(dict.fromkeys(w for p in parts for w in p.warnings if not any(d in w for d in drop)))
     hosts = [p.host_median_us for p in parts if p.host_median_us is not None]
