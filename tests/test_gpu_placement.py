@@ -102,6 +102,14 @@ def test_workers_are_pinned_to_their_gpu_only_where_there_are_several(tmp_path):
     assert warm_kinds(one) == warm_kinds(CPU) == [{}, SYNC_LAUNCHES]  # as before
 
 
+def test_without_a_uuid_the_pin_is_the_index_within_the_servers_own_visible_devices(monkeypatch):
+    second = gpus.Placement(GpuInfo(index=1, name="Fake GPU"), 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpus.pin_env(second) == {"CUDA_VISIBLE_DEVICES": "1"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # the server sees physical GPUs 4 and 6 as 0 and 1
+    assert gpus.pin_env(second) == {"CUDA_VISIBLE_DEVICES": "6"}
+
+
 async def test_a_tool_call_pins_its_workers_and_takes_the_least_busy_gpu(tmp_path):
     ctx = context_with(tmp_path, 2)
     async with ctx.on_gpu("cuda", None) as first:

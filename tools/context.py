@@ -230,7 +230,7 @@ class ToolContext:
         Measured by a worker of its own, never a candidate's: a candidate could report low ceilings and so
         place itself near the roofline (and a profile would pay the 0.3 s measurement each time)."""
         placement = placement or gpus.current()
-        key = (backend, (placement.gpu.uuid or "") if placement is not None and placement.pinned else "")
+        key = (backend, _gpu_id(placement.gpu) if placement is not None and placement.pinned else "")
         async with self._facts_locks[key]:
             if remeasure or key not in self._facts:
                 with gpus.placed_on(placement):
@@ -242,7 +242,7 @@ class ToolContext:
         torch = avail.versions.get("torch", "")
         listed = []
         for gpu in avail.gpus:
-            uuid = gpu.uuid if len(avail.gpus) > 1 else None  # one GPU: cached per device model, as before
+            uuid = _gpu_id(gpu) if len(avail.gpus) > 1 else None  # one GPU: cached per device model, as before
             path = self.home / "cache" / "ceilings" / gpus.ceilings_name(avail.backend, gpu.name, torch, uuid)
             try:
                 listed.append(gpu.model_copy(update=json.loads(path.read_text())))
@@ -253,7 +253,7 @@ class ToolContext:
     async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
         avail = await self.require_backend(backend)
         placement = gpus.current()
-        tag = {"gpu": placement.gpu.uuid} if placement is not None and placement.pinned else {}
+        tag = {"gpu": _gpu_id(placement.gpu)} if placement is not None and placement.pinned else {}
         with self.scratch("ceilings") as scratch:
             async with self.device_lock(self.device_key(avail)), self.worker(backend, scratch, "ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure, **tag)

@@ -14,6 +14,7 @@ keeps the name it always had, so a one-GPU host behaves as before apart from the
 from __future__ import annotations
 
 import functools
+import os
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,7 +38,7 @@ class Placement:
     @property
     def pinned(self) -> bool:
         # One GPU needs no pin: the worker sees it as cuda:0 already (and the pool keeps today's kinds).
-        return self.of > 1 and bool(self.gpu.uuid)
+        return self.of > 1
 
 
 _PLACED: ContextVar[Placement | None] = ContextVar("kforge_gpu_placement", default=None)
@@ -62,7 +63,13 @@ def pin_env(placement: Placement | None) -> dict[str, str]:
     """The environment that confines a worker to the placement's GPU (before CUDA starts; it reads it once)."""
     if placement is None or not placement.pinned:
         return {}
-    return {"CUDA_VISIBLE_DEVICES": str(placement.gpu.uuid)}
+    if placement.gpu.uuid:
+        return {"CUDA_VISIBLE_DEVICES": placement.gpu.uuid}
+    # No uuid (a torch without it): the index, within the server's own CUDA_VISIBLE_DEVICES where it set one,
+    # since the worker's setting replaces the server's.
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    index = placement.gpu.index
+    return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
 
 
 def device_key(avail: Availability, placement: Placement | None) -> str:
