@@ -105,11 +105,11 @@ def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Place
                        "leave gpu out to take the least loaded one")
 
 
-def ceilings_name(backend: str, device_name: str, torch_version: str, gpu_uuid: str | None = None) -> str:
+def ceilings_name(backend: str, device_name: str, torch_version: str, gpu_id: str | None = None) -> str:
     """The file a device's measured ceilings are cached in (`cache/ceilings/`): per GPU where a host has several
-    (a GPU is measured, not its model), else per device model as before."""
+    (`gpu_id`, its uuid: a GPU is measured, not its model), else per device model as before."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{backend}-{device_name}-torch{torch_version}"
-                  + (f"-{gpu_uuid}" if gpu_uuid else ""))
+                  + (f"-{gpu_id}" if gpu_id else ""))
     return f"{slug.strip('-')}.json"
 
 
