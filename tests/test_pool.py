@@ -253,3 +253,22 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
         assert pool._quiet == 0
         with anyio.fail_after(120):  # the refills came after it
             await _ready(pool, 6)
+
+
+async def test_a_take_that_leaves_a_kind_short_keeps_more_of_it(tmp_path):
+    """Jobs back to back take a kind faster than one refill at a time: a take that leaves fewer than two idle
+    raises the kind's target, as a miss does, so the next run of jobs finds its workers ready."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(2) as pool:
+        with anyio.fail_after(240):
+            while _idle(pool) < 2 or pool._under_way:
+                await anyio.sleep(0.1)
+        kind = ("cpu", ())
+        assert pool._target[kind] == 2
+        taken = pool.take("cpu")  # one left: short of a profile's two
+        assert taken is not None and pool._target[kind] == 3
+        with anyio.fail_after(240):
+            while _idle(pool) < 3:
+                await anyio.sleep(0.1)
+        await kill_group(taken.proc)
+        await taken.proc.aclose()

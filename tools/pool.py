@@ -366,12 +366,13 @@ class WorkerPool:
         """A warm worker of this kind, or None (then the caller starts a cold one)."""
         self.want(backend, extra_env)
         kind = _kind(backend, extra_env)
-        if (warm := self._pop_idle(kind)) is not None:
-            return warm
-        if kind in self._wanted:
+        warm = self._pop_idle(kind)
+        # A miss, or a take that leaves the kind short for a profile's two takes: keep more of it. Jobs back to
+        # back (a verify, then a profile) otherwise meet forks beside them or wait for them (H100, 2026-11-24).
+        if kind in self._wanted and (warm is None or self._short(kind)):
             self._target[kind] = min(self.max_size, self._target[kind] + 1)
         self._wake.set()
-        return None
+        return warm
 
     async def acquire(self, backend: str, extra_env: dict[str, str] | None = None,
                       wait_s: float = _WAIT_FOR_FORK_S) -> WarmProcess | None:
