@@ -115,6 +115,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             (judge, failure, problem), (worker, compiled, _, cand_failure) = await concurrently(
                 judge_side, lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
                                                      _candidate_inputs(reference_code, seeds, init_seed)))
+            ctx.pause_forks(light=True)  # as in a verify: the checks before the timing run without forks beside
             if failure is not None:
                 return failed(failure)
             if worker is None:
