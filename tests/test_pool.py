@@ -108,7 +108,9 @@ async def test_a_job_waiting_for_a_worker_lets_a_stopped_fork_of_its_kind_go_on(
         backend, env = forks[0].kind
         with anyio.fail_after(150):  # on a busy 2-core CI machine a fork took over the default 30 s
             warm = await pool.acquire(backend, dict(env), wait_s=120)
-        assert warm is not None, pool.problems
+        assert warm is not None, (pool.problems, pool._wanted, {k: len(v) for k, v in pool._idle.items()},
+                                  dict(pool._starting), [(f.kind, f.pid, f._stopped_at, f.pid and _state(f.pid))
+                                                         for f in pool._under_way])
         others = [f for f in pool._under_way if f.kind != forks[0].kind and f.pid is not None]
         assert all([await _stopped(f.pid) for f in others])  # only its own kind
         release()
@@ -272,3 +274,33 @@ async def test_a_take_that_leaves_a_kind_short_keeps_more_of_it(tmp_path):
                 await anyio.sleep(0.1)
         await kill_group(taken.proc)
         await taken.proc.aclose()
+
+
+async def test_a_hold_on_one_gpu_leaves_another_gpus_refills_alone(tmp_path):
+    """On a host of several GPUs a job holds the refills of its own GPU's workers (and the unpinned kinds), not
+    those of another GPU: a timing on one GPU must not starve the other's pool. The kinds here are cpu workers
+    labelled with a GPU pin: this tests the pool's bookkeeping, not a GPU."""
+    ctx = ToolContext(home=tmp_path / "home")
+    on_a, on_b = {"CUDA_VISIBLE_DEVICES": "GPU-a"}, {"CUDA_VISIBLE_DEVICES": "GPU-b"}
+    async with ctx.warm_workers(1) as pool:
+        for env in (on_a, on_b):
+            pool.want("cpu", env)
+        with anyio.fail_after(240):
+            while _idle(pool, *on_a.items()) < 1 or _idle(pool, *on_b.items()) < 1 or pool._under_way:
+                await anyio.sleep(0.1)
+        release = pool.hold_forks(gpu="GPU-a")
+        taken = [pool.take("cpu", on_a), pool.take("cpu", on_b)]
+        kind_a, kind_b = ("cpu", tuple(on_a.items())), ("cpu", tuple(on_b.items()))
+        with anyio.fail_after(5):  # GPU b's refill starts at once ...
+            while not pool._starting[kind_b] and _idle(pool, *on_b.items()) < 1:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.5)
+        assert not pool._starting[kind_a] and _idle(pool, *on_a.items()) == 0  # ... GPU a's waits for the release
+        release()
+        with anyio.fail_after(120):
+            while _idle(pool, *on_a.items()) < 1:
+                await anyio.sleep(0.1)
+        for warm in taken:
+            assert warm is not None
+            await kill_group(warm.proc)
+            await warm.proc.aclose()

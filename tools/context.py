@@ -183,13 +183,13 @@ class ToolContext:
 
     def hold_forks(self, light: bool = False) -> Callable[[], None]:
         """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
-        return self.pool.hold_forks(light) if self.pool is not None else (lambda: None)
+        return self.pool.hold_forks(light, _gpu_pin()) if self.pool is not None else (lambda: None)
 
     def pause_forks(self, light: bool = False) -> None:
         """Stop the warm workers being readied until the holds are released: nothing else readies a device beside
         a timing (`WorkerPool.pause_forks`)."""
         if self.pool is not None:
-            self.pool.pause_forks(light)
+            self.pool.pause_forks(light, _gpu_pin())
 
     def device_lock(self, device: str) -> anyio.Lock:
         """One timing job per accelerator at a time; builds and correctness runs do not take it.
@@ -292,3 +292,9 @@ def warm_kinds(avail: Availability) -> list[dict[str, str]]:
     synchronous launches, for each GPU of a multi-GPU host (pinned to it), else once (`kforge.tools.gpus`)."""
     placements = [gpus.Placement(g, len(avail.gpus)) for g in avail.gpus] or [None]
     return [env for p in placements for env in (gpus.pin_env(p), {**gpus.pin_env(p), **SYNC_LAUNCHES})]
+
+
+def _gpu_pin() -> str | None:
+    """The pin of the GPU the running tool call was placed on, where the host has several (the pool's holds
+    then cover that GPU's workers only), else None."""
+    return gpus.pin_env(gpus.current()).get("CUDA_VISIBLE_DEVICES")

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -53,6 +53,11 @@ _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 def _kind(backend: str, extra_env: dict[str, str] | None) -> _Kind:
     return backend, tuple(sorted((extra_env or {}).items()))
+
+
+def _pin(kind: _Kind) -> str | None:
+    """The GPU a kind's workers are pinned to (`kforge.tools.gpus.pin_env`), or None."""
+    return dict(kind[1]).get("CUDA_VISIBLE_DEVICES")
 
 
 class ForkedProcess:
@@ -251,8 +256,9 @@ class WorkerPool:
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = self.served = 0
-        self._quiet = 0  # timings in progress or about to start: no new fork until they end (`hold_forks`)
-        self._light_quiet = 0  # verifies in progress: no new fork of a kind with enough idle workers
+        # Holds in progress (`hold_forks`), by (light, the GPU they hold or None for every one): timings and
+        # verifies about to start or running, during which no new fork starts
+        self._holds: Counter[tuple[bool, str | None]] = Counter()
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
@@ -282,7 +288,7 @@ class WorkerPool:
                         await zygote.close()
                 self._zygotes.clear()
 
-    def hold_forks(self, light: bool = False) -> Callable[[], None]:
+    def hold_forks(self, light: bool = False, gpu: str | None = None) -> Callable[[], None]:
         """Start no fork until the returned release is called (once or more), except forks a job waits for.
 
         A fork starts a device context and warms the libraries (~1.3 s of GPU and CPU work on an H100):
@@ -294,32 +300,47 @@ class WorkerPool:
         `light` (a verify): kinds with fewer than `_LIGHT_HOLD_IDLE` idle workers still refill. Forks beside a
         verify slowed its first trials 2-3x on small GEMMs, and two of them held 2.3 GB of device memory during
         a 4.3 GB problem's verify; but a verify that held every refill left the profile after it waiting
-        0.4-1.2 s for its workers (H100, 2026-11-24)."""
-        if light:
-            self._light_quiet += 1
-        else:
-            self._quiet += 1
+        0.4-1.2 s for its workers (H100, 2026-11-24).
+
+        `gpu` (the `CUDA_VISIBLE_DEVICES` pin of the job's GPU on a host of several): only the kinds pinned to
+        that GPU, and the unpinned ones, are held; another GPU's refills go on. None holds every kind."""
+        key = (light, gpu)
+        self._holds[key] += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                if light:
-                    self._light_quiet -= 1
-                else:
-                    self._quiet -= 1
-                if not self._quiet and not self._light_quiet:
-                    for fork in self._under_way:
+                self._holds[key] -= 1
+                if not self._holds[key]:
+                    del self._holds[key]
+                for fork in self._under_way:
+                    if not self._covered(fork.kind, light=True) and not self._covered(fork.kind, light=False):
                         fork.go_on()
                 self._wake.set()
         return release
 
-    def pause_forks(self, light: bool = False) -> None:
+    @property
+    def _quiet(self) -> int:
+        """Holds in progress, of every kind."""
+        return sum(self._holds.values())
+
+    def _covered(self, kind: _Kind, light: bool) -> bool:
+        """Whether a hold of this weight covers the kind (`hold_forks`)."""
+        pin = _pin(kind)
+        return any(n and held_light == light and (gpu is None or pin is None or gpu == pin)
+                   for (held_light, gpu), n in self._holds.items())
+
+    def pause_forks(self, light: bool = False, gpu: str | None = None) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
         keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind; a
-        kind some job already waits for is not stopped, nor, if `light`, one short of idle workers."""
+        kind some job already waits for is not stopped, nor, if `light`, one short of idle workers, nor one
+        pinned to another GPU than `gpu`."""
         for fork in self._under_way:
+            pin = _pin(fork.kind)
+            if gpu is not None and pin is not None and pin != gpu:
+                continue
             if not self._waiting[fork.kind] and not (light and self._short(fork.kind)):
                 fork.stop()
 
@@ -424,7 +445,7 @@ class WorkerPool:
         if self._tg is None:
             return
         for kind in self._wanted:
-            held = self._quiet or (self._light_quiet and not self._short(kind))
+            held = self._covered(kind, light=False) or (self._covered(kind, light=True) and not self._short(kind))
             target = 0 if held else self._target[kind]  # while held, only forks a job waits for
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             for _ in range(max(0, missing)):
