@@ -218,14 +218,19 @@ async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
                                                 use_store=False)
         assert result.correct, str(result)
         assert pool.served == 2  # the judge and the candidate both came warm
-        await _pool_ready(pool, 2)  # and the pool refilled behind them
-        # Two jobs at once find one worker of the candidate's kind: the pool now keeps two of that kind.
-        taken = pool.take("cpu")
-        assert taken is not None and pool.take("cpu") is None
-        await kill_group(taken.proc)
-        await taken.proc.aclose()
-        await _pool_ready(pool, 3)
-        assert len(pool._idle[("cpu", ())]) == 2 and pool.max_size == 4
+        # Each take left its kind short of two idle workers (a profile's takes): the pool keeps two of each now,
+        # and refilled behind the job.
+        plain, sync = ("cpu", ()), ("cpu", tuple(SYNC_LAUNCHES.items()))
+        assert pool._target[plain] == 2 and pool._target[sync] == 2
+        await _pool_ready(pool, 4)
+        # Three jobs at once find two workers of a kind: the pool keeps more of it, up to four times its size.
+        taken = [pool.take("cpu"), pool.take("cpu")]
+        assert all(taken) and pool.take("cpu") is None and pool._target[plain] == pool.max_size == 4
+        for warm in taken:
+            await kill_group(warm.proc)
+            await warm.proc.aclose()
+        await _pool_ready(pool, 6)
+        assert len(pool._idle[plain]) == 4
 
 
 async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_example, candidate):
