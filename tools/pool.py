@@ -388,9 +388,11 @@ class WorkerPool:
         self.want(backend, extra_env)
         kind = _kind(backend, extra_env)
         warm = self._pop_idle(kind)
-        # A miss, or a take that leaves the kind short for a profile's two takes: keep more of it. Jobs back to
-        # back (a verify, then a profile) otherwise meet forks beside them or wait for them (H100, 2026-11-24).
-        if kind in self._wanted and (warm is None or self._short(kind)):
+        # A miss keeps one more of the kind, up to max_size. So does a take that leaves it short for a profile's
+        # two takes, but only up to one over the pool's size: each idle GPU worker holds ~1.15 GB of device memory
+        # that a large problem needs. Jobs back to back (a verify, then a profile) otherwise meet forks beside
+        # them or wait for them (H100, 2026-11-24).
+        if kind in self._wanted and (warm is None or (self._short(kind) and self._target[kind] <= self.size)):
             self._target[kind] = min(self.max_size, self._target[kind] + 1)
         self._wake.set()
         return warm
