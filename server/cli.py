@@ -19,7 +19,7 @@ from kforge import __version__
 
 from kforge.backends import Availability
 from kforge.tools.disk import disk_usage, format_bytes, prune_caches
-from kforge.tools.gpus import Placement, describe_gpu
+from kforge.tools.gpus import Placement, describe_gpu, placements
 
 from .auth import MAKE_TOKEN
 from .clients import CLIENTS, client_config, where_it_goes
@@ -204,14 +204,14 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
             for a in found:
                 if a.ok and a.timing:
                     # each GPU of the host, side by side (one worker per GPU); the first stands for the backend
-                    placements = [Placement(g, len(a.gpus)) for g in a.gpus] or [None]
+                    each = placements(a) or [None]
                     measured = {}
 
                     async def measure(i: int, placement: Placement | None, backend: str = a.backend) -> None:
                         measured[i] = await tools.device_facts(backend, remeasure=args.remeasure, placement=placement)
 
                     async with anyio.create_task_group() as tg:
-                        for i, placement in enumerate(placements):
+                        for i, placement in enumerate(each):
                             tg.start_soon(measure, i, placement)
                     facts[a.backend] = measured[0]
         return [tools.measured_gpus(a) for a in found], facts

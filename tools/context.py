@@ -132,15 +132,15 @@ class ToolContext:
         """Run the block on GPU `gpu` of the backend, or the least loaded one (None for a CPU backend): the workers
         it starts are pinned there, and its device lock, ceilings and baselines are that GPU's."""
         avail = await self.require_backend(backend)
-        placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[_gpu_id(p.gpu)])
+        placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[gpus.gpu_id(p.gpu)])
         if placement is not None:
-            self._gpu_calls[_gpu_id(placement.gpu)] += 1
+            self._gpu_calls[gpus.gpu_id(placement.gpu)] += 1
         try:
             with gpus.placed_on(placement):
                 yield placement
         finally:
             if placement is not None:
-                self._gpu_calls[_gpu_id(placement.gpu)] -= 1
+                self._gpu_calls[gpus.gpu_id(placement.gpu)] -= 1
 
     def device_key(self, avail: Availability) -> str:
         """The device the running call times on: its GPU where the host has several (`device_lock`)."""
@@ -230,7 +230,7 @@ class ToolContext:
         Measured by a worker of its own, never a candidate's: a candidate could report low ceilings and so
         place itself near the roofline (and a profile would pay the 0.3 s measurement each time)."""
         placement = placement or gpus.current()
-        key = (backend, _gpu_id(placement.gpu) if placement is not None and placement.pinned else "")
+        key = (backend, gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else "")
         async with self._facts_locks[key]:
             if remeasure or key not in self._facts:
                 with gpus.placed_on(placement):
@@ -242,7 +242,7 @@ class ToolContext:
         torch = avail.versions.get("torch", "")
         listed = []
         for gpu in avail.gpus:
-            uuid = _gpu_id(gpu) if len(avail.gpus) > 1 else None  # one GPU: cached per device model, as before
+            uuid = gpus.gpu_id(gpu) if len(avail.gpus) > 1 else None  # one GPU: cached per device model, as before
             path = self.home / "cache" / "ceilings" / gpus.ceilings_name(avail.backend, gpu.name, torch, uuid)
             try:
                 listed.append(gpu.model_copy(update=json.loads(path.read_text())))
@@ -253,7 +253,7 @@ class ToolContext:
     async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
         avail = await self.require_backend(backend)
         placement = gpus.current()
-        tag = {"gpu": _gpu_id(placement.gpu)} if placement is not None and placement.pinned else {}
+        tag = {"gpu": gpus.gpu_id(placement.gpu)} if placement is not None and placement.pinned else {}
         with self.scratch("ceilings") as scratch:
             async with self.device_lock(self.device_key(avail)), self.worker(backend, scratch, "ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure, **tag)
@@ -283,15 +283,10 @@ class ToolContext:
         return {"kforge": __version__, **avail.versions, "device": device or ""}
 
 
-def _gpu_id(gpu: Any) -> str:
-    return gpu.uuid or str(gpu.index)
-
-
 def warm_kinds(avail: Availability) -> list[dict[str, str]]:
     """The extra environments of the warm workers a server keeps for an available backend: plain and verify's
     synchronous launches, for each GPU of a multi-GPU host (pinned to it), else once (`kforge.tools.gpus`)."""
-    placements = [gpus.Placement(g, len(avail.gpus)) for g in avail.gpus] or [None]
-    return [env for p in placements for env in (gpus.pin_env(p), {**gpus.pin_env(p), **SYNC_LAUNCHES})]
+    return [env for p in gpus.placements(avail) or [None] for env in (gpus.pin_env(p), {**gpus.pin_env(p), **SYNC_LAUNCHES})]
 
 
 def _gpu_pin() -> str | None:

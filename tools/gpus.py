@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 from kforge.backends import Availability, GpuInfo
 
-__all__ = ["Placement", "ceilings_name", "choose_gpu", "current", "describe_gpu", "device_key", "on_one_gpu", "pin_env", "placed_on"]
+__all__ = ["Placement", "ceilings_name", "choose_gpu", "current", "describe_gpu", "device_key", "gpu_id", "on_one_gpu",
+           "pin_env", "placed_on", "placements"]
 
 R = TypeVar("R")
 
@@ -39,6 +40,16 @@ class Placement:
     def pinned(self) -> bool:
         # One GPU needs no pin: the worker sees it as cuda:0 already (and the pool keeps today's kinds).
         return self.of > 1
+
+
+def gpu_id(gpu: GpuInfo) -> str:
+    """What tells one GPU from another of the same model: its uuid, else its index (a torch without uuids)."""
+    return gpu.uuid or str(gpu.index)
+
+
+def placements(avail: Availability) -> list[Placement]:
+    """A placement on each GPU of the backend (none for a CPU backend)."""
+    return [Placement(g, len(avail.gpus)) for g in avail.gpus]
 
 
 _PLACED: ContextVar[Placement | None] = ContextVar("kforge_gpu_placement", default=None)
@@ -88,19 +99,18 @@ def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Place
     or a GPU asked of a backend that has none."""
     from .context import RequestError
 
-    gpus = list(avail.gpus)
-    if not gpus:
+    choices = placements(avail)
+    if not choices:
         if requested is not None:
             raise RequestError(f"backend {avail.backend!r} runs on no GPU here, so gpu={requested} cannot be served; "
                                "leave gpu out")
         return None
-    placements = [Placement(g, len(gpus)) for g in gpus]
     if requested is None:
-        return min(placements, key=lambda p: (load(p), p.gpu.index))
-    for p in placements:
+        return min(choices, key=lambda p: (load(p), p.gpu.index))
+    for p in choices:
         if p.gpu.index == requested:
             return p
-    there = ", ".join(f"{g.index} ({g.name})" for g in gpus)
+    there = ", ".join(f"{g.index} ({g.name})" for g in avail.gpus)
     raise RequestError(f"gpu={requested} is out of range: this host's {avail.backend} GPUs are {there}; "
                        "leave gpu out to take the least loaded one")
 

@@ -29,7 +29,7 @@ from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, Profil
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
-from .gpus import current as current_gpu, on_one_gpu, pin_env
+from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
@@ -364,7 +364,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     """
     def key(name: str) -> tuple[str, ...]:
         return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True),
-                (spec.gpu.uuid or str(spec.gpu.index)) if spec.gpu else "")  # timed on this GPU, reused on it only
+                gpu_id(spec.gpu) if spec.gpu else "")  # timed on this GPU, reused on it only
 
     stored = {n: ctx.baseline_timings.get(key(n)) for n in baselines if n != "eager"}
     stored = {n: v for n, v in stored.items()
