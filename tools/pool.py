@@ -316,7 +316,7 @@ class WorkerPool:
                 if not self._holds[key]:
                     del self._holds[key]
                 for fork in self._under_way:
-                    if not self._covered(fork.kind, light=True) and not self._covered(fork.kind, light=False):
+                    if not self._covered(fork.kind):
                         fork.go_on()
                 self._wake.set()
         return release
@@ -326,11 +326,11 @@ class WorkerPool:
         """Holds in progress, of every kind."""
         return sum(self._holds.values())
 
-    def _covered(self, kind: _Kind, light: bool) -> bool:
-        """Whether a hold of this weight covers the kind (`hold_forks`)."""
+    def _covered(self, kind: _Kind, light: bool | None = None) -> bool:
+        """Whether a hold of this weight (None: of either) covers the kind (`hold_forks`)."""
         pin = _pin(kind)
-        return any(n and held_light == light and (gpu is None or pin is None or gpu == pin)
-                   for (held_light, gpu), n in self._holds.items())
+        return any((light is None or held_light == light) and (gpu is None or pin is None or gpu == pin)
+                   for held_light, gpu in self._holds)
 
     def pause_forks(self, light: bool = False, gpu: str | None = None) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
