@@ -5,6 +5,7 @@ sandbox adds on this machine (issue 17: "measure what it adds to a warm worker's
 pool's speed"). Prints a table and writes sandbox-cost-<tag>.json beside it.
 
     python bench/sandbox_cost.py --rounds 5 --out bench/results --tag ci-vm
+    python bench/sandbox_cost.py --backend cuda --rounds 5 --tag h100   # a GPU worker: its device inside
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def enter_ms(home: str, mode: str) -> float:
     return json.loads(done.stdout)["ms"]
 
 
-async def verify_and_starts(home: Path, sandbox: bool, trace: Path) -> dict[str, float]:
-    """One warm pool's life: fork-to-warm times, then a verify of the relu problem (warm workers)."""
+async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str) -> dict[str, float]:
+    """One warm pool's life: fork-to-warm times (a GPU worker's include its device context and warm-up), then a
+    verify of the relu problem (warm workers)."""
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import verify_against_reference
@@ -53,12 +55,12 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path) -> dict[str,
         while not pool.settled() and time.monotonic() < deadline:
             await anyio.sleep(0.05)
         t0 = time.perf_counter()
-        result = await verify_against_reference(ctx, "cpu", problem_reference("relu"),
+        result = await verify_against_reference(ctx, backend, problem_reference("relu"),
                                                 candidate + f"\n# {time.time_ns()}\n")
         verify_s = time.perf_counter() - t0
         assert result.correct, result
     lines = [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
-    forks = [x["s"] for x in lines if x["role"] == "pool" and x["op"].startswith("fork cpu")]
+    forks = [x["s"] for x in lines if x["role"] == "pool" and x["op"].startswith(f"fork {backend}")]
     starts = [x["s"] for x in lines if x["op"] == "start" and x["warm"]]
     trace.unlink(missing_ok=True)
     return {"fork_to_warm_s": statistics.median(forks) if forks else float("nan"),
@@ -70,6 +72,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tag", default=platform.node())
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--backend", default="cpu", help="the workers' backend: cpu, cuda or triton")
     args = parser.parse_args()
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     os.environ["KFORGE_TRACE"] = str(trace)
@@ -82,7 +85,7 @@ def main() -> None:
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 home = Path(tmp) / f"{mode}-{r}"
                 rows[mode].setdefault("enter_ms", []).append(enter_ms(str(home), mode))
-                for k, v in anyio.run(verify_and_starts, home, mode == "on", trace).items():
+                for k, v in anyio.run(verify_and_starts, home, mode == "on", trace, args.backend).items():
                     rows[mode].setdefault(k, []).append(v)
     med = {m: {k: statistics.median(v) for k, v in series.items()} for m, series in rows.items()}
     print(f"{'series':16s} {'sandbox off':>12s} {'sandbox on':>12s} {'on/off':>8s}")
@@ -93,7 +96,8 @@ def main() -> None:
 
     record = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
               "kernel": platform.release(), "python": platform.python_version(), "torch": torch.__version__,
-              "rounds": args.rounds, "medians": med, "samples": rows}
+              "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "rounds": args.rounds, "backend": args.backend, "medians": med, "samples": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"sandbox-cost-{args.tag}.json"
     path.write_text(json.dumps(record, indent=1))
