@@ -197,6 +197,13 @@ def helper_local(spec: dict) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model, inputs = _build(spec["src"], "cuda")
         with torch.no_grad():
+            # The problem's own working set, as any harness running it in one process sees it: parameters,
+            # inputs and what one forward allocates (MaxPool2d's int64 indices, a fused model's intermediates).
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            model(*inputs)
+            torch.cuda.synchronize()
+            out["reference_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
             ms = triton.testing.do_bench(lambda: model(*inputs), return_mode="median")
         out["do_bench_median_us"] = round(ms * 1e3, 3)
         del model, inputs
@@ -554,6 +561,21 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     row["next_profile"] = summarize_profile(sc)
     save()
     log(f"{name}: next candidate: verify {row['next_verify_s']} s, profile {row['next_profile_s']} s")
+    if args.think_s > 0:
+        # An agent takes seconds to write its next candidate: the pool's refills of the call before are done by
+        # then, where the back-to-back candidate above meets them (4 forks per verify + profile, ~1.8 s each).
+        await anyio.sleep(args.think_s)
+        third = {**common, "candidate_code": cand + "\n# the agent's candidate after a pause\n", "use_store": False}
+        with TraceSpan(args.trace) as span:
+            _sc, row["paused_verify_s"] = await call_kforge(client, "verify_against_reference", third, deadline, job)
+        row["paused_verify_ops"] = span.summary()
+        with TraceSpan(args.trace) as span:
+            sc, row["paused_profile_s"] = await call_kforge(
+                client, "profile_kernel", {**third, "hardware_counters": False}, deadline, job)
+        row["paused_profile_ops"], row["paused_profile_trace"] = span.summary(), span.details()
+        save()
+        log(f"{name}: candidate after {args.think_s} s: verify {row['paused_verify_s']} s, "
+            f"profile {row['paused_profile_s']} s")
     if args.repeat_profiles > 1 and name in args.repeat_on:
         medians = [row["profile"]["candidate"].get("median_us")]
         for _ in range(args.repeat_profiles - 1):
@@ -607,7 +629,8 @@ def ci_text(b: dict) -> str:
 COLS = ["problem", "footprint GB", "KForge median us (IQR)", "KForge eager us", "KForge compile us", "do_bench us",
         "KF/do_bench",
         "ncu us (none / base)", "KF/ncu(none)", "self-speedup vs eager (CI)", "verify s", "profile s", "KB harness s",
-        "(v+p)/KB", "next candidate v+p s (/KB)", "GPU mem x footprint (verify / profile)", "verdict", "note"]
+        "(v+p)/KB", "next candidate v+p s (/KB)", "after a pause v+p s (/KB)", "GPU mem x footprint (verify / profile)",
+        "verify mem x reference's own peak", "verdict", "note"]
 
 
 def table_row(r: dict) -> list[str]:
@@ -618,6 +641,7 @@ def table_row(r: dict) -> list[str]:
     kb = loc.get("kb_harness_s") if not loc.get("kb_error") else None
     vp = (r.get("verify_s") or 0) + (r.get("profile_s") or 0) if r.get("profile_s") else None
     nvp = (r.get("next_verify_s") or 0) + (r.get("next_profile_s") or 0) if r.get("next_profile_s") else None
+    pvp = (r.get("paused_verify_s") or 0) + (r.get("paused_profile_s") or 0) if r.get("paused_profile_s") else None
     iqr = f" ({fmt(c.get('q1_us'))}-{fmt(c.get('q3_us'))})" if med else ""
     verdict = "-" if not r.get("verify") else ("correct" if r["verify"].get("correct") else "WRONG")
     if p:
@@ -630,8 +654,11 @@ def table_row(r: dict) -> list[str]:
             f"{fmt(n_none)} / {fmt(n_base)}", fmt(ratio(med, n_none), 3), speedup, fmt(r.get("verify_s")),
             fmt(r.get("profile_s")), fmt(kb, 2), fmt(ratio(vp, kb), 2),
             f"{fmt(nvp)} ({fmt(ratio(nvp, kb), 2)})",
+            f"{fmt(pvp)} ({fmt(ratio(pvp, kb), 2)})" if pvp else "-",
             f"{fmt((r.get('verify_memory') or {}).get('x_footprint'), 2)} / "
-            f"{fmt((r.get('profile_memory') or {}).get('x_footprint'), 2)}", verdict,
+            f"{fmt((r.get('profile_memory') or {}).get('x_footprint'), 2)}",
+            fmt(ratio((r.get("verify_memory") or {}).get("peak_above_start_gb"), loc.get("reference_peak_gb")), 2),
+            verdict,
             str(note).replace("|", "/").replace("\n", " ")[:160]]
 
 
@@ -685,6 +712,12 @@ NOTES = [
     "check that also times the reference) in a process where torch and kernelbench are already imported (CUDA "
     "initialised, do_bench run before it); its own import and process times are in the JSON (local.kb_import_s, "
     "local.process_s). It runs with torch's default precision flags (cuDNN TF32 allowed), as the field runs it.",
+    "verify mem x reference's own peak: the verify's GPU memory peak over the peak of one forward of the reference "
+    "in a plain process (torch.cuda.max_memory_allocated: parameters, inputs, output and what the forward "
+    "allocates besides); a verify runs the reference in the judge and the candidate in its own process, so ~2 is "
+    "the floor for a candidate that is the reference.",
+    "after a pause: a third new candidate verified and profiled --think-s seconds after the next one (an agent "
+    "writing its candidate), when the pool's refills of the calls before are done.",
     "(v+p)/KB: (verify s + profile s) / KB harness s; the issue asks for <= 1. Footprint: inputs + outputs from "
     "shapes on the meta device.",
 ]
@@ -826,6 +859,8 @@ def main() -> None:
     ap.add_argument("--max-footprint-frac", type=float, default=0.25, help="skip problems whose inputs+outputs exceed "
                     "this fraction of device memory (host memory with --smoke)")
     ap.add_argument("--repeat-profiles", type=int, help="profile calls per problem of --repeat-on (default 5; 2 with --smoke)")
+    ap.add_argument("--think-s", type=float, default=0, help="also verify + profile a third candidate after this "
+                    "pause (an agent writing its next candidate), beside the back-to-back one")
     ap.add_argument("--repeat-on", nargs="*", help="problems that get the repeated profiles")
     ap.add_argument("--ncu-clocks", nargs="+", default=["none"], choices=["none", "base"],
                     help="ncu --clock-control values for every problem; the --repeat-on problems also get base (ncu's "
