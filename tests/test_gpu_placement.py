@@ -184,3 +184,16 @@ async def test_the_mcp_tools_take_gpu_and_list_each_gpu(tmp_path):
         devices = (await client.read_resource("kforge://devices")).contents[0].text
     cuda = next(b for b in json.loads(devices)["backends"] if b["backend"] == "cuda")
     assert [g["index"] for g in cuda["gpus"]] == [0, 1] and cuda["gpus"][1]["peak_bandwidth_gbs"] == 3000.0
+
+
+def test_the_texts_name_the_gpu_a_job_ran_on():
+    from kforge.tools.models import TrialReport, VerifyResult
+
+    def verdict(gpu: GpuInfo | None) -> str:
+        spec = JobSpec(tool="verify", backend="cuda", candidate_sha256="c" * 64, gpu=gpu)
+        return str(VerifyResult(spec=spec, ok=True, correct=True, trials=[TrialReport(trial=0, seed=1, correct=True,
+                                                                                   outputs=[])]))
+
+    head = verdict(GpuInfo(index=1, name="NVIDIA H200", uuid="GPU-1")).splitlines()[0]
+    assert head.startswith("CORRECT: 1/1 trials passed on GPU 1 (NVIDIA H200) ("), head
+    assert "on GPU" not in verdict(None)  # a CPU backend's text names no GPU

@@ -140,6 +140,11 @@ class JobSpec(BaseModel):
                                 "answer names the GPU that computed it.")
 
     @property
+    def where(self) -> str:
+        """' on GPU <index> (<name>)' where the job ran on a GPU, for the texts (several GPUs: which one); else ''."""
+        return f" on GPU {self.gpu.index} ({self.gpu.name})" if self.gpu is not None else ""
+
+    @property
     def key(self) -> str:
         # Not keyed by the GPU: a verdict holds on every GPU of the model the environment names (a profile's
         # reused baselines are keyed by the GPU itself: `kforge.tools.profile`).
@@ -378,7 +383,7 @@ class VerifyResult(BaseModel):
             lines += [f"  {c}" for c in self.checks if c.status == "fail"]
             return "\n".join(lines + [failure_next_step(self.failure, "verify_against_reference")])
         passed = sum(t.correct for t in self.trials)
-        head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed "
+        head = (f"{'CORRECT' if self.correct else 'WRONG'}: {passed}/{len(self.trials)} trials passed{self.spec.where} "
                 f"({'stored answer' if self.from_store else f'{self.seconds:.1f} s'}).")
         wrong = {t.trial for t in self.trials if not t.correct}
         findings, consequences = split_consequences(self.checks, wrong)
@@ -453,7 +458,8 @@ class ProfileResult(BaseModel):
             tail = [failure_next_step(self.failure, "profile_kernel")] if self.failure is not None else []
             return "\n".join([f"Not profiled: {self.failure}"] + stored + tail)
         r = self.report
-        lines = [f"Profile {self.profile_id} on {r.device_name}:"] + stored + [f"  {r.candidate}"]
+        where = self.spec.where or f" on {r.device_name}"
+        lines = [f"Profile {self.profile_id}{where}:"] + stored + [f"  {r.candidate}"]
         for b in r.baselines:
             if b.timing is not None:
                 reused = (f" (timed {b.reused_after_s:.0f} s ago and reused: eager still times the same; "
