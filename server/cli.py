@@ -12,8 +12,6 @@ from pathlib import Path
 
 import anyio
 from mcp.shared.message import SessionMessage
-from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
-from pydantic import ValidationError
 
 from kforge import __version__
 
@@ -23,6 +21,7 @@ from kforge.tools.gpus import Placement, describe_gpu, placements
 
 from .auth import MAKE_TOKEN
 from .clients import CLIENTS, client_config, where_it_goes
+from .jsonrpc_errors import rejection
 from .settings import Settings, analyst_config, config_file, load_settings
 
 __all__ = ["main", "parser"]
@@ -118,61 +117,55 @@ def _serve_transport(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _serve_stdio(app) -> None:
-    """`MCPServer.run_stdio_async`, except that lines which are no JSON-RPC message get an answer (_AnswerBadLines)."""
-    from mcp.server.stdio import stdio_server
+    """`MCPServer.run_stdio_async`, except that stdin is read as bytes and a line that is no JSON-RPC message gets
+    an answer (_StdinLines)."""
+    from mcp.server.stdio import _claim_fd, _open_stdin_diversion, stdio_server
 
     server = app._lowlevel_server  # private, but the SDK has no public way to give it other streams
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(_AnswerBadLines(read_stream, write_stream), write_stream,
-                         server.create_initialization_options())
+    # Giving stdio_server() our own stdin skips its claim of fd 0 (pointing it at /dev/null while serving, so that
+    # children cannot read the wire): we make that claim with the SDK's own private helpers, to keep its behaviour.
+    buffer, release = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
+    stdin = _StdinLines(anyio.wrap_file(buffer))
+    try:
+        async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+            stdin.answer_to(write_stream)
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        if release is not None:
+            release()
 
 
-class _AnswerBadLines:
-    """The stdio read stream, with each line the SDK could not parse answered by a JSON-RPC error (id null).
+class _StdinLines:
+    """stdin for the SDK's stdio reader: each line as bytes, where a line that is no JSON-RPC message is answered
+    with a JSON-RPC error (jsonrpc_errors.rejection) and not passed on.
 
-    The SDK's stdio transport puts such a line into the read stream as its exception (mcp/server/stdio.py), and the
-    server's dispatcher drops it with a debug log (mcp/shared/jsonrpc_dispatcher.py, `_dispatch`; the server sets no
-    `on_stream_exception`): the client got no reply, where JSON-RPC 2.0 wants -32700 or -32600 with id null."""
+    Bytes, since the SDK would wrap stdin in a TextIOWrapper with errors="replace" (mcp/server/stdio.py), serving a
+    line whose strings held invalid UTF-8 as U+FFFD; its parser (pydantic) takes bytes and checks UTF-8 itself.
+    Answered here, since the SDK would put a bad line into the read stream as its exception, which the server's
+    dispatcher drops with a debug log (mcp/shared/jsonrpc_dispatcher.py, `_dispatch`; server.run sets no
+    `on_stream_exception`), and the exception no longer has the line's id."""
 
-    def __init__(self, read_stream, write_stream) -> None:
-        self._read, self._write = read_stream, write_stream
+    def __init__(self, lines) -> None:
+        self._lines = lines
+        self._replies = None
+        self._ready = anyio.Event()  # set once stdio_server() has made the write stream, which answers go to
 
-    def __getattr__(self, name: str):  # aclose, close, and last_context (the sender's context the SDK reads)
-        return getattr(self._read, name)
+    def answer_to(self, write_stream) -> None:
+        self._replies = write_stream
+        self._ready.set()
 
-    async def receive(self):
-        while isinstance(item := await self._read.receive(), Exception):
-            error = _bad_line_error(item)
-            logging.getLogger(__name__).warning("a line on stdin got error %s: %s", error.code, error.message)
-            await self._write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
-        return item
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self._read.aclose()
-
-
-def _bad_line_error(exc: Exception) -> ErrorData:
-    """-32700 for a line that is no JSON (bad syntax or UTF-8, nested too deep), else -32600 (JSON, but no JSON-RPC
-    message); the message says the first problem pydantic found, without the line."""
-    problems = exc.errors(include_input=False) if isinstance(exc, ValidationError) else []
-    if problems and not any(p["type"] in ("json_invalid", "string_unicode") for p in problems):
-        where = ".".join(str(part) for part in problems[0]["loc"])
-        reason = f"{where}: {problems[0]['msg']}" if where else problems[0]["msg"]
-        return ErrorData(code=INVALID_REQUEST, message=f"Invalid Request: not a JSON-RPC 2.0 message ({reason})"[:200])
-    reason = problems[0]["msg"] if problems else f"{type(exc).__name__}: {exc}"
-    return ErrorData(code=PARSE_ERROR, message=f"Parse error: {reason}"[:200])
+    async def __aiter__(self):
+        async for line in self._lines:
+            if (error := rejection(line)) is None:
+                yield line
+                continue
+            logging.getLogger(__name__).warning("a line on stdin got error %s: %s", error.error.code,
+                                                error.error.message)
+            await self._ready.wait()
+            try:
+                await self._replies.send(SessionMessage(error))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return  # the server has stopped writing: nothing more to read for
 
 
 def _sandbox_missing(settings: Settings) -> list[str]:
