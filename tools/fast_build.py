@@ -427,7 +427,10 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
                                                           "cache_dir": str(cache_dir),
                                                           "precompiled_headers": bool(limits.precompiled_headers)}))
         command = [sys.executable, "-m", "kforge.tools.fast_build", "--build", str(staging / "request.json"), str(out)]
-        if (conf := confinement(home, limits, out)) is not None:
+        # No GPU device node: nvcc builds for the architecture it is given, and only without one (a triton worker's
+        # CUDA sources) does torch ask the GPUs which to build for.
+        no_gpu = bool(arch) or not kwargs.get("cuda_sources")
+        if (conf := confinement(home, limits, out, gpu_nodes=() if no_gpu else None)) is not None:
             from dataclasses import replace
 
             readable = (*conf.extra_readable, str(staging), *([str(scratch.resolve())] if scratch else []))

@@ -94,16 +94,18 @@ class WorkerLimits:
                           f"per call for {calls} calls, at least {self.hang_floor_s:g} s)")
 
 
-def confinement(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> Confinement | None:
-    """The sandbox a worker (or the server's header build) enters, None when it is off; a cold worker's scratch
-    directory may lie outside the data directory's jobs/."""
+def confinement(home: Path, limits: WorkerLimits, scratch: Path | None = None, *,
+                gpu_nodes: tuple[str, ...] | None = None) -> Confinement | None:
+    """The sandbox a worker (or the server's build) enters, None when it is off; a cold worker's scratch directory
+    may lie outside the data directory's jobs/. `gpu_nodes`: the NVIDIA device nodes it may open, () for a build;
+    None leaves them to a worker, which picks them by its backend and GPU pin (`sandbox.gpu_nodes`)."""
     if not limits.sandbox:
         return None
     from .sandbox import Confinement
 
     return Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
                        extra_writable=(str(scratch),) if scratch else (), extra_readable=limits.read_paths,
-                       max_tasks=limits.max_tasks)
+                       max_tasks=limits.max_tasks, gpu_nodes=gpu_nodes)
 
 
 def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
@@ -126,7 +128,7 @@ def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: 
     if not claim_pch(pch_dir):
         return  # built, or a live builder is on it
     command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
-    if (conf := confinement(home, limits, pch_dir)) is not None:  # it writes its header's directory, nothing else
+    if (conf := confinement(home, limits, pch_dir, gpu_nodes=())) is not None:  # writes its header's directory only
         command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
     threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
                      daemon=True).start()

@@ -12,7 +12,8 @@ a cold worker before it imports torch); it returns in a new process and the call
   and `cache/` read-only (builds are promoted into it by the server, never written by a worker), the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
   is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.channel`).
 - **Landlock**: files are read-only except the worker's writable directories; device nodes are only the
-  null devices and the GPU's; no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
+  null devices and the GPU nodes `gpu_nodes` picks (none for the CPU backend and builds, only its own GPU's for a
+  worker pinned to one); no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
   Landlock ABI has them).
 - **no_new_privs, no capabilities, and a system-call filter** (libseccomp, through pyseccomp): no ptrace,
   no reading other processes' memory, no new namespaces, no mounts, no kernel modules, BPF or io_uring.
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "enter", "trial"]
+__all__ = ["Confinement", "enter", "gpu_nodes", "nvidia_gpus", "trial"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -73,6 +74,8 @@ class Confinement:
     extra_writable: tuple[str, ...] = ()
     extra_readable: tuple[str, ...] = ()  # e.g. a CUTLASS checkout that builds include
     max_tasks: int = 0  # processes and threads at once in the worker's PID namespace (0: `default_max_tasks`)
+    # The NVIDIA device nodes it may open (`gpu_nodes`): None every one, () none.
+    gpu_nodes: tuple[str, ...] | None = None
 
     def writable(self) -> list[str]:
         """The worker's own directories: the only places it may write (the shared cache is not one, issue 17)."""
@@ -102,6 +105,7 @@ def enter(confinement: Confinement) -> dict[str, Any]:
     if sys.platform != "linux":
         report["missing"].append(f"sandbox: {sys.platform} has none of Linux's isolation")
         return report
+    _drop_device_descriptors(confinement.gpu_nodes)  # first: in a new mount namespace they no longer read as /dev/...
     libc = ctypes.CDLL(None, use_errno=True)
     for path in (*confinement.writable(), *confinement.shared_read_only()):
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -356,7 +360,8 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> No
     read = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
     rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable,
                                  *confinement.shared_read_only())]
-    rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *_gpu_devices())]
+    devices = _gpu_devices() if confinement.gpu_nodes is None else list(confinement.gpu_nodes)
+    rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *devices)]
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
     # The CUDA driver names its threads through /proc/self/task/<tid>/comm during cuInit, which fails (error
     # 304) if it may not (H100, driver 580, 2026-11-24: bench/explore/sandbox_cuda_probe.py). The rule binds to
@@ -367,7 +372,7 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> No
             _landlock_allow(libc, ruleset, path, rights & fs)
         if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), f"restrict_self: {os.strerror(ctypes.get_errno())}")
-        report["applied"].append(f"landlock (ABI {abi})")
+        report["applied"] += [f"landlock (ABI {abi})", _describe_nodes(devices)]
     except OSError as exc:
         report["missing"].append(f"landlock: {exc}")
     finally:
@@ -391,12 +396,100 @@ def _landlock_allow(libc: Any, ruleset: int, path: str, rights: int) -> None:
 
 
 def _gpu_devices() -> list[str]:
-    """NVIDIA's device nodes (every GPU this process may see; CUDA_VISIBLE_DEVICES picks among them)."""
+    """NVIDIA's device nodes (every GPU of the host; CUDA_VISIBLE_DEVICES picks among them)."""
     try:
         return [f"/dev/{n}" for n in os.listdir("/dev") if n.startswith("nvidia")] + (
             ["/dev/nvidia-caps"] if os.path.isdir("/dev/nvidia-caps") else [])
     except OSError:
         return []
+
+
+# Nodes every CUDA process opens whichever GPU it uses (the driver's control, unified memory, MIG's capabilities).
+_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+
+
+def nvidia_gpus(driver: str = "/proc/driver/nvidia") -> list[dict[str, str]]:
+    """The GPUs the driver lists, in PCI bus order: "uuid" ("GPU-..."), "minor" (its node is /dev/nvidia<minor>) and
+    "model", from `<driver>/gpus/<bus id>/information` (empty where a field or the file cannot be read)."""
+    try:
+        buses = sorted(os.listdir(os.path.join(driver, "gpus")))  # "0000:17:00.0": text order is bus order
+    except OSError:
+        return []
+    found = []
+    for bus in buses:
+        try:
+            text = Path(driver, "gpus", bus, "information").read_text()
+        except OSError:
+            text = ""  # kept in its place: an index counts it
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+        found.append({"uuid": fields.get("GPU UUID", ""), "minor": fields.get("Device Minor", ""),
+                      "model": fields.get("Model", "")})
+    return found
+
+
+def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
+              driver: str = "/proc/driver/nvidia") -> tuple[tuple[str, ...] | None, str]:
+    """The NVIDIA device nodes a worker of `backend` whose CUDA_VISIBLE_DEVICES is `visible` may open, and, where a
+    pin could not be matched to a node, why every node stays open to it (else "").
+
+    No node (()) for the CPU backend or an empty pin: CUDA in it sees no GPU, and neither may code run there. Every node
+    (None) for a worker pinned to none (the probe, a host of one GPU) and for a pin not found here (an MIG instance,
+    a GPU the driver does not list): as before, said in the report. Else the pinned GPUs' own nodes and the control
+    nodes; the kernel lets a process reach a GPU through /dev/nvidiactl only once it has opened that GPU's node."""
+    try:
+        if not any(n.startswith("nvidia") for n in os.listdir(dev)):
+            return (), ""  # no NVIDIA GPU here
+    except OSError:
+        return (), ""
+    if backend == "cpu" or (visible is not None and not visible.strip()):
+        return (), ""
+    if visible is None:
+        return None, ""
+    gpus, minors = nvidia_gpus(driver), []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            # An index counts CUDA's devices, ranked fastest first (CUDA_DEVICE_ORDER's default; a worker gets no
+            # other), ties in PCI bus order: bus order where every GPU is one model, else not known here.
+            same_model = len({g["model"] for g in gpus}) == 1
+            found = [gpus[int(entry)]] if same_model and int(entry) < len(gpus) else []
+        else:  # a uuid, or (as CUDA takes it) a unique start of one
+            want = entry.lower().removeprefix("gpu-")
+            found = [g for g in gpus if want and g["uuid"].lower().removeprefix("gpu-").startswith(want)]
+        if len(found) != 1 or not found[0]["minor"].isdigit():
+            return None, (f"GPU device nodes: CUDA_VISIBLE_DEVICES={visible} is no GPU listed in {driver}/gpus: "
+                          "every GPU's node is open to the worker")
+        minors.append(found[0]["minor"])
+    nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
+    return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
+
+
+def _describe_nodes(nodes: list[str]) -> str:
+    """The report's line on the device nodes allowed: "device nodes: nvidia0 + control", "no GPU device nodes"."""
+    gpus = sorted((n for n in map(os.path.basename, nodes) if n.removeprefix("nvidia").isdigit()), key=lambda n: int(n[6:]))
+    if not nodes:
+        return "no GPU device nodes"
+    return f"device nodes: {', '.join(gpus) or 'no GPU'} + control"
+
+
+def _drop_device_descriptors(allowed: tuple[str, ...] | None) -> None:
+    """Point descriptors of NVIDIA device nodes the worker may not open at /dev/null: Landlock checks a file when it
+    is opened, and a forked worker inherits what its zygote holds (NVML, which torch.cuda.is_available() may start
+    there, holds GPUs' nodes open). A library that still uses one gets an error, never another file under its number."""
+    if allowed is None:
+        return
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia") and not any(_beneath(target, a) for a in allowed):
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, fd, inheritable=os.get_inheritable(fd))
+            os.close(null)
 
 
 def _no_new_privileges(libc: Any, report: dict[str, Any]) -> None:

@@ -349,7 +349,9 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
             return  # the pool shut down before this worker was readied
         # Its own directory, made for it by the pool: the only one of the data directory's jobs/ it may write.
         own = (first["scratch"],) if first.get("scratch") else ()
-        isolation = _isolation(confinement and replace(confinement, extra_writable=own), network)  # one thread
+        visible = (first.get("env") or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
+                               backend_name, visible)
         os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
@@ -388,8 +390,13 @@ def main() -> None:
             network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
         serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network, _confinement()))
         return
-    isolation = _isolation(_confinement(), "host")  # before torch: still one thread
-    _serve(WorkerChannel(socket.socket(fileno=first_fd)), None, isolation)
+    channel = WorkerChannel(socket.socket(fileno=first_fd))
+    init = _read(channel)  # before the sandbox: the job's backend (and its GPU pin) pick the device nodes it may open
+    if init is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    isolation = _isolation(_confinement(), "host", init.get("backend"), visible)  # before torch: still one thread
+    _serve(channel, None, isolation, init)
 
 
 def _confinement() -> Any:
@@ -401,14 +408,21 @@ def _confinement() -> Any:
     return Confinement.from_arg(sys.argv[sys.argv.index("--sandbox") + 1])
 
 
-def _isolation(confinement: Any, network: str) -> dict[str, Any]:
-    """Enter the sandbox (`kforge.tools.sandbox`) where one was asked for; what holds, and what is missing."""
+def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
+    """Enter the sandbox (`kforge.tools.sandbox`) where one was asked for; what holds, and what is missing. The
+    GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
+    only here (a cold worker's from its first message, a forked one's from the zygote's), unless the server chose."""
     if confinement is None:
         return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0, or a worker under ncu, whose front-end must share it)"],
                 "network": network}
-    from .sandbox import enter
+    from .sandbox import enter, gpu_nodes
 
+    why = ""
+    if confinement.gpu_nodes is None:
+        nodes, why = gpu_nodes(backend, visible)
+        confinement = replace(confinement, gpu_nodes=nodes)
     report = enter(confinement)
+    report["missing"] += [why] if why else []
     report["network"] = "isolated" if "network namespace" in report["applied"] or network == "isolated" else (
         next((m for m in report["missing"] if "namespace" in m), network))
     return report
@@ -449,9 +463,11 @@ def _read(channel: WorkerChannel) -> dict[str, Any] | None:
     return msg
 
 
-def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any]) -> None:
-    """Take the job's init, start the Worker, then answer ops until the parent closes the channel."""
-    init = _read(channel)
+def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any],
+           init: dict[str, Any] | None = None) -> None:
+    """Take the job's init (unless it was read already), start the Worker, then answer ops until the parent closes
+    the channel."""
+    init = init if init is not None else _read(channel)
     if init is None:
         return  # the pool shut down before this worker got a job
     _output_to(init["log"])
