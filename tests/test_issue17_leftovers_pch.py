@@ -105,3 +105,65 @@ def test_a_header_build_ends_with_the_server_that_started_it(tmp_path, where):
             server.wait()
         for pid in _processes_of(pch_dir):  # only on failure: what this test started
             os.kill(pid, signal.SIGKILL)
+
+
+# A server with one worker, which builds a candidate's extension and so wants a header built for its flags: the
+# worker only names it, and this server starts it (issue 17). A worker without the sandbox used to start it itself,
+# detached, and it ran on for up to 900 s after the server's SIGKILL.
+_SERVER_WITH_WORKER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import anyio
+
+    from kforge.tools.runner import WorkerLimits, WorkerProcess
+
+    home, source = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
+    limits = WorkerLimits(sandbox=sys.argv[3] == "sandbox", precompiled_headers=True)
+
+
+    async def main():
+        async with WorkerProcess(backend="cpu", home=home, scratch=home / "jobs" / "candidate", limits=limits,
+                                 role="candidate") as worker:
+            reply = await worker.call("load", stage="load", role="candidate", source=source)
+            print("loaded", reply.get("failure"), flush=True)
+            await anyio.sleep(600)
+
+
+    anyio.run(main)
+""")
+
+
+@pytest.mark.parametrize("where", ["sandbox", "no sandbox"])
+def test_a_header_build_a_worker_wanted_ends_with_the_server(tmp_path, where):
+    """A real candidate build (20-60 s on 2 cores), then the header build it calls for, killed with the server."""
+    if sys.platform != "linux":
+        pytest.skip("the parent-death signal is Linux's")
+    home = tmp_path / "home"
+    pch_root = home / "cache" / "pch"
+    source = Path(__file__).parents[1] / "resources" / "examples" / "cpu" / "candidate.py"
+    server = subprocess.Popen([sys.executable, "-c", _SERVER_WITH_WORKER, str(home), str(source), where],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert server.stdout.readline().strip() == "loaded None"
+        markers = _wait_for(lambda: [m for m in pch_root.glob("*/building") if m.read_text().strip().isdigit()], 30,
+                            "header build named in its marker")
+        compilers = _wait_for(lambda: {p: c for p, c in _processes_of(pch_root).items() if "cc1plus" in c}, 120,
+                              "compiler (cc1plus) on the header")
+        started = time.monotonic()
+        server.kill()
+        server.wait()
+        left = _processes_of(pch_root)
+        while left and time.monotonic() - started < 10:
+            time.sleep(0.05)
+            left = _processes_of(pch_root)
+        assert not left, f"left running {time.monotonic() - started:.1f} s after the server's SIGKILL: {left} " \
+                         f"(compilers were {compilers})"
+        assert all(not m.exists() or builder_gone(m) for m in markers)
+        assert claim_pch(markers[0].parent)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for pid in _processes_of(pch_root):  # only on failure: what this test started
+            os.kill(pid, signal.SIGKILL)

@@ -252,11 +252,13 @@ def _end_on_sigterm() -> None:
 
 def build_pch_now(pch_dir: Path, build_dir: Path, *, promoted: bool = True) -> None:
     """The claimed header build (`claim_pch`), in the builder process its claimer started, which removes the marker
-    when done. `promoted`: with the command the server recorded for a build it promoted (`_promoted_pch_command`),
-    the server's builds; else with the flags of `build_dir`'s build.ninja, a worker's own (no sandbox)."""
+    when done. With the command the server recorded for a build it promoted (`_promoted_pch_command`); where there is
+    none and not `promoted` (a build a worker without the sandbox made), with the flags of `build_dir`'s build.ninja."""
     _end_on_sigterm()
     try:
-        cmd = _promoted_pch_command(pch_dir, build_dir) if promoted else _main_cpp_flags(build_dir / "build.ninja")
+        cmd = _promoted_pch_command(pch_dir, build_dir)
+        if cmd is None and not promoted:
+            cmd = _main_cpp_flags(build_dir / "build.ninja")
         if cmd is not None and not (pch_dir / "torch" / "extension.h.gch").exists():
             _compile_header(cmd, pch_dir)
     finally:
@@ -292,9 +294,9 @@ def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
     """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it), in a
     worker that writes the cache itself (no sandbox); False when it is built or being built.
 
-    Runs in its own session, orphaned at start, with a time limit: it outlives the worker that asked and is never
-    one of its processes. (A sandboxed worker's processes all die with it: there the server starts the build
-    instead, in a sandbox of its own, ending with the server: `runner.spawn_pch_build`.)
+    Runs in its own session, orphaned at start, with a time limit: it outlives the process that asked, and the server
+    too. Workers never call this (the loader's `pch_requests` path): the server starts their header builds, ending
+    with it (`runner.spawn_pch_build`, issue 17).
     """
     if not claim_pch(pch_dir):
         return False
@@ -560,7 +562,7 @@ if __name__ == "__main__":
         _serve_build(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1] == "--die-with":  # the server's child for a header build: SERVER_PID COMMAND...
         _die_with(int(sys.argv[2]), sys.argv[3:])
-    elif sys.argv[1] == "--from-ninja":  # a worker's detached header build (no sandbox): PCH_DIR BUILD_DIR
+    elif sys.argv[1] == "--from-ninja":  # a header build for a worker without the sandbox: PCH_DIR BUILD_DIR
         build_pch_now(Path(sys.argv[2]), Path(sys.argv[3]), promoted=False)
     else:  # the server's header build, inside its sandbox: PCH_DIR BUILD_DIR
         build_pch_now(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -115,9 +115,10 @@ def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) 
 
 
 def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
-    """Start the precompiled-header build a sandboxed worker asked for (everything it starts dies with it), in a
-    sandbox of its own, at the lowest priority, ending with this server however it ends (`fast_build._die_with`):
-    nobody waits for it (a thread starts and reaps it, `_run_pch_build`)."""
+    """Start the precompiled-header build a worker asked for, in a sandbox of its own where workers have one, at the
+    lowest priority, ending with this server however it ends (`fast_build._die_with`): nobody waits for it (a thread
+    starts and reaps it, `_run_pch_build`). Workers never start one themselves, sandbox or not (issue 17): what a
+    sandboxed worker starts dies with it, and what one without a sandbox started outlived the server."""
     import threading
 
     from .fast_build import claim_pch
@@ -130,6 +131,8 @@ def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: 
     command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
     if (conf := confinement(home, limits, pch_dir, gpu_nodes=())) is not None:  # writes its header's directory only
         command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
+    else:  # a worker without the sandbox built `build_dir` itself: no record of the server's, its build.ninja
+        command.insert(3, "--from-ninja")
     threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
                      daemon=True).start()
 

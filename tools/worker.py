@@ -82,7 +82,6 @@ class Worker(JudgeOps, CandidateOps):
         self.precompiled_headers = bool(init.get("precompiled_headers"))
         self.server_builds = bool(init.get("server_builds"))  # the shared cache is read-only: the server builds
         self.channel: Any = None  # set by `_serve`: a build request goes to the server mid-op
-        self.sandboxed = False  # in a PID namespace of its own: set by `_serve`
         # A probe worker has no backend: it must work even where torch cannot be imported. A warm
         # worker (`ready_backend`) imported torch and set its backend up before it had a job.
         warm = ready_backend is not None and ready_backend.name == init.get("backend")
@@ -189,7 +188,9 @@ class Worker(JudgeOps, CandidateOps):
 
         role = msg["role"]
         self.user_file = self.scratch / f"{role}.py"
-        pch_requests: list[list[str]] | None = [] if self.sandboxed else None
+        # The header builds it wants are started by the server, sandbox or not: they end with the server (issue 17),
+        # where one started here would outlive it (without a PID namespace to die with, by up to 900 s).
+        pch_requests: list[list[str]] = []
         build_request = None
         if self.server_builds and self.channel is not None:  # the cache is read-only here: the server builds
             def build_request(request: dict[str, Any]) -> dict[str, Any] | None:
@@ -199,7 +200,6 @@ class Worker(JudgeOps, CandidateOps):
                     raise SystemExit(0)  # the server is gone
                 close_all(answer.pop("fds"))
                 return answer.get("build_result")
-            pch_requests = [] if pch_requests is None else pch_requests
         outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
                                    cache_dir=self.cache_dir, backend=self.backend,
                                    precompiled_headers=self.precompiled_headers, pch_requests=pch_requests,
@@ -214,7 +214,7 @@ class Worker(JudgeOps, CandidateOps):
         if failure is None:
             failure = self._interface_failure(wanted, reference=(role == "reference"))
         return {"seconds": outcome.seconds, "builds": [b.model_dump(mode="json") for b in outcome.builds],
-                "pch_builds": pch_requests or [],
+                "pch_builds": pch_requests,
                 "kernel_names": self.kernel_names,
                 "diagnostics": [d.model_dump(mode="json") for d in outcome.diagnostics],
                 "failure": failure.model_dump(mode="json") if failure else None}
@@ -487,7 +487,6 @@ def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any],
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
-    worker.sandboxed = "PID namespace" in isolation["applied"]  # what it starts dies with it
     worker.channel = channel
     reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
            "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
