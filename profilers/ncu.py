@@ -2,23 +2,26 @@
 
 `ncu_command` builds the prefix that runs a worker under ncu (only the candidate's own kernels,
 a few launches, the sections that decide the next change; ncu's messages go to a log file so they
-cannot reach the worker's protocol pipe). `read_report` condenses the `.ncu-rep` with NVIDIA's own
-report module, which ships with ncu under `extras/python`.
+cannot reach the worker's protocol pipe). `main` runs ncu and the worker it profiles in one sandbox.
+`read_report` condenses the `.ncu-rep` with NVIDIA's own report module, which ships with ncu under
+`extras/python`.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Iterable
 
 from .report import Counter, NcuKernel, hottest_kernel, kernel_base_name
 
-__all__ = ["counters_for", "ncu_command", "ncu_log_problem", "read_report"]
+__all__ = ["counters_for", "main", "ncu_command", "ncu_log_problem", "read_report"]
 
 # MemoryWorkloadAnalysis_Tables and SourceCounters carry the access-pattern facts (sectors per request,
 # ncu's uncoalesced-access rules) that tell a strided kernel from a bandwidth-bound one.
@@ -143,3 +146,33 @@ def counters_for(kernels: list[NcuKernel]) -> list[Counter]:
         return []
     return [Counter(name=name, value=value, unit="us" if "[us]" in name else "%" if "Throughput" in name or "Occupancy" in name or "Rate" in name else "")
             for name, value in hot.metrics.items()]
+
+
+def main(argv: list[str]) -> None:
+    """`python -m kforge.profilers.ncu CONFINEMENT -- ncu ... python -m kforge.tools.worker`: ncu's front-end and the
+    worker it profiles in one sandbox of their own (`kforge.tools.sandbox`), as `kforge.tools.sandbox`'s own main
+    runs a command, but with the report sent first on fd 0, the worker's protocol socket, before any candidate code
+    runs: the worker enters no sandbox itself, so it cannot say what holds. One sandbox, not one each: the
+    front-end finds its target by pid, talks to it through an abstract Unix socket (`@nv_target_process_<pid>`,
+    per network namespace) and FIFOs in /tmp, and ncu's launcher (TreeLauncherSubreaper) sits between them."""
+    from dataclasses import replace
+
+    from kforge.tools.sandbox import Confinement, enter, gpu_nodes
+
+    split = argv.index("--")
+    conf, why = Confinement.from_arg(argv[split - 1]), ""
+    if conf.gpu_nodes is None:  # as a worker picks its own (`kforge.tools.worker._isolation`): its GPU pin's nodes
+        nodes, why = gpu_nodes(None, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        conf = replace(conf, gpu_nodes=nodes)
+    report = enter(conf)  # returns in the namespace's PID 1, which ncu becomes
+    report["missing"] += [why] if why else []
+    network = "isolated" if "network namespace" in report["applied"] else next(
+        (m for m in report["missing"] if "namespace" in m), "host")
+    line = json.dumps({"sandbox": {"applied": report["applied"], "missing": report["missing"], "network": network}})
+    with socket.socket(fileno=os.dup(0)) as channel:
+        channel.sendall((line + "\n").encode())
+    os.execvp(argv[split + 1], argv[split + 1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, NamedTuple
 
@@ -414,11 +414,41 @@ class WorkerProcess:
         self._pool = pool if not prefix else None
         self.warm = False
         self.device_bytes = 0  # the most device memory its ops reserved (their reported peaks)
+        self._worker_pid: int | None = None  # under a profiler: the worker's own process, found at its start
 
-    def _sandbox_args(self) -> list[str]:
-        if self._prefix:  # a profiler's front-end (ncu) and its target share one sandbox: not built yet
-            return []
-        return sandbox_args(self.home, self.limits, self.scratch)
+    def _command(self) -> list[str]:
+        """The worker's command line. Under a profiler (ncu), the profiler's front-end and the worker share one
+        sandbox, entered before the front-end starts (`kforge.profilers.ncu.main`, which sends its report first):
+        they talk through an abstract socket and FIFOs in /tmp, which two sandboxes would part. The worker itself
+        then enters none (no `--sandbox`): a second one inside would part it from its profiler."""
+        worker = [sys.executable, "-m", "kforge.tools.worker"]
+        if not self._prefix:
+            return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
+        if (conf := confinement(self.home, self.limits, self.scratch)) is None:
+            return [*self._prefix, *worker]
+        # The profiler's own directory stays readable where it lies outside /usr and /opt.
+        conf = replace(conf, extra_readable=(*conf.extra_readable, os.path.dirname(os.path.realpath(self._prefix[0]))))
+        return [sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *self._prefix, *worker]
+
+    def _profiled_worker(self) -> int | None:
+        """The worker's own process under a profiler: the descendant of the process started that runs
+        `-m kforge.tools.worker` (the sandbox's outer process, ncu and its launcher lie between). Looked up once
+        it answered, before any candidate code ran that could look the same."""
+        assert self._proc is not None
+        children: dict[int, list[int]] = {}
+        for pid in process_ids():
+            if (st := process_stat(pid)) is not None:
+                children.setdefault(st[2], []).append(int(pid))
+        todo = [self._proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"kforge.tools.worker"]:
+                    return pid
+            except OSError:
+                pass
+            todo += children.get(pid, [])
+        return None
 
     def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
         trace(self.role, op, self.warm, started, peak_bytes)
@@ -441,8 +471,7 @@ class WorkerProcess:
             try:
                 with open(self.log, "ab") as errlog:
                     self._proc = await anyio.open_process(
-                        [*self._prefix, sys.executable, "-m", "kforge.tools.worker", *self._sandbox_args()],
-                        stdin=theirs.fileno(), stdout=errlog, stderr=errlog, cwd=str(self.scratch),
+                        self._command(), stdin=theirs.fileno(), stdout=errlog, stderr=errlog, cwd=str(self.scratch),
                         env=worker_env(self.home, self.scratch, self._extra_env), start_new_session=True)
             finally:
                 theirs.close()
@@ -452,16 +481,29 @@ class WorkerProcess:
                 "file_bytes": self.limits.file_bytes, "precompiled_headers": self.limits.precompiled_headers,
                 # The cache is read-only in the sandbox: builds it lacks are asked of this process (`call`).
                 "server_builds": self.limits.sandbox,
-                # A profiler front-end (ncu) talks to its target over local sockets: keep those on one network.
+                # A profiler's front-end (ncu) and its target share a network (an abstract socket): the sandbox
+                # around both isolates it, or nothing does (the sandbox off).
                 "isolate_network": self.limits.isolate_network and not self._prefix}
         await self._send(init)
-        reply, fds = await self._receive(stage="start", timeout_s=_READY_TIMEOUT_S * (2 if self._prefix else 1))
+        timeout_s = _READY_TIMEOUT_S * (2 if self._prefix else 1)
+        shared = None
+        if self._prefix and self.limits.sandbox:  # the shared sandbox's report comes first (`_command`)
+            first, fds = await self._receive(stage="start", timeout_s=timeout_s)
+            close_all(fds)
+            shared = first.get("sandbox") if isinstance(first.get("sandbox"), dict) else {
+                "applied": [], "missing": ["sandbox: the profiler's sandbox sent no report"], "network": "unknown"}
+        reply, fds = await self._receive(stage="start", timeout_s=timeout_s)
         close_all(fds)
         if "fatal" in reply:
             await self.aclose()
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
         self.network = reply.get("network", "host")
         self.isolation = reply.get("isolation") or self.isolation
+        if shared is not None:  # the worker entered none itself: what holds is the shared sandbox's
+            self.network = str(shared.get("network", "unknown"))
+            self.isolation = {"applied": list(shared.get("applied", [])), "missing": list(shared.get("missing", []))}
+        if self._prefix:
+            self._worker_pid = self._profiled_worker()
         self._trace("start", started)
         return self
 
@@ -527,12 +569,14 @@ class WorkerProcess:
         builds = reply.get("builds")
         if self._proc is not None and isinstance(builds, list) and any(isinstance(b, dict) and b.get("from_cache")
                                                                        for b in builds):
-            mark_loaded(_sandboxed_worker(self._proc.pid) or self._proc.pid, self.home / "cache" / "builds")
+            pid = self._worker_pid or _sandboxed_worker(self._proc.pid) or self._proc.pid  # (ncu maps no build)
+            mark_loaded(pid, self.home / "cache" / "builds")
 
     async def background_seen(self) -> list[str]:
         """What the worker says it left running is checked inside its process; this is the server's own look:
-        processes left in its namespace, and threads that kept running once it had answered."""
-        if self._proc is None or "PID namespace" not in self.isolation.get("applied", []):
+        processes left in its namespace, and threads that kept running once it had answered. Not under a profiler:
+        ncu and its launcher share the namespace, and its run decides nothing of the verdict."""
+        if self._proc is None or self._prefix or "PID namespace" not in self.isolation.get("applied", []):
             return []
         return namespace_processes(self._proc.pid) + await busy_threads(self._proc.pid)
 
