@@ -21,7 +21,7 @@ from typing import Iterable
 
 from .report import Counter, NcuKernel, hottest_kernel, kernel_base_name
 
-__all__ = ["counters_for", "main", "ncu_command", "ncu_log_problem", "read_report"]
+__all__ = ["counters_for", "main", "ncu_command", "ncu_install", "ncu_log_problem", "read_report"]
 
 # MemoryWorkloadAnalysis_Tables and SourceCounters carry the access-pattern facts (sectors per request,
 # ncu's uncoalesced-access rules) that tell a strided kernel from a bandwidth-bound one.
@@ -78,6 +78,13 @@ def ncu_command(report_path: Path, log_path: Path, kernel_names: Iterable[str], 
     if names:
         cmd += ["--kernel-name", "regex:" + "|".join(re.escape(n) for n in names)]
     return cmd
+
+
+def ncu_install(ncu: str) -> str:
+    """ncu's install directory, which the sandbox around it must let it read (its binaries, `sections`, the
+    libraries it injects): the one holding `sections`, the binary in it or in `target/<platform>/` beneath."""
+    here = Path(os.path.realpath(ncu)).parent
+    return str(next((d for d in (here, *list(here.parents)[:2]) if (d / "sections").is_dir()), here))
 
 
 def ncu_log_problem(log_text: str) -> str | None:

@@ -67,6 +67,11 @@ def fake_ncu(tmp_path) -> list[str]:
     return [str(script)]
 
 
+def _limits(fake_ncu: list[str]) -> WorkerLimits:
+    """The stand-in's directory readable in the sandbox, as `_ncu_pass` makes ncu's install (`ncu_install`)."""
+    return WorkerLimits(read_paths=(str(Path(fake_ncu[0]).parent),))
+
+
 def _require(isolation: dict) -> None:
     missing = [m for m in isolation["missing"] if any(p in m for p in ("namespace", "landlock", "mounts", "/proc"))]
     if missing:
@@ -99,7 +104,7 @@ async def test_a_worker_under_a_profiler_is_sandboxed_with_it(tmp_path, fake_ncu
     probe = _PROBE.format(store=str(home / "kforge.db"), port=listener.getsockname()[1],
                           outside=str(home / "jobs" / "j1" / "note"))
     try:
-        async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=WorkerLimits(), role="ncu",
+        async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="ncu",
                                  prefix=[*fake_ncu, str(report)]) as w:
             _require(w.isolation)
             for piece in _PIECES:
@@ -132,7 +137,7 @@ async def test_a_kill_takes_the_profiler_and_the_worker_down(tmp_path, fake_ncu)
     """A timeout kills the worker's session: the profiler's front-end is PID 1 of its namespace, which dies with it."""
     home = tmp_path / "home"
     scratch = home / "jobs" / "j1" / "ncu"
-    async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=WorkerLimits(), role="ncu",
+    async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="ncu",
                              prefix=[*fake_ncu, str(scratch / "profile.ncu-rep")]) as w:
         _require(w.isolation)
         front_end, worker = _sandboxed_worker(w._proc.pid), w._worker_pid
@@ -145,7 +150,7 @@ async def test_a_kill_takes_the_profiler_and_the_worker_down(tmp_path, fake_ncu)
 async def test_a_cache_hit_under_a_profiler_is_marked_used(tmp_path, fake_ncu):
     """The server marks the build-cache entries the worker mapped (`disk.mark_loaded`): under ncu, the worker's own
     process, not the front-end's, which maps none."""
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits())
+    ctx = ToolContext(home=tmp_path / "home", limits=_limits(fake_ncu))
     first = await compile_kernel(ctx, "cpu", _code(5), use_store=False)
     assert first.ok, str(first)
     builds = ctx.home / "cache" / "builds"

@@ -17,13 +17,14 @@ import shutil
 import time
 import uuid
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.chart_processes import PendingCharts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
-from kforge.profilers.ncu import counters_for, ncu_command, ncu_log_problem
+from kforge.profilers.ncu import counters_for, ncu_command, ncu_install, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats, compare_words,
                                      speedup_interval)
@@ -163,6 +164,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     return failed(died.failure)
                 cand = series["candidate"]
                 artifacts = ctx.store.artifact_dir(profile_id)
+                ncu_warnings: list[str] = []
 
                 async def last_steps() -> tuple[dict[str, Any], dict[str, Any], list[NcuKernel], str | None]:
                     revalidated = await _revalidate(judge, worker, cand["revalidation"], precision,
@@ -174,7 +176,8 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                         return revalidated, prof, [], None
                     await step("collecting Nsight Compute metrics of the candidate's kernels")
                     return revalidated, prof, *await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
-                                                               worker.kernel_names, artifacts, problem["inputs"])
+                                                               worker.kernel_names, artifacts, problem["inputs"],
+                                                               ncu_warnings)
 
                 try:
                     await step("reading the device's ceilings (measured once per device)")
@@ -202,7 +205,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
                f"(candidate, eager and torch.compile each with {candidate_stats.threads} host threads: torch's "
                "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",)))
-    warnings = list(candidate_stats.warnings) + ctx.sandbox_warnings()
+    warnings = list(candidate_stats.warnings) + ctx.sandbox_warnings() + ncu_warnings
     threads = {n: t["stats"].threads for n, t in series.items() if "stats" in t}
     if len(set(threads.values())) > 1:
         warnings.append("the series were timed with different thread counts ("
@@ -451,8 +454,11 @@ def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[st
 
 
 async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,
-                    kernel_names: list[str], artifacts: Path, inputs: dict[str, Any]) -> tuple[list[NcuKernel], str | None]:
-    """Run the candidate once more under Nsight Compute; the judge reads the report."""
+                    kernel_names: list[str], artifacts: Path, inputs: dict[str, Any],
+                    warnings: list[str]) -> tuple[list[NcuKernel], str | None]:
+    """Run the candidate once more under Nsight Compute, ncu and the candidate in one sandbox of their own
+    (`WorkerProcess._command`); the judge reads the report. What of that sandbox this host refused beyond what every
+    worker lacks (`ToolContext.sandbox_warnings`) goes to `warnings`."""
     where = scratch / "ncu"
     where.mkdir(parents=True, exist_ok=True)
     report, log = where / "profile", where / "nsight.log"
@@ -461,8 +467,13 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
         return [], "ncu not found on PATH: install Nsight Compute for hardware metrics (timing and torch.profiler are unaffected)"
     problem = None
     try:
-        async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=ctx.limits, role="ncu",
-                                 prefix=prefix, extra_env=pin_env(current_gpu()) or None) as w:
+        # ncu's install stays readable in the sandbox wherever it lies (not only under /usr or /opt); HOME: ncu
+        # deploys its section files under it, and the server's is out of the sandbox's reach.
+        limits = replace(ctx.limits, read_paths=(*ctx.limits.read_paths, ncu_install(prefix[0])))
+        async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=limits, role="ncu",
+                                 prefix=prefix, extra_env={**pin_env(current_gpu()), "HOME": str(where)}) as w:
+            if missing := [m for m in w.isolation["missing"] if m not in ctx.worker_isolation.get("missing", [])]:
+                warnings.append(f"the Nsight Compute run's sandbox is incomplete on this host: {'; '.join(missing)}")
             loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
             if loaded.get("failure") is None:
                 await launch_once(w, inputs, timeout_s=_NCU_TIMEOUT_S)

@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, NamedTuple
 
@@ -426,8 +426,6 @@ class WorkerProcess:
             return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
         if (conf := confinement(self.home, self.limits, self.scratch)) is None:
             return [*self._prefix, *worker]
-        # The profiler's own directory stays readable where it lies outside /usr and /opt.
-        conf = replace(conf, extra_readable=(*conf.extra_readable, os.path.dirname(os.path.realpath(self._prefix[0]))))
         return [sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *self._prefix, *worker]
 
     def _profiled_worker(self) -> int | None:
