@@ -38,7 +38,7 @@ from .disk import mark_used
 from .integrity import process_stat
 
 __all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "name_builder", "pch_dir_for",
-           "serve_build_request", "start_pch_build", "toolchain_id"]
+           "serve_build_request", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -288,39 +288,6 @@ def _die_with(parent: int, argv: list[str]) -> None:
     if os.getppid() != parent:  # the server died before the request took effect
         os._exit(0)
     os.execvp(argv[0], argv)
-
-
-def start_pch_build(pch_dir: Path, build_dir: Path, name: str) -> bool:
-    """Build the precompiled header for the flags of `build_dir`'s build, detached (nobody waits for it), in a
-    worker that writes the cache itself (no sandbox); False when it is built or being built.
-
-    Runs in its own session, orphaned at start, with a time limit: it outlives the process that asked, and the server
-    too. Workers never call this (the loader's `pch_requests` path): the server starts their header builds, ending
-    with it (`runner.spawn_pch_build`, issue 17).
-    """
-    if not claim_pch(pch_dir):
-        return False
-    # Detached twice over: a launcher `sh` leads a new session, starts the builder in the background, says its pid
-    # and exits, so the builder is reparented away (to init, or the nearest subreaper) and is never a child of
-    # the worker that asked, nor in its session. A candidate's worker reports the processes it left running
-    # (its children and its session: `integrity.HarnessSnapshot.background_work`); KForge's own header build
-    # must not count against it, and nothing is exempted there that a candidate could also do.
-    # The launcher leads a session of its own, and Linux shares CPU time between sessions (autogroups), so
-    # `nice` alone ranks the build only within its session: the session's own priority is lowered too. A
-    # build at full share beside a timed OpenMP kernel on 2 cores made it 25x slower (8 ms stalls per region).
-    launcher = subprocess.Popen(["sh", "-c", '(echo 19 > /proc/self/autogroup) 2>/dev/null; '
-                                 'nice -n 19 "$@" </dev/null >/dev/null 2>&1 & echo $!', "kforge-pch", sys.executable,
-                                 "-m", "kforge.tools.fast_build", "--from-ninja", str(pch_dir), str(build_dir)],
-                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, cwd=str(pch_dir), text=True)
-    try:
-        said, _ = launcher.communicate(timeout=30)  # it only forks
-    except subprocess.TimeoutExpired:
-        launcher.kill()
-        said, _ = launcher.communicate()
-    if said.strip().isdigit():
-        name_builder(pch_dir, int(said))
-    return True
 
 
 def job_cache_env(scratch: Path | str) -> dict[str, str]:

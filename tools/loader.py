@@ -38,7 +38,7 @@ from kforge.profilers.compiler_report import (CompilerReport, imported_math, loo
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
 from .cuda_split import SplitDeclined, split_cuda_sources
 from .disk import mark_used
-from .fast_build import build_key, lean_cuda_sources, pch_dir_for, start_pch_build
+from .fast_build import build_key, lean_cuda_sources, pch_dir_for
 from .models import BuildInfo, Diagnostic, Failure, KernelResources
 
 __all__ = ["DEVICE_FAULT_MESSAGES", "OUT_OF_MEMORY_MESSAGES", "LoadOutcome", "load_user_module", "python_failure",
@@ -338,9 +338,9 @@ class _InlineBuilder:
             compiler_report=self._compiler_report(name, kwargs, final)))
 
     def _start_pch(self, pch_dir: Path, build_dir: Path, name: str) -> None:
-        if self.pch_requests is None:
-            start_pch_build(pch_dir, build_dir, name)
-        elif [str(pch_dir), str(build_dir)] not in self.pch_requests:  # every process it starts dies with it
+        # The server starts the header builds a worker wants, ending with it (`runner.spawn_pch_build`): a build the
+        # worker started would die with its sandbox, or outlive the server without one (issue 17).
+        if self.pch_requests is not None and [str(pch_dir), str(build_dir)] not in self.pch_requests:
             self.pch_requests.append([str(pch_dir), str(build_dir)])
 
     def _built(self, module: Any, info: BuildInfo) -> Any:
