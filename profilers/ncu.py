@@ -159,7 +159,7 @@ def main(argv: list[str]) -> None:
     """`python -m kforge.profilers.ncu CONFINEMENT -- ncu ... python -m kforge.tools.worker`: ncu's front-end and the
     worker it profiles in one sandbox of their own (`kforge.tools.sandbox`), as `kforge.tools.sandbox`'s own main
     runs a command, but with the report sent first on fd 0, the worker's protocol socket, before any candidate code
-    runs: the worker enters no sandbox itself, so it cannot say what holds. One sandbox, not one each: the
+    runs: the worker enters no sandbox itself, only Landlock, which it reports. One sandbox, not one each: the
     front-end finds its target by pid, talks to it through an abstract Unix socket (`@nv_target_process_<pid>`,
     per network namespace) and FIFOs in /tmp, and ncu's launcher (TreeLauncherSubreaper) sits between them."""
     from dataclasses import replace
@@ -167,12 +167,12 @@ def main(argv: list[str]) -> None:
     from kforge.tools.sandbox import Confinement, enter, gpu_nodes
 
     split = argv.index("--")
-    conf, why = Confinement.from_arg(argv[split - 1]), ""
+    conf = Confinement.from_arg(argv[split - 1])
     if conf.gpu_nodes is None:  # as a worker picks its own (`kforge.tools.worker._isolation`): its GPU pin's nodes
-        nodes, why = gpu_nodes(None, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        conf = replace(conf, gpu_nodes=nodes)
-    report = enter(conf)  # returns in the namespace's PID 1, which ncu becomes
-    report["missing"] += [why] if why else []
+        conf = replace(conf, gpu_nodes=gpu_nodes(None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0])
+    # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
+    # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
+    report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes
     network = "isolated" if "network namespace" in report["applied"] else next(
         (m for m in report["missing"] if "namespace" in m), "host")
     line = json.dumps({"sandbox": {"applied": report["applied"], "missing": report["missing"], "network": network}})

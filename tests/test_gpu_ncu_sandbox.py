@@ -131,14 +131,18 @@ def test_ncu_profiles_a_torch_program_in_the_bare_sandbox(tmp_path):
     ncu_path = shutil.which("ncu")
     conf = confinement(home, WorkerLimits(read_paths=(ncu_install(ncu_path),)), scratch)  # as `_ncu_pass` has it
     log, report = scratch / "nsight.log", scratch / "profile"
-    program = ("import torch; x = torch.randn(1 << 20, device='cuda'); torch.relu(x); torch.cuda.synchronize(); "
+    # The program applies Landlock itself before torch, as the profiled worker does (`--landlock`): the sandbox's
+    # process leaves it to its target (`Confinement.landlock_later`).
+    program = ("import json, sys; from kforge.tools.sandbox import Confinement, apply_landlock; "
+               "print('landlock', json.dumps(apply_landlock(Confinement.from_arg(sys.argv[1]))), flush=True); "
+               "import torch; x = torch.randn(1 << 20, device='cuda'); torch.relu(x); torch.cuda.synchronize(); "
                "print('program done', flush=True)")
     ncu = [ncu_path, "--log-file", str(log), "--export", str(report), "--force-overwrite",
            "--launch-count", "1", "--clock-control", "none", "--section", "SpeedOfLight"]
     ours, theirs = socket.socketpair()  # fd 0: the wrapper's report goes there first, as to the server
     with ours:
         done = subprocess.run([sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *ncu,
-                               sys.executable, "-c", program],
+                               sys.executable, "-c", program, conf.as_arg()],
                               stdin=theirs.fileno(), capture_output=True, text=True, timeout=300, cwd=scratch,
                               env=worker_env(home, scratch, {"HOME": str(scratch)}))
         theirs.close()
@@ -147,7 +151,7 @@ def test_ncu_profiles_a_torch_program_in_the_bare_sandbox(tmp_path):
     sandbox = json.loads(first[0])["sandbox"] if first else {}
     context = (f"\nrc {done.returncode}\nsandbox: {json.dumps(sandbox)}\nstdout: {done.stdout[-3000:]}"
                f"\nstderr: {done.stderr[-3000:]}\n--- nsight.log ---\n{_tail(log)}")
-    assert "PID namespace" in sandbox.get("applied", []) and any(
-        p.startswith("landlock") for p in sandbox.get("applied", [])), context
+    assert "PID namespace" in sandbox.get("applied", []), context
+    assert '"applied": ["landlock' in done.stdout, context  # applied by the program itself, under ncu
     assert "program done" in done.stdout, context
     assert report.with_suffix(".ncu-rep").is_file(), context

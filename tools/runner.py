@@ -420,13 +420,15 @@ class WorkerProcess:
         """The worker's command line. Under a profiler (ncu), the profiler's front-end and the worker share one
         sandbox, entered before the front-end starts (`kforge.profilers.ncu.main`, which sends its report first):
         they talk through an abstract socket and FIFOs in /tmp, which two sandboxes would part. The worker itself
-        then enters none (no `--sandbox`): a second one inside would part it from its profiler."""
+        then enters none (no `--sandbox`): a second one inside would part it from its profiler. It applies Landlock
+        itself (`--landlock`, `sandbox.apply_landlock`): the CUDA driver writes the worker's own /proc/self/task."""
         worker = [sys.executable, "-m", "kforge.tools.worker"]
         if not self._prefix:
             return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
         if (conf := confinement(self.home, self.limits, self.scratch)) is None:
             return [*self._prefix, *worker]
-        return [sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *self._prefix, *worker]
+        return [sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *self._prefix, *worker,
+                "--landlock", conf.as_arg()]
 
     def _profiled_worker(self) -> int | None:
         """The worker's own process under a profiler: the descendant of the process started that runs
@@ -497,9 +499,10 @@ class WorkerProcess:
             raise HarnessError(f"{reply['fatal']}\n{reply.get('traceback', '')}")
         self.network = reply.get("network", "host")
         self.isolation = reply.get("isolation") or self.isolation
-        if shared is not None:  # the worker entered none itself: what holds is the shared sandbox's
+        if shared is not None:  # what holds is the shared sandbox's, and the Landlock the worker applied itself
             self.network = str(shared.get("network", "unknown"))
-            self.isolation = {"applied": list(shared.get("applied", [])), "missing": list(shared.get("missing", []))}
+            self.isolation = {"applied": list(shared.get("applied", [])) + list(self.isolation.get("applied", [])),
+                              "missing": list(shared.get("missing", [])) + list(self.isolation.get("missing", []))}
         if self._prefix:
             self._worker_pid = self._profiled_worker()
         self._trace("start", started)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "enter", "gpu_nodes", "nvidia_gpus", "trial"]
+__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "nvidia_gpus", "trial"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -76,6 +76,11 @@ class Confinement:
     max_tasks: int = 0  # processes and threads at once in the worker's PID namespace (0: `default_max_tasks`)
     # The NVIDIA device nodes it may open (`gpu_nodes`): None every one, () none.
     gpu_nodes: tuple[str, ...] | None = None
+    # Landlock is applied by the program the sandbox runs, not by the process entering it (`apply_landlock`): under
+    # ncu, the profiled worker is a grandchild, and the CUDA driver's start (it names its threads in
+    # /proc/self/task/<tid>/comm, error 304 if it may not) needs a rule on that process's own task directory,
+    # which only it can make (H100, 2026-11-25).
+    landlock_later: bool = False
 
     def writable(self) -> list[str]:
         """The worker's own directories: the only places it may write (the shared cache is not one, issue 17)."""
@@ -116,7 +121,8 @@ def enter(confinement: Confinement) -> dict[str, Any]:
         _mounts(libc, confinement, report, new_proc=in_pid_namespace)
     _no_new_privileges(libc, report)
     _drop_capabilities(libc, report)
-    _landlock(libc, confinement, report)
+    if not confinement.landlock_later:
+        _landlock(libc, confinement, report)
     _syscall_filter(report)
     return report
 
@@ -345,13 +351,26 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any]) -> None:
+def apply_landlock(confinement: Confinement) -> dict[str, Any]:
+    """Landlock alone, for the program run in a sandbox entered with `landlock_later` (a worker profiled by ncu),
+    called while it is single-threaded, before any user code. Unscoped: ncu's front-end, outside this Landlock
+    domain, talks to it through an abstract socket, and signals it; the sandbox's PID and network namespaces
+    already hold nothing else to reach. Returns {"applied": [...], "missing": [...]}."""
+    report: dict[str, Any] = {"applied": [], "missing": []}
+    if sys.platform != "linux":
+        report["missing"].append(f"landlock: {sys.platform} has none")
+        return report
+    _landlock(ctypes.CDLL(None, use_errno=True), confinement, report, scoped=False)
+    return report
+
+
+def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any], *, scoped: bool = True) -> None:
     abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
         report["missing"].append(f"landlock: the kernel does not offer it ({os.strerror(ctypes.get_errno())})")
         return
     fs = _LL_FS_BY_ABI.get(abi, _LL_FS_BY_ABI[5])
-    attr = _RulesetAttr(fs, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)  # TCP bind+connect; unix+signal
+    attr = _RulesetAttr(fs, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 and scoped else 0)  # TCP bind+connect; unix+signal
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:

@@ -395,17 +395,34 @@ def main() -> None:
     if init is None:
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    isolation = _isolation(_confinement(), "host", init.get("backend"), visible)  # before torch: still one thread
+    if "--landlock" in sys.argv:  # under ncu, in the sandbox it shares with ncu's front-end: Landlock is its own
+        isolation = _landlock_here(_confinement("--landlock"), init.get("backend"), visible)
+    else:
+        isolation = _isolation(_confinement(), "host", init.get("backend"), visible)  # before torch: still one thread
     _serve(channel, None, isolation, init)
 
 
-def _confinement() -> Any:
-    """The sandbox the server asked for (`--sandbox <json>`), or None."""
-    if "--sandbox" not in sys.argv:
+def _confinement(flag: str = "--sandbox") -> Any:
+    """The sandbox the server asked for (`--sandbox <json>`; `--landlock <json>`: only its Landlock), or None."""
+    if flag not in sys.argv:
         return None
     from .sandbox import Confinement
 
-    return Confinement.from_arg(sys.argv[sys.argv.index("--sandbox") + 1])
+    return Confinement.from_arg(sys.argv[sys.argv.index(flag) + 1])
+
+
+def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -> dict[str, Any]:
+    """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
+    with ncu's front-end was entered before ncu started, and reported by it (`kforge.profilers.ncu.main`)."""
+    from .sandbox import apply_landlock, gpu_nodes
+
+    why = ""
+    if confinement.gpu_nodes is None:
+        nodes, why = gpu_nodes(backend, visible)
+        confinement = replace(confinement, gpu_nodes=nodes)
+    report = apply_landlock(confinement)
+    return {"host_pid": os.getpid(), "applied": report["applied"], "missing": report["missing"] + ([why] if why else []),
+            "network": "shared with its profiler"}
 
 
 def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
@@ -413,7 +430,7 @@ def _isolation(confinement: Any, network: str, backend: str | None = None, visib
     GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
     only here (a cold worker's from its first message, a forked one's from the zygote's), unless the server chose."""
     if confinement is None:
-        return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0, or a worker under ncu, whose front-end must share it)"],
+        return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0)"],
                 "network": network}
     from .sandbox import enter, gpu_nodes
 
