@@ -42,7 +42,7 @@ def context_with(tmp_path, n_gpus: int) -> ToolContext:
 
 
 class TimedRequest(BaseModel):
-    """A request that takes its GPU's device lock as profile_kernel does (`ctx.device_lock(ctx.device_key(...))`)
+    """A request that times on its GPU as profile_kernel does (`ctx.device_use(ctx.device_key(...)).timing()`)
     and records when it held it; no worker, no device."""
 
     tool: str = "profile_kernel"
@@ -54,7 +54,7 @@ class TimedRequest(BaseModel):
     async def run(self, ctx: ToolContext, progress) -> CompileResult:
         async with ctx.on_gpu(self.backend, self.gpu) as placement:
             avail = await ctx.require_backend(self.backend)
-            async with ctx.device_lock(ctx.device_key(avail)):
+            async with ctx.device_use(ctx.device_key(avail)).timing():
                 start = time.monotonic()
                 await anyio.sleep(self.seconds)
                 HELD.append((placement.gpu.index, start, time.monotonic()))

@@ -23,6 +23,7 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from . import gpus
+from .device_use import DeviceUse
 from .pool import WorkerPool
 from .runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
 from .store import ResultStore
@@ -104,7 +105,7 @@ class ToolContext:
     limits: WorkerLimits = field(default_factory=WorkerLimits)
     keep_scratch: bool = False
     store: ResultStore = field(init=False)
-    _locks: dict[str, anyio.Lock] = field(default_factory=dict, init=False)
+    _device_uses: dict[str, DeviceUse] = field(default_factory=dict, init=False)
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
@@ -143,7 +144,7 @@ class ToolContext:
                 self._gpu_calls[gpus.gpu_id(placement.gpu)] -= 1
 
     def device_key(self, avail: Availability) -> str:
-        """The device the running call times on: its GPU where the host has several (`device_lock`)."""
+        """The device the running call times on: its GPU where the host has several (`device_use`)."""
         return gpus.device_key(avail, gpus.current())
 
     def __post_init__(self) -> None:
@@ -191,13 +192,11 @@ class ToolContext:
         if self.pool is not None:
             self.pool.pause_forks(light, _gpu_pin())
 
-    def device_lock(self, device: str) -> anyio.Lock:
-        """One timing job per accelerator at a time; builds and correctness runs do not take it.
-
-        Keyed by the physical device (`device_key`: each GPU of a multi-GPU host, else `Availability.device_name`),
-        not the backend: `cuda` and `triton` share one GPU, and must not time on it at once.
-        """
-        return self._locks.setdefault(device, anyio.Lock())
+    def device_use(self, device: str) -> DeviceUse:
+        """Who uses the device: correctness runs together, a timing alone (`kforge.tools.device_use`); builds take
+        nothing. Keyed by the physical device (`device_key`: each GPU of a multi-GPU host, else
+        `Availability.device_name`), not the backend: `cuda` and `triton` share one GPU."""
+        return self._device_uses.setdefault(device, DeviceUse())
 
     @contextmanager
     def scratch(self, tool: str) -> Iterator[Path]:
@@ -255,7 +254,7 @@ class ToolContext:
         placement = gpus.current()
         tag = {"gpu": gpus.gpu_id(placement.gpu)} if placement is not None and placement.pinned else {}
         with self.scratch("ceilings") as scratch:
-            async with self.device_lock(self.device_key(avail)), self.worker(backend, scratch, "ceilings") as w:
+            async with self.device_use(self.device_key(avail)).timing(), self.worker(backend, scratch, "ceilings") as w:
                 reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure, **tag)
         stored = reply.get("to_store")  # measured by a worker of its own (no candidate's): the cache is read-only there
         if isinstance(stored, dict) and re.fullmatch(r"[A-Za-z0-9-]{1,200}\.json", str(stored.get("name"))):

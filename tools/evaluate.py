@@ -216,15 +216,17 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             async def judged(i: int) -> None:
                 await progress(2 + (i + 1) / (trials + 1), steps, f"trial {i + 1} of {trials} compared with the reference")
 
-            outcome, failure = await judge_trials(judge, worker, prepared, trials, judging=judging,
-                                                  decoy_shift=1 + secrets.randbelow(2**30), deadline=deadline,
-                                                  why=why, on_trial=judged)
-            if failure is not None:
-                return done(compile=compiled, failure=failure, checks=[scan])
-            try:
-                evidence = await worker.call("evidence", stage="forward", custom_work=True)
-            except WorkerDied as died:
-                return done(compile=compiled, failure=died.failure, checks=[scan])
+            # Beside other jobs' trials, never beside a timing on the device: its kernels would be in the timing.
+            async with ctx.device_use(ctx.device_key(await ctx.require_backend(backend))).run():
+                outcome, failure = await judge_trials(judge, worker, prepared, trials, judging=judging,
+                                                      decoy_shift=1 + secrets.randbelow(2**30), deadline=deadline,
+                                                      why=why, on_trial=judged)
+                if failure is not None:
+                    return done(compile=compiled, failure=failure, checks=[scan])
+                try:
+                    evidence = await worker.call("evidence", stage="forward", custom_work=True)
+                except WorkerDied as died:
+                    return done(compile=compiled, failure=died.failure, checks=[scan])
             compiled = with_jit_kernels(compiled, evidence)
             run_checks = [scan] + integrity_checks(evidence.get("integrity"), precision)
             if all(outcome.failures):  # every trial raised: report the first as the failure

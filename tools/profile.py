@@ -75,6 +75,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     if not avail.timing:
         raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
                            "verify_against_reference works; profile on a host where the backend has a device.")
+    use = ctx.device_use(ctx.device_key(avail))  # its trials and its timing (`DeviceUse`)
     options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision,
                "hardware_counters": hardware_counters}
     spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
@@ -127,27 +128,29 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             # device from the same secret seeds.
             timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
-            try:
-                outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
-                                                      judging={"precision": precision}, repeat=False,
-                                                      calibrate=False, deadline=deadline, why=why)
-                if failure is not None:
-                    return failed(failure)
-                if all(outcome.failures):
-                    return failed(Failure(**outcome.failures[0]))
-                evidence = await worker.call("evidence", stage="forward", custom_work=False)
-                compiled = with_jit_kernels(compiled, evidence)
-                made, cand_sets = await concurrently(
-                    lambda: judge.call("timing_sets", stage="reference", seeds=timing_seeds),
-                    lambda: worker.call("timing_sets", stage="timing", seeds=timing_seeds,
-                                        reference_source=reference_code))
-                for reply in (made, cand_sets):
-                    if reply.get("failure"):
-                        return failed(Failure(**reply["failure"]))
-            except WorkerDied as died:
-                return failed(died.failure)
+            # Its trials run beside other jobs' runs, never beside a timing on the device (`DeviceUse`).
+            async with use.run():
+                try:
+                    outcome, failure = await judge_trials(judge, worker, problem["prepared"], _INPUT_SETS,
+                                                          judging={"precision": precision}, repeat=False,
+                                                          calibrate=False, deadline=deadline, why=why)
+                    if failure is not None:
+                        return failed(failure)
+                    if all(outcome.failures):
+                        return failed(Failure(**outcome.failures[0]))
+                    evidence = await worker.call("evidence", stage="forward", custom_work=False)
+                    compiled = with_jit_kernels(compiled, evidence)
+                    made, cand_sets = await concurrently(
+                        lambda: judge.call("timing_sets", stage="reference", seeds=timing_seeds),
+                        lambda: worker.call("timing_sets", stage="timing", seeds=timing_seeds,
+                                            reference_source=reference_code))
+                    for reply in (made, cand_sets):
+                        if reply.get("failure"):
+                            return failed(Failure(**reply["failure"]))
+                except WorkerDied as died:
+                    return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
-            async with ctx.device_lock(ctx.device_key(avail)):
+            async with use.timing():
                 ctx.pause_forks()
                 try:
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,

@@ -1,0 +1,66 @@
+"""Who uses a device at a time: correctness runs together, a timing alone.
+
+A timing measures the device: any kernel beside it, another job's verify trials included, is in its numbers.
+Issue 21's throughput run on one H100 (2026-11-25, 2 clients, one GPU) had one relu profile of six at 26.3 us
+against 7.3-7.7 us for the rest, while verifies ran beside the timings, which then took only a timing lock.
+So a timing waits for the runs under way on its device to end, and runs that arrive while a timing waits or
+runs wait for it (the timing first: otherwise a stream of verifies keeps a profile waiting forever).
+Builds take nothing: they use the CPU's cores, not the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+__all__ = ["DeviceUse"]
+
+
+class DeviceUse:
+    """A readers-writer lock for one device (`ToolContext.device_use`): `run()` shared, `timing()` alone."""
+
+    def __init__(self) -> None:
+        self._runs = 0
+        self._timing = False
+        self._timings_waiting = 0
+        self._changed = anyio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """A job's correctness work on the device: beside other runs, never beside a timing."""
+        while self._timing or self._timings_waiting:
+            await self._changed.wait()
+        self._runs += 1
+        try:
+            yield
+        finally:
+            self._runs -= 1
+            self._notify()
+
+    @asynccontextmanager
+    async def timing(self) -> AsyncIterator[None]:
+        """A job's timing: alone on the device (no run, no other timing)."""
+        self._timings_waiting += 1
+        try:
+            while self._timing or self._runs:
+                await self._changed.wait()
+        finally:
+            self._timings_waiting -= 1
+            self._notify()  # a cancelled wait lets the runs held behind it go on
+        self._timing = True
+        try:
+            yield
+        finally:
+            self._timing = False
+            self._notify()
+
+    @property
+    def busy(self) -> str:
+        """What holds it now, for a message."""
+        return "a timing" if self._timing else f"{self._runs} correctness run(s)" if self._runs else "nothing"
