@@ -1,10 +1,11 @@
 """Who uses a device at a time: correctness runs together, a timing alone.
 
-A timing measures the device: any kernel beside it, another job's verify trials included, is in its numbers.
-Issue 21's throughput run on one H100 (2026-11-25, 2 clients, one GPU) had one relu profile of six at 26.3 us
-against 7.3-7.7 us for the rest, while verifies ran beside the timings, which then took only a timing lock.
-So a timing waits for the runs under way on its device to end, and runs that arrive while a timing waits or
-runs wait for it (the timing first: otherwise a stream of verifies keeps a profile waiting forever).
+A timing measures the device: any kernel beside it, another job's verify trials included, is in its numbers
+(before this, a timing took a lock that only other timings took). So a timing waits for the runs under way on its
+device to end, and runs that arrive while a timing waits or runs wait for it (the timing first: otherwise a
+stream of verifies keeps a profile waiting forever). It did not make profiles under concurrent jobs trusted: on
+one H100 with two clients (2026-11-25, `bench/gpu_throughput.py`) every relu profile was untrusted
+(wall_clock_anchor, stable_timing) before and after it, with outliers of 3-5x the median; that cause is open.
 Builds take nothing: they use the CPU's cores, not the device.
 """
 
