@@ -164,18 +164,16 @@ def main(argv: list[str]) -> None:
     per network namespace) and FIFOs in /tmp, and ncu's launcher (TreeLauncherSubreaper) sits between them."""
     from dataclasses import replace
 
-    from kforge.tools.sandbox import Confinement, enter, gpu_nodes
+    from kforge.tools.sandbox import Confinement, enter, network_state, with_gpu_nodes
 
     split = argv.index("--")
-    conf = Confinement.from_arg(argv[split - 1])
-    if conf.gpu_nodes is None:  # as a worker picks its own (`kforge.tools.worker._isolation`): its GPU pin's nodes
-        conf = replace(conf, gpu_nodes=gpu_nodes(None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0])
+    # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.
+    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
     # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
     # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
     report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes
-    network = "isolated" if "network namespace" in report["applied"] else next(
-        (m for m in report["missing"] if "namespace" in m), "host")
-    line = json.dumps({"sandbox": {"applied": report["applied"], "missing": report["missing"], "network": network}})
+    line = json.dumps({"sandbox": {"applied": report["applied"], "missing": report["missing"],
+                                   "network": network_state(report)}})
     with socket.socket(fileno=os.dup(0)) as channel:
         channel.sendall((line + "\n").encode())
     os.execvp(argv[split + 1], argv[split + 1:])

@@ -30,11 +30,12 @@ import errno
 import os
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "nvidia_gpus", "trial"]
+__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "network_state", "nvidia_gpus", "trial",
+           "with_gpu_nodes"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -66,7 +67,7 @@ _DENIED_SYSCALLS = (
 class Confinement:
     """What a worker may reach. `home`: the server's data directory (only `cache/`, read-only, and `extra_writable`,
     the worker's own directory, writable, stay visible; `extra_readable` paths in it stay visible, read-only); `hidden`: files that must read as empty (the token file); `isolate_network`: False keeps the
-    worker on the host's network (operators who set `worker_network = "host"`, and ncu's front-end)."""
+    worker on the host's network (operators who set `worker_network = "host"`)."""
 
     home: str
     hidden: tuple[str, ...] = ()
@@ -480,6 +481,22 @@ def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
         minors.append(found[0]["minor"])
     nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
     return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
+
+
+def with_gpu_nodes(confinement: Confinement, backend: str | None, visible: str | None) -> tuple[Confinement, str]:
+    """The confinement with its device nodes picked (`gpu_nodes`) where the server left them to the worker, and why
+    every node stays open where a pin could not be matched (else "")."""
+    if confinement.gpu_nodes is not None:
+        return confinement, ""
+    nodes, why = gpu_nodes(backend, visible)
+    return replace(confinement, gpu_nodes=nodes), why
+
+
+def network_state(report: dict[str, Any], before: str = "host") -> str:
+    """The worker's network after `enter`: "isolated", or why not (the namespace's refusal, else `before`)."""
+    if "network namespace" in report["applied"] or before == "isolated":
+        return "isolated"
+    return next((m for m in report["missing"] if "namespace" in m), before)
 
 
 def _describe_nodes(nodes: list[str]) -> str:

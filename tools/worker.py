@@ -414,12 +414,9 @@ def _confinement(flag: str = "--sandbox") -> Any:
 def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -> dict[str, Any]:
     """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
     with ncu's front-end was entered before ncu started, and reported by it (`kforge.profilers.ncu.main`)."""
-    from .sandbox import apply_landlock, gpu_nodes
+    from .sandbox import apply_landlock, with_gpu_nodes
 
-    why = ""
-    if confinement.gpu_nodes is None:
-        nodes, why = gpu_nodes(backend, visible)
-        confinement = replace(confinement, gpu_nodes=nodes)
+    confinement, why = with_gpu_nodes(confinement, backend, visible)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
     # Python's main (H100, 2026-11-25), which stays outside it. Said, not assumed. (An exec right after would end
     # that thread and keep the domain, so the new image's threads all start inside it; not yet run on a GPU.)
@@ -442,16 +439,12 @@ def _isolation(confinement: Any, network: str, backend: str | None = None, visib
     if confinement is None:
         return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0)"],
                 "network": network}
-    from .sandbox import enter, gpu_nodes
+    from .sandbox import enter, network_state, with_gpu_nodes
 
-    why = ""
-    if confinement.gpu_nodes is None:
-        nodes, why = gpu_nodes(backend, visible)
-        confinement = replace(confinement, gpu_nodes=nodes)
+    confinement, why = with_gpu_nodes(confinement, backend, visible)
     report = enter(confinement)
     report["missing"] += [why] if why else []
-    report["network"] = "isolated" if "network namespace" in report["applied"] or network == "isolated" else (
-        next((m for m in report["missing"] if "namespace" in m), network))
+    report["network"] = network_state(report, network)
     return report
 
 
