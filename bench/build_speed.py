@@ -71,7 +71,7 @@ async def main(args) -> dict:
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import compile_kernel, verify_against_reference
     from kforge.tools.profile import profile_kernel
-    from kforge.tools.runner import WorkerLimits
+    from kforge.tools.process.runner import WorkerLimits
     from kforge.server.catalog import example
 
     backend = args.backend

@@ -14,7 +14,7 @@ For each case, in the same run and round by round:
         warm: `blocked_autorange`, calls back to back on one input (what most people run);
   (c) eager: the reference model in KForge (judge worker) and through `torch.utils.benchmark` as in (b).
 Ratios are KForge / torch.utils.benchmark. KForge flushes the caches before every timed call (see
-`kforge.tools.timing`), so its numbers are to be compared with the cold column; where a problem's data
+`kforge.tools.harness.timing`), so its numbers are to be compared with the cold column; where a problem's data
 fits in the last-level cache, warm numbers are lower by design, not by error.
 
 The CPU is shared with whatever else runs on the host: on a busy machine, per-call timings (KForge's,

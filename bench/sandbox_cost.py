@@ -1,4 +1,4 @@
-"""What the workers' sandbox (tools/sandbox.py) costs: entering it, a warm worker's start, and a whole verify.
+"""What the workers' sandbox (tools/process/sandbox.py) costs: entering it, a warm worker's start, and a whole verify.
 
 Each series is measured with the sandbox on and off in the same run, alternating, so the ratio is what the
 sandbox adds on this machine (issue 17: "measure what it adds to a warm worker's start, and keep the warm
@@ -24,7 +24,7 @@ import anyio
 
 _ENTER = """
 import json, os, sys, time
-from kforge.tools.sandbox import Confinement, enter
+from kforge.tools.process.sandbox import Confinement, enter
 t0 = time.perf_counter()
 if sys.argv[1] == "on":
     enter(Confinement(home=sys.argv[2]))
@@ -44,7 +44,7 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import verify_against_reference
-    from kforge.tools.runner import WorkerLimits
+    from kforge.tools.process.runner import WorkerLimits
 
     here = Path(__file__).resolve().parents[1]
     candidate = (here / "tests" / "candidates" / "relu_python.py").read_text()
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     os.environ["KFORGE_TRACE"] = str(trace)
-    import kforge.tools.runner as runner
+    import kforge.tools.process.runner as runner
 
     runner._TRACE = str(trace)
     rows: dict[str, dict[str, list[float]]] = {"on": {}, "off": {}}

@@ -156,15 +156,15 @@ def counters_for(kernels: list[NcuKernel]) -> list[Counter]:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m kforge.profilers.ncu CONFINEMENT -- ncu ... python -m kforge.tools.worker`: ncu's front-end and the
-    worker it profiles in one sandbox of their own (`kforge.tools.sandbox`), as `kforge.tools.sandbox`'s own main
+    """`python -m kforge.profilers.ncu CONFINEMENT -- ncu ... python -m kforge.tools.harness.worker`: ncu's front-end and the
+    worker it profiles in one sandbox of their own (`kforge.tools.process.sandbox`), as `kforge.tools.process.sandbox`'s own main
     runs a command, but with the report sent first on fd 0, the worker's protocol socket, before any candidate code
     runs: the worker enters no sandbox itself, only Landlock, which it reports. One sandbox, not one each: the
     front-end finds its target by pid, talks to it through an abstract Unix socket (`@nv_target_process_<pid>`,
     per network namespace) and FIFOs in /tmp, and ncu's launcher (TreeLauncherSubreaper) sits between them."""
     from dataclasses import replace
 
-    from kforge.tools.sandbox import Confinement, enter, network_state, with_gpu_nodes
+    from kforge.tools.process.sandbox import Confinement, enter, network_state, with_gpu_nodes
 
     split = argv.index("--")
     # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.

@@ -31,7 +31,7 @@ from kforge.tools.gpus import describe_gpu
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.profile import BASELINES
-from kforge.tools.runner import traced
+from kforge.tools.process.runner import traced
 from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
 from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile

@@ -172,7 +172,7 @@ def _sandbox_missing(settings: Settings) -> list[str]:
     """What of the workers' sandbox this host refuses (a trial sandbox, entered by a child of this process)."""
     if not settings.worker_sandbox:
         return ["the sandbox is off (KFORGE_WORKER_SANDBOX=0)"]
-    from kforge.tools.sandbox import Confinement, trial
+    from kforge.tools.process.sandbox import Confinement, trial
 
     from .settings import secret_files
 

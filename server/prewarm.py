@@ -1,7 +1,7 @@
 """Precompile torch/extension.h when a server starts, so the first new candidate builds fast too.
 
 The precompiled header for a set of flags is made in the background after the first build with those
-flags (`kforge.tools.fast_build`), so without this the first candidate of a fresh install pays for the
+flags (`kforge.backends.build.fast_build`), so without this the first candidate of a fresh install pays for the
 whole header (about 2x slower). Building each backend's `load_inline` example once at start makes
 the header for the flags most candidates use (the examples' flags: none beyond the backend's
 defaults). After the first start the example is a cache hit and the header is already there.

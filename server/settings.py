@@ -22,7 +22,7 @@ from kforge.profilers.analyst.http import ModelConfig
 from kforge.tools.context import ToolContext
 from kforge.tools.fleet import RayFleet
 from kforge.tools.fleet_node import NodeConfig
-from kforge.tools.runner import WorkerLimits
+from kforge.tools.process.runner import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
 
 from .kernelbench import REPOSITORY, problems_dir

@@ -195,7 +195,7 @@ async def test_a_large_problems_repeat_runs_apart_with_the_same_verdicts(ctx, mo
     let go of the first outputs (two runs' outputs and the expected ones no longer held at once), and is
     compared with a digest of them: the verdicts are those of the repeat run inside the trial."""
     from kforge.tools import trials
-    from kforge.tools.runner import WorkerProcess
+    from kforge.tools.process.runner import WorkerProcess
 
     monkeypatch.setattr(trials, "_BESIDE_SHARE", 0.0)  # as for a problem of several GB on a GPU
     ops: list[str] = []

@@ -23,7 +23,7 @@ from kforge.profilers.analyst.source import read_source
 from kforge.profilers.compiler_report import (CompilerFacts, CompilerReport, KernelResources, LoopRemark,
                                               loop_remarks, parse_vectorizer_remarks)
 from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats
-from kforge.tools.diagnostics import SourceMap, parse_ptxas_resources
+from kforge.backends.build.diagnostics import SourceMap, parse_ptxas_resources
 
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "analyst"

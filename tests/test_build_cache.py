@@ -15,9 +15,9 @@ import pytest
 from kforge.server.prewarm import prewarm_builds
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
-from kforge.tools.fast_build import build_key, lean_cuda_sources
-from kforge.tools.loader import sweep_abandoned_builds
-from kforge.tools.runner import WorkerLimits, kill_group
+from kforge.backends.build.fast_build import build_key, lean_cuda_sources
+from kforge.tools.harness.loader import sweep_abandoned_builds
+from kforge.tools.process.runner import WorkerLimits, kill_group
 
 from .conftest import stdio_session
 
@@ -270,7 +270,7 @@ def test_a_header_build_marker_is_stale_once_its_builder_is_gone(tmp_path):
     died (killed with a stopped server's machine, say) no longer blocks the next build for the full timeout."""
     import subprocess
 
-    from kforge.tools.fast_build import builder_gone
+    from kforge.backends.build.fast_build import builder_gone
 
     marker = tmp_path / "building"
     assert not builder_gone(marker)  # none

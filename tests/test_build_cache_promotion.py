@@ -14,8 +14,8 @@ import pytest
 
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
-from kforge.tools.fast_build import promote_build
-from kforge.tools.runner import WorkerLimits
+from kforge.backends.build.fast_build import promote_build
+from kforge.tools.process.runner import WorkerLimits
 
 pytestmark = pytest.mark.anyio
 

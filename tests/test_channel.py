@@ -1,4 +1,4 @@
-"""The workers' protocol channel (`kforge.tools.channel`): descriptors travel with their line, and the server
+"""The workers' protocol channel (`kforge.tools.process.channel`): descriptors travel with their line, and the server
 hands each one on once."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from kforge.tools.channel import HandedFds, WorkerChannel
+from kforge.tools.process.channel import HandedFds, WorkerChannel
 
 
 def test_a_descriptor_travels_with_its_line_and_is_handed_on_once():

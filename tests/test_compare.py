@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kforge.tools.compare import compare_outputs, tolerance_for
+from kforge.tools.harness.compare import compare_outputs, tolerance_for
 
 
 def test_float32_within_tolerance_passes():
@@ -60,7 +60,7 @@ def test_output_on_the_wrong_device_fails():
 def test_a_chunked_pass_finds_what_one_pass_finds(monkeypatch):
     """Large outputs are compared chunk by chunk; the counts, maxima, first mismatches (with their
     indices in the output's shape) and relative errors do not depend on where the chunks fall."""
-    import kforge.tools.compare as compare
+    import kforge.tools.harness.compare as compare
 
     torch.manual_seed(0)
     e = torch.randn(7, 13)

@@ -187,8 +187,8 @@ def test_a_cold_call_does_not_depend_on_how_its_input_was_used_before_the_flush(
 _FAULTS_CODE = """
 import json, resource, torch
 from kforge.backends.cpu import CpuBackend
-from kforge.tools.candidate_ops import _REVALIDATED_CALLS, _Reservoir
-from kforge.tools.timing import ReplaySchedule, TimingPolicy, time_model
+from kforge.tools.harness.candidate_ops import _REVALIDATED_CALLS, _Reservoir
+from kforge.tools.harness.timing import ReplaySchedule, TimingPolicy, time_model
 b = CpuBackend(); b.setup()
 sets = [[torch.randn(16, 64, 32, 32)] for _ in range(4)]  # 4 MiB each, the rmsnorm problem's size
 keep, faults = _Reservoir(_REVALIDATED_CALLS), []
@@ -294,7 +294,7 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
 def test_the_server_reads_how_long_a_worker_waited_for_a_core():
     """The wall-clock anchor counts an op only if the worker hardly waited for a core (`runner.preemptions`): a
     spinner sharing one core with a rival waits about half the time, one alone on an idle core hardly at all."""
-    from kforge.tools.runner import preemptions
+    from kforge.tools.process.runner import preemptions
 
     cpu = sorted(os.sched_getaffinity(0))[0]
     spin = f"import os, time; os.sched_setaffinity(0, {{{cpu}}})\nt = time.perf_counter() + 30\nwhile time.perf_counter() < t: pass"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.cuda_split import GENERATED, SplitDeclined, split_cuda_sources
+from kforge.backends.build.cuda_split import GENERATED, SplitDeclined, split_cuda_sources
 
 from .conftest import EXAMPLES, candidate_path
 

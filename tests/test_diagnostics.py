@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from kforge.tools.diagnostics import SourceMap, parse_compiler_output
+from kforge.backends.build.diagnostics import SourceMap, parse_compiler_output
 
 CANDIDATE = '''import torch
 from torch.utils.cpp_extension import load_inline
@@ -71,7 +71,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 380 bytes 
 
 
 def test_ptxas_resources_per_kernel():
-    from kforge.tools.diagnostics import parse_ptxas_resources
+    from kforge.backends.build.diagnostics import parse_ptxas_resources
 
     relu, tiled = parse_ptxas_resources(PTXAS)
     assert relu.kernel == "relu_kernel(float const*, float*, int)" and relu.registers == 8

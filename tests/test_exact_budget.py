@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from kforge.tools.judge import _EXACT_MAX_BYTES, JudgeOps
+from kforge.tools.harness.judge import _EXACT_MAX_BYTES, JudgeOps
 
 
 def _judge(input_bytes: int, output_bytes: int) -> SimpleNamespace:

@@ -1,5 +1,5 @@
 """CUDA outputs cross from one sandboxed worker to another as a descriptor of exportable device memory
-(`kforge.tools.cuda_share`): CUDA IPC handles do not open across the workers' PID namespaces (H100, 2026-11-24).
+(`kforge.tools.harness.cuda_share`): CUDA IPC handles do not open across the workers' PID namespaces (H100, 2026-11-24).
 Two fresh processes, each in its own sandbox as workers are, hand tensors over a socket pair (skipped without a
 GPU; run by scripts/run_gpu_tests.sh)."""
 
@@ -17,10 +17,10 @@ pytestmark = pytest.mark.gpu
 
 _SIDE = """
 import json, os, socket, sys
-from kforge.tools.sandbox import Confinement, enter
+from kforge.tools.process.sandbox import Confinement, enter
 report = enter(Confinement(home={home!r}))
 import torch
-from kforge.tools.handoff import OutputShelf, open_outputs
+from kforge.tools.harness.handoff import OutputShelf, open_outputs
 sock = socket.socket(fileno={fd})
 torch.manual_seed(0)
 made = [torch.randn(1000, 3, device="cuda"), torch.randn(64, 64, device="cuda").t(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kforge.backends import load_backend
-from kforge.tools.inputs import build_model
+from kforge.tools.harness.inputs import build_model
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ from kforge.profilers.ncu import ncu_install
 from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
 from kforge.tools.profile import profile_kernel
-from kforge.tools.runner import WorkerLimits, WorkerProcess, confinement, worker_env
+from kforge.tools.process.runner import WorkerLimits, WorkerProcess, confinement, worker_env
 
 from .conftest import EXAMPLES
 
@@ -139,7 +139,7 @@ def test_ncu_profiles_a_torch_program_in_the_bare_sandbox(tmp_path):
     log, report = scratch / "nsight.log", scratch / "profile"
     # The program applies Landlock itself before torch, as the profiled worker does (`--landlock`): the sandbox's
     # process leaves it to its target (`Confinement.landlock_later`).
-    program = ("import json, sys; from kforge.tools.sandbox import Confinement, apply_landlock; "
+    program = ("import json, sys; from kforge.tools.process.sandbox import Confinement, apply_landlock; "
                "print('landlock', json.dumps(apply_landlock(Confinement.from_arg(sys.argv[1]))), flush=True); "
                "import torch; x = torch.randn(1 << 20, device='cuda'); torch.relu(x); torch.cuda.synchronize(); "
                "print('program done', flush=True)")

@@ -14,8 +14,8 @@ import pytest
 
 from kforge.tools import gpus
 from kforge.tools.context import ToolContext
-from kforge.tools.runner import WorkerGroup
-from kforge.tools.sandbox import nvidia_gpus
+from kforge.tools.process.runner import WorkerGroup
+from kforge.tools.process.sandbox import nvidia_gpus
 
 from .test_sandbox_devices import PROBE, probe_report
 

@@ -15,8 +15,8 @@ import pytest
 from kforge.tools.context import ToolContext
 from kforge.tools.disk import mark_loaded, prune_caches
 from kforge.tools.evaluate import compile_kernel
-from kforge.tools.fast_build import promote_build
-from kforge.tools.runner import WorkerLimits
+from kforge.backends.build.fast_build import promote_build
+from kforge.tools.process.runner import WorkerLimits
 
 from .test_build_cache_promotion import _code
 

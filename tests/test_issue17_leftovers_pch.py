@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.fast_build import builder_gone, claim_pch
+from kforge.backends.build.fast_build import builder_gone, claim_pch
 
 # The server asks from a thread that ends at once (a fleet node's job thread ends with its job): the build must
 # outlive that thread, and end with the server's process.
 _SERVER = textwrap.dedent("""
     import sys, threading, time
     from pathlib import Path
-    from kforge.tools.runner import WorkerLimits, spawn_pch_build
+    from kforge.tools.process.runner import WorkerLimits, spawn_pch_build
 
     home, pch_dir, build_dir = (Path(a) for a in sys.argv[1:4])
     limits = WorkerLimits(sandbox=sys.argv[4] == "sandbox")
@@ -116,7 +116,7 @@ _SERVER_WITH_WORKER = textwrap.dedent("""
 
     import anyio
 
-    from kforge.tools.runner import WorkerLimits, WorkerProcess
+    from kforge.tools.process.runner import WorkerLimits, WorkerProcess
 
     home, source = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
     limits = WorkerLimits(sandbox=sys.argv[3] == "sandbox", precompiled_headers=True)

@@ -17,15 +17,15 @@ import pytest
 
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
-from kforge.tools.integrity import process_stat
-from kforge.tools.runner import WorkerLimits, WorkerProcess, _sandboxed_worker
+from kforge.tools.harness.integrity import process_stat
+from kforge.tools.process.runner import WorkerLimits, WorkerProcess, _sandboxed_worker
 
 from .test_build_cache_promotion import _code
 from .test_issue17_leftovers_cache import _DAY, _age, _cold_entry, _prune_one
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")]
 
-# The pieces a worker under ncu must have, as every other worker (`kforge.tools.sandbox`).
+# The pieces a worker under ncu must have, as every other worker (`kforge.tools.process.sandbox`).
 _PIECES = ("user namespace", "PID namespace", "mount namespace", "IPC namespace", "network namespace",
            "private /tmp, /dev/shm and data directory", "own /proc", "no_new_privs", "no capabilities",
            "system-call filter")

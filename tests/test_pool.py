@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
-from kforge.tools.runner import WorkerGroup, kill_group
+from kforge.tools.process.runner import WorkerGroup, kill_group
 
 pytestmark = pytest.mark.anyio
 
@@ -156,7 +156,7 @@ async def test_without_a_pool_a_group_waits_for_its_workers(tmp_path):
 
 async def test_the_next_job_waits_for_killed_workers_only_when_they_held_much_device_memory(tmp_path):
     """A job of several GB must find the last job's memory free; after a small one, nothing is waited for."""
-    from kforge.tools.pool import _REAP_BEFORE_NEXT_BYTES
+    from kforge.tools.process.pool import _REAP_BEFORE_NEXT_BYTES
 
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(0) as pool:

@@ -1,4 +1,4 @@
-"""The workers' sandbox (`kforge.tools.sandbox`), entered by a fresh process as a worker enters it: what code
+"""The workers' sandbox (`kforge.tools.process.sandbox`), entered by a fresh process as a worker enters it: what code
 inside can see and do. The attacks through a real server are in test_sandbox_attacks.py."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.sandbox import Confinement, trial
+from kforge.tools.process.sandbox import Confinement, trial
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
 
@@ -25,7 +25,7 @@ def _inside(home: Path, code: str, *, hidden: tuple[str, ...] = (), pythonpath: 
                        max_tasks=max_tasks).as_arg()
     script = f"""
 import json, os, sys
-from kforge.tools.sandbox import Confinement, enter
+from kforge.tools.process.sandbox import Confinement, enter
 report = enter(Confinement.from_arg({conf!r}))
 out = {{}}
 {code}
@@ -199,7 +199,7 @@ def test_the_namespaces_parent_ends_as_the_worker_ends(home):
             code = "import ctypes; ctypes.string_at(0)"
         done = subprocess.run([sys.executable, "-c", f"""
 import os
-from kforge.tools.sandbox import Confinement, enter
+from kforge.tools.process.sandbox import Confinement, enter
 enter(Confinement.from_arg({conf!r}))
 {code}
 """], capture_output=True, timeout=120)
@@ -243,7 +243,7 @@ def test_processes_and_threads_are_capped_per_worker(home):
     report, out = _inside(home, """
 import subprocess, threading, time
 from pathlib import Path
-from kforge.tools.loader import python_failure
+from kforge.tools.harness.loader import python_failure
 stop = threading.Event()
 threads = []
 try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.sandbox import Confinement, _describe_nodes, gpu_nodes, nvidia_gpus
+from kforge.tools.process.sandbox import Confinement, _describe_nodes, gpu_nodes, nvidia_gpus
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
 
@@ -107,7 +107,7 @@ def test_the_confinement_carries_its_nodes_and_the_report_names_them():
 # named as NVIDIA's, zero devices; the fake driver tree on /proc/driver. Workers it starts inherit both.
 _PRIVATE_DEV = textwrap.dedent("""
     import ctypes, json, os, stat, sys
-    from kforge.tools import sandbox as sb
+    from kforge.tools.process import sandbox as sb
 
     CONFIG = json.loads(sys.argv[1])
     libc = ctypes.CDLL(None, use_errno=True)
@@ -232,8 +232,8 @@ def test_landlock_lets_the_worker_open_only_its_nodes(tmp_path, backend, pin, al
 _WORKERS = """
     import anyio
     from pathlib import Path
-    from kforge.tools.pool import WorkerPool
-    from kforge.tools.runner import WorkerLimits, WorkerProcess, sandbox_args
+    from kforge.tools.process.pool import WorkerPool
+    from kforge.tools.process.runner import WorkerLimits, WorkerProcess, sandbox_args
 
     home, limits = Path(CONFIG["home"]), WorkerLimits()
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from kforge.profilers.report import TimingStats
-from kforge.tools.timing import TimingPolicy, time_model
+from kforge.tools.harness.timing import TimingPolicy, time_model
 
 
 class FakeTimer:
@@ -139,7 +139,7 @@ def test_roofline_fractions_of_measured_ceilings():
 
 def test_replay_needs_repeats_faster_than_their_neighbours_not_a_slow_start():
     """Fresh sets run out partway through sampling: a slow start (drift) is not replay, fast repeats are."""
-    from kforge.tools.timing import _replay_warning
+    from kforge.tools.harness.timing import _replay_warning
 
     rng = random.Random(7)
     fresh = [i < 60 and rng.random() < 0.5 for i in range(120)]
@@ -152,7 +152,7 @@ def test_replay_needs_repeats_faster_than_their_neighbours_not_a_slow_start():
 def test_fresh_calls_another_process_interrupted_do_not_read_as_replay():
     """On a busy host the fresh calls that landed in a burst of other work are slow for that reason: left out
     (their windows were preempted), they no longer read as replay; a real replay still does on the quiet calls."""
-    from kforge.tools.timing import _replay_warning
+    from kforge.tools.harness.timing import _replay_warning
 
     rng = random.Random(11)
     fresh = [rng.random() < 0.3 for _ in range(90)]
@@ -180,7 +180,7 @@ def test_calls_are_queued_back_to_back_with_one_sync_per_batch():
 
 def test_rounds_merge_into_one_series_and_the_speedup_interval_covers_one_for_the_same_kernel():
     from kforge.profilers.report import compare_words, speedup_interval
-    from kforge.tools.timing import merge_rounds
+    from kforge.tools.harness.timing import merge_rounds
 
     rng = random.Random(3)
 
@@ -241,7 +241,7 @@ class QueuedBackend:
 def test_warm_up_fills_its_time_on_the_device_not_on_the_host():
     """A GPU queues a call in microseconds: warming up until the host clock passed warmup_s had queued ~500
     calls of an 8 ms kernel, 4 s of device work per timing round."""
-    from kforge.tools.timing import _warm_up
+    from kforge.tools.harness.timing import _warm_up
 
     backend = QueuedBackend(0.008)
     policy = TimingPolicy(warmup_calls=3, warmup_s=0.05)

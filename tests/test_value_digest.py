@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kforge.tools.output_contract import digest_weights, same_values, value_digest
+from kforge.tools.harness.output_contract import digest_weights, same_values, value_digest
 
 W = digest_weights("cpu")
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kforge.tools.compare import compare_outputs, error_bound
+from kforge.tools.harness.compare import compare_outputs, error_bound
 from kforge.tools.static_scan import scan_candidate
 from kforge.tools.verdict import timing_checks
 

@@ -24,8 +24,8 @@ from kforge.backends import Availability, DeviceFacts, backend_names
 
 from . import gpus
 from .device_use import DeviceUse
-from .pool import WorkerPool
-from .runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
+from .process.pool import WorkerPool
+from .process.runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
 from .store import ResultStore
 
 __all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress", "scratch_name",
@@ -86,7 +86,7 @@ def sweep_leftovers(jobs: Path) -> list[str]:
 
 def remove_scratch(path: Path, jobs: Path) -> None:
     """Remove a job's scratch directory with the warm workers' own directories its roles link to (`jobs/w-*`,
-    `kforge.tools.pool`): removing the links alone would leave their files behind."""
+    `kforge.tools.process.pool`): removing the links alone would leave their files behind."""
     try:
         entries = list(path.iterdir())
     except OSError:
@@ -110,7 +110,7 @@ class ToolContext:
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
     worker_isolation: dict[str, list[str]] = field(default_factory=dict, init=False)  # its sandbox: applied, missing
-    #: warm workers, while a server runs the pool (`kforge.tools.pool`); None: every worker starts cold
+    #: warm workers, while a server runs the pool (`kforge.tools.process.pool`); None: every worker starts cold
     pool: WorkerPool | None = field(default=None, init=False)
     #: baseline timings by (reference, baseline, budget, environment): (when measured, the judge's reply)
     baseline_timings: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = field(default_factory=dict, init=False)

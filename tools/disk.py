@@ -126,7 +126,7 @@ class PruneReport:
 def _header_being_built(entry: Path) -> bool:
     """Whether `entry` holds a header build's marker whose builder is alive (one whose builder is gone is left
     over: a build killed with its server)."""
-    from .fast_build import builder_gone  # (fast_build imports this module)
+    from ..backends.build.fast_build import builder_gone  # (fast_build imports this module)
 
     marker = entry / "building"
     return marker.exists() and not builder_gone(marker)

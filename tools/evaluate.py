@@ -1,6 +1,6 @@
 """compile_kernel and verify_against_reference as plain async functions (profile_kernel: `profile.py`).
 
-Each one runs user code only in workers (see `kforge.tools.worker`): a *candidate* worker builds and
+Each one runs user code only in workers (see `kforge.tools.harness.worker`): a *candidate* worker builds and
 runs ModelNew; for verify and profile a separate *judge* worker builds the reference, makes the
 inputs from fresh secret seeds and keeps the expected outputs, so the candidate never sees them.
 """
@@ -14,12 +14,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .compare import PRECISIONS
+from .harness.compare import PRECISIONS
 from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, on_one_gpu
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
-from .runner import WorkerDied, WorkerGroup, WorkerProcess
+from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
 from .trials import as_reference_failure, concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks

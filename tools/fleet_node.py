@@ -27,7 +27,7 @@ from kforge import __version__
 
 from .context import RequestError, ToolContext, sweep_leftovers
 from .requests import parse_request
-from .runner import WorkerLimits
+from .process.runner import WorkerLimits
 from .store import ResultStore
 
 __all__ = ["NodeConfig", "NodeEvent", "StoreWrites", "node_home", "probe_node", "replay_writes", "run_job_here"]

@@ -40,7 +40,7 @@ from kforge.backends import Availability
 from . import gpus
 from .context import Progress, RequestError, ToolContext
 from .requests import JobRequest, parse_request, request_key, result_model
-from .runner import pid_alive
+from .process.runner import pid_alive
 from .store import ACTIVE_JOB_STATUSES as ACTIVE
 
 __all__ = ["JobExecutor", "JobLost", "JobManager", "JobStatus", "LocalExecutor"]

@@ -33,9 +33,9 @@ from .context import Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
-from .runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
+from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .static_scan import scan_candidate
-from .timing import merge_rounds
+from .harness.timing import merge_rounds
 from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
 

@@ -2,7 +2,7 @@
 
 For each trial the judge makes the inputs from the trial's secret seed and the expected outputs; the
 candidate's worker makes the same inputs from the same seed, runs ModelNew and holds its outputs; the
-judge reads them in place (`kforge.tools.handoff`), and the candidate lets them go. Only one trial's
+judge reads them in place (`kforge.tools.harness.handoff`), and the candidate lets them go. Only one trial's
 inputs and outputs exist at a time in either process, so a problem of several GB is judged in about
 three times its own footprint, and nothing of its size is written to disk.
 """
@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import anyio
 
 from .models import Failure
-from .runner import WorkerDied, WorkerProcess
+from .process.runner import WorkerDied, WorkerProcess
 
 __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trials"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .loader import DEVICE_FAULT_MESSAGES, OUT_OF_MEMORY_MESSAGES
+from .harness.loader import DEVICE_FAULT_MESSAGES, OUT_OF_MEMORY_MESSAGES
 from .models import Check, TrialReport
 from .static_scan import Finding
 

@@ -13,7 +13,7 @@ timed by loops that differ from `plain` in one factor each, under one or more ca
   cputimer       plain with CpuBackend.timer (getrusage beside the window) (d)
   nograd         torch.no_grad() entered inside each timed call (the check's outside ModelNew until 2026-11-24;
                  the worker enters it once around its loop): more Python, run from flushed caches
-  kforge         kforge.tools.timing.time_model with the candidate worker's make_args (copies) and reservoir
+  kforge         kforge.tools.harness.timing.time_model with the candidate worker's make_args (copies) and reservoir
   kforge-nocopy  the same, the sets not copied
 
 Flushes: old (one pass writing 64 MiB: KForge's flush until 2026-11-24), kforge (CpuBackend.flush_cache as it is
@@ -98,8 +98,8 @@ def make_loops(model: Any, x: Any, flush: Callable[[], None], calls: int) -> dic
     from torch.utils import benchmark
 
     from kforge.backends.cpu import CpuBackend
-    from kforge.tools.candidate_ops import _REVALIDATED_CALLS, _Reservoir
-    from kforge.tools.timing import ReplaySchedule, TimingPolicy, time_model
+    from kforge.tools.harness.candidate_ops import _REVALIDATED_CALLS, _Reservoir
+    from kforge.tools.harness.timing import ReplaySchedule, TimingPolicy, time_model
 
     backend = CpuBackend()
     backend.flush_cache = flush  # type: ignore[method-assign] - the flush under study

@@ -22,7 +22,7 @@ def _setup(libraries: bool):
     import torch
 
     from kforge.backends import load_backend
-    from kforge.tools.worker import _warm_device, _warm_libraries
+    from kforge.tools.harness.worker import _warm_device, _warm_libraries
 
     backend = load_backend("cuda")
     backend.setup()
@@ -33,7 +33,7 @@ def _setup(libraries: bool):
 
 
 def compare_fp32(torch, backend):
-    from kforge.tools.compare import compare_outputs
+    from kforge.tools.harness.compare import compare_outputs
 
     e = torch.randn(N, N, device="cuda")
     g = e + 1e-6
@@ -41,7 +41,7 @@ def compare_fp32(torch, backend):
 
 
 def compare_no_exact(torch, backend):
-    from kforge.tools.compare import compare_outputs
+    from kforge.tools.harness.compare import compare_outputs
 
     e = torch.randn(N, N, device="cuda")
     compare_outputs([e], [e.clone()], device="cuda")
@@ -72,7 +72,7 @@ def conv2d_fp32(torch, backend):
 
 
 def mean64(torch, backend):
-    from kforge.tools.judge import _mean64
+    from kforge.tools.harness.judge import _mean64
 
     _mean64(torch.randn(N, N, device="cuda"))
 
@@ -106,7 +106,7 @@ def _run(name: str, libraries: bool, q) -> None:
 def main() -> None:
     import os
 
-    from kforge.tools.worker import _NVML_CHECK, _preload
+    from kforge.tools.harness.worker import _NVML_CHECK, _preload
 
     os.environ[_NVML_CHECK] = "1"  # as the zygote: asking whether CUDA exists must not start it
     _preload("cuda")

@@ -31,7 +31,7 @@ def _ready(mode: str, go, done) -> None:
         import torch
 
         from kforge.backends import load_backend
-        from kforge.tools.worker import _warm_device, _warm_libraries
+        from kforge.tools.harness.worker import _warm_device, _warm_libraries
 
         backend = load_backend("cuda")
         backend.setup()
@@ -47,7 +47,7 @@ def _ready(mode: str, go, done) -> None:
 def _measure(conn) -> None:
     import torch
 
-    from kforge.tools.compare import compare_outputs
+    from kforge.tools.harness.compare import compare_outputs
 
     a = torch.randn(4096, 4096, device="cuda")
     exact = a.double()
@@ -75,7 +75,7 @@ def _measure(conn) -> None:
 
 
 def main() -> None:
-    from kforge.tools.worker import _NVML_CHECK, _preload
+    from kforge.tools.harness.worker import _NVML_CHECK, _preload
 
     os.environ[_NVML_CHECK] = "1"
     _preload("cuda")

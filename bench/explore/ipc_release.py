@@ -15,7 +15,7 @@ import multiprocessing as mp
 def consumer(conn) -> None:
     import torch
 
-    from kforge.tools.handoff import open_outputs, release_opened
+    from kforge.tools.harness.handoff import open_outputs, release_opened
 
     torch.cuda.init()
     for _ in range(3):
@@ -34,7 +34,7 @@ def gib(torch) -> float:
 def main() -> None:
     import torch
 
-    from kforge.tools.handoff import OutputShelf
+    from kforge.tools.harness.handoff import OutputShelf
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from kforge.tools import sandbox
+from kforge.tools.process import sandbox
 
 _PIECES = ("_mounts", "_landlock", "_syscall_filter", "_drop_capabilities", "_no_new_privileges")
 

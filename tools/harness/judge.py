@@ -1,9 +1,9 @@
-"""The judge's operations (a mixin of `kforge.tools.worker.Worker`): runs only in the judge worker.
+"""The judge's operations (a mixin of `kforge.tools.harness.worker.Worker`): runs only in the judge worker.
 
 The judge loads the reference and, one trial at a time, makes the trial's inputs on its device from a
 seed the server chose after the candidate was loaded, computes the expected outputs (and, where the
 reference runs in float64 and there is room, the exact ones) and keeps them in its own memory. It
-compares the candidate's outputs in place (`kforge.tools.handoff`), calibrates the check against
+compares the candidate's outputs in place (`kforge.tools.harness.handoff`), calibrates the check against
 trivial "null" candidates, and re-validates outputs the candidate produced while being timed. Only one
 trial's inputs and outputs live at a time, so a problem of several GB fits. The candidate never
 receives an expected output.

@@ -1,8 +1,8 @@
-"""The isolated worker process: `python -m kforge.tools.worker`.
+"""The isolated worker process: `python -m kforge.tools.harness.worker`.
 
-Candidate and reference code run only here. The parent (`kforge.tools.runner`) sends one JSON
+Candidate and reference code run only here. The parent (`kforge.tools.process.runner`) sends one JSON
 object per line on our protocol socket (fd 0 of a cold worker) and reads one JSON object per line back,
-file descriptors passed beside them (`kforge.tools.channel`). Before any user code runs
+file descriptors passed beside them (`kforge.tools.process.channel`). Before any user code runs
 the worker moves the protocol to private file descriptors and points fds 0/1/2 at /dev/null and a
 log file, so nothing a candidate prints (from Python or C) can reach the protocol or the server's
 stdio. A worker plays one role per job: the *judge* loads the reference, makes the inputs and keeps
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .candidate_ops import CandidateOps
-from .channel import WorkerChannel, close_all
-from .fast_build import job_cache_env
+from ..process.channel import WorkerChannel, close_all
+from kforge.backends.build.fast_build import job_cache_env
 from .handoff import return_free_memory
 from .judge import JudgeOps
 
@@ -166,7 +166,7 @@ class Worker(JudgeOps, CandidateOps):
         server names one: `gpu`, its uuid, on a multi-GPU host)."""
         import torch
 
-        from .gpus import ceilings_name
+        from ..gpus import ceilings_name
 
         facts = self.backend.facts()
         path = self.cache_dir.parent / "ceilings" / ceilings_name(self.backend.name, facts.device_name,
@@ -222,7 +222,7 @@ class Worker(JudgeOps, CandidateOps):
     def _interface_failure(self, wanted: str, *, reference: bool) -> Any:
         import torch
 
-        from .models import Failure
+        from ..models import Failure
 
         missing = []
         cls = getattr(self.module, wanted, None)
@@ -269,7 +269,7 @@ def _preload(backend_name: str) -> None:
     from kforge.profilers import torch_profiler  # noqa: F401
 
     from . import compare, inputs, integrity, output_contract, timing  # noqa: F401
-    from .fast_build import toolchain_id
+    from kforge.backends.build.fast_build import toolchain_id
     from .loader import load_user_module  # noqa: F401
 
     toolchain_id(False)
@@ -406,7 +406,7 @@ def _confinement(flag: str = "--sandbox") -> Any:
     """The sandbox the server asked for (`--sandbox <json>`; `--landlock <json>`: only its Landlock), or None."""
     if flag not in sys.argv:
         return None
-    from .sandbox import Confinement
+    from ..process.sandbox import Confinement
 
     return Confinement.from_arg(sys.argv[sys.argv.index(flag) + 1])
 
@@ -414,7 +414,7 @@ def _confinement(flag: str = "--sandbox") -> Any:
 def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -> dict[str, Any]:
     """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
     with ncu's front-end was entered before ncu started, and reported by it (`kforge.profilers.ncu.main`)."""
-    from .sandbox import apply_landlock, with_gpu_nodes
+    from ..process.sandbox import apply_landlock, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
@@ -433,13 +433,13 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
 
 
 def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
-    """Enter the sandbox (`kforge.tools.sandbox`) where one was asked for; what holds, and what is missing. The
+    """Enter the sandbox (`kforge.tools.process.sandbox`) where one was asked for; what holds, and what is missing. The
     GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
     only here (a cold worker's from its first message, a forked one's from the zygote's), unless the server chose."""
     if confinement is None:
         return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0)"],
                 "network": network}
-    from .sandbox import enter, network_state, with_gpu_nodes
+    from ..process.sandbox import enter, network_state, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
     report = enter(confinement)

@@ -6,7 +6,7 @@ that has been asked for, and hands each out exactly once: a warm worker serves o
 it, like a cold one, so candidates never share a process. It lives in the server's task group
 (`run`); outside one (tests calling tools directly), workers start cold as before.
 
-Warm workers are forked by a *zygote* per backend (`kforge.tools.forkserver`), which paid for the
+Warm workers are forked by a *zygote* per backend (`kforge.tools.harness.forkserver`), which paid for the
 imports once, so a refill skips the interpreter and torch imports: it costs a fork, a device start and a
 warm-up of the profiler (1-5 s on an H100 host, depending on load), all before any job waits on it. A
 job that finds no idle worker waits for the next fork of its kind (`acquire`) rather than start a cold
@@ -162,7 +162,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = await anyio.open_process(
-                [sys.executable, "-m", "kforge.tools.worker", "--zygote", backend, *argv_extra], stdin=theirs.fileno(),
+                [sys.executable, "-m", "kforge.tools.harness.worker", "--zygote", backend, *argv_extra], stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(cwd), env=env, start_new_session=True)
         finally:
             theirs.close()

@@ -1,4 +1,4 @@
-"""The worker side of the fork server: `python -m kforge.tools.worker --zygote <backend>`.
+"""The worker side of the fork server: `python -m kforge.tools.harness.worker --zygote <backend>`.
 
 Starting a worker costs an interpreter, `import torch` and the compilers' identities: 3-5 s on a
 GPU host, seconds more on a small busy machine, and a stream of candidates pays it several times per

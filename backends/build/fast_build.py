@@ -34,8 +34,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .disk import mark_used
-from .integrity import process_stat
+from kforge.tools.disk import mark_used
+from kforge.tools.harness.integrity import process_stat
 
 __all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "name_builder", "pch_dir_for",
            "serve_build_request", "toolchain_id"]
@@ -368,7 +368,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
                               timeout_s: float) -> dict[str, Any]:
     """Build what a sandboxed worker asked for (`loader._InlineBuilder._built_by_server`) and promote it.
 
-    The builder is `python -m kforge.tools.fast_build --build`, in a sandbox of its own whose only writable
+    The builder is `python -m kforge.backends.build.fast_build --build`, in a sandbox of its own whose only writable
     directory is a fresh staging directory outside the cache (it may read the asking job's directory, for
     headers it wrote there). Before it runs any compiler it writes the build's key and header key on a
     descriptor that no compiler inherits; the server promotes under that key, never one named by the worker
@@ -377,7 +377,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
     """
     import anyio
 
-    from .runner import confinement, kill_group, worker_env
+    from kforge.tools.process.runner import confinement, kill_group, worker_env
 
     if not isinstance(request, dict) or not isinstance(request.get("kwargs"), dict):
         return {"declined": "a malformed build request"}
@@ -395,7 +395,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
         (staging / "request.json").write_text(json.dumps({"kwargs": kwargs, "backend": backend, "arch": arch,
                                                           "cache_dir": str(cache_dir),
                                                           "precompiled_headers": bool(limits.precompiled_headers)}))
-        command = [sys.executable, "-m", "kforge.tools.fast_build", "--build", str(staging / "request.json"), str(out)]
+        command = [sys.executable, "-m", "kforge.backends.build.fast_build", "--build", str(staging / "request.json"), str(out)]
         # No GPU device node: nvcc builds for the architecture it is given, and only without one (a triton worker's
         # CUDA sources) does torch ask the GPUs which to build for.
         no_gpu = bool(arch) or not kwargs.get("cuda_sources")
@@ -403,7 +403,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
             from dataclasses import replace
 
             readable = (*conf.extra_readable, str(staging), *([str(scratch.resolve())] if scratch else []))
-            command = [sys.executable, "-m", "kforge.tools.sandbox", replace(conf, extra_readable=readable).as_arg(),
+            command = [sys.executable, "-m", "kforge.tools.process.sandbox", replace(conf, extra_readable=readable).as_arg(),
                        "--", *command]
         lines: list[dict[str, Any]] = []
         with open(staging / "builder.log", "wb") as errors:
@@ -457,7 +457,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
         if "precompiled header" in how:  # the header the build used (the builder sees the cache read-only)
             mark_used(home / "cache" / "pch" / pch_key)
         elif limits.precompiled_headers and cmds:
-            from .runner import spawn_pch_build
+            from kforge.tools.process.runner import spawn_pch_build
 
             spawn_pch_build(home, limits, home / "cache" / "pch" / pch_key, final)
         return answer
@@ -488,7 +488,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
 
     from torch.utils import cpp_extension
 
-    from .loader import _BuildError, _InlineBuilder
+    from kforge.tools.harness.loader import _BuildError, _InlineBuilder
 
     run_ninja = cpp_extension._run_ninja_build
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Mismatch, OutputCheck, TensorInfo, Tolerance
+from ..models import Mismatch, OutputCheck, TensorInfo, Tolerance
 
 __all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
 

@@ -35,11 +35,11 @@ from kforge.backends.cpu import VEC_REPORT_FILE
 from kforge.profilers.compiler_report import (CompilerReport, imported_math, loop_remarks, parse_vectorizer_remarks,
                                               widest_vector_bytes)
 
-from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
-from .cuda_split import SplitDeclined, split_cuda_sources
-from .disk import mark_used
-from .fast_build import build_key, lean_cuda_sources, pch_dir_for
-from .models import BuildInfo, Diagnostic, Failure, KernelResources
+from kforge.backends.build.diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
+from kforge.backends.build.cuda_split import SplitDeclined, split_cuda_sources
+from ..disk import mark_used
+from kforge.backends.build.fast_build import build_key, lean_cuda_sources, pch_dir_for
+from ..models import BuildInfo, Diagnostic, Failure, KernelResources
 
 __all__ = ["DEVICE_FAULT_MESSAGES", "OUT_OF_MEMORY_MESSAGES", "LoadOutcome", "load_user_module", "python_failure",
            "sweep_abandoned_builds"]
@@ -157,7 +157,7 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
 
 
 def _task_limit() -> int | None:
-    """The worker's cap on processes and threads (`kforge.tools.sandbox`), None where it has none of its own."""
+    """The worker's cap on processes and threads (`kforge.tools.process.sandbox`), None where it has none of its own."""
     try:
         limit = int(Path("/proc/sys/kernel/pid_max").read_text())
     except (OSError, ValueError):

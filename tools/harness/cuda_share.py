@@ -4,7 +4,7 @@
 Why not CUDA IPC (`cudaIpcGetMemHandle`, what torch.multiprocessing uses): its handles do not open across PID
 namespaces, and every sandboxed worker has its own ("invalid device context", H100, driver 580, 2026-11-24;
 the driver checks the exporting process's pid). A VMM allocation exported as a descriptor travels like any other
-descriptor (`kforge.tools.channel`, SCM_RIGHTS), and the allocation lives while a descriptor or a mapping of it
+descriptor (`kforge.tools.process.channel`, SCM_RIGHTS), and the allocation lives while a descriptor or a mapping of it
 does. The exporter copies an output into such an allocation (one device-to-device copy), sends the descriptor and
 lets go; the importer maps it, reads it as a tensor, and unmaps it when the tensor is gone.
 """

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, NamedTuple
 import anyio
 
 from .channel import Channel, HandedFds, close_all
-from .disk import mark_loaded
-from .fast_build import job_cache_env
-from .integrity import process_ids, process_stat
-from .models import Failure
+from ..disk import mark_loaded
+from kforge.backends.build.fast_build import job_cache_env
+from ..harness.integrity import process_ids, process_stat
+from ..models import Failure
 
 if TYPE_CHECKING:
     from .pool import ForkedProcess, WorkerPool
@@ -75,7 +75,7 @@ class WorkerLimits:
     memory_bytes: int | None = None
     file_bytes: int | None = None
     isolate_network: bool = True
-    sandbox: bool = True  # `kforge.tools.sandbox` around every worker (off: for debugging only)
+    sandbox: bool = True  # `kforge.tools.process.sandbox` around every worker (off: for debugging only)
     hidden_files: tuple[str, ...] = ()  # files no worker may read (the server's token file)
     read_paths: tuple[str, ...] = ()  # directories builds may read beyond the system's and Python's (headers)
     precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
@@ -121,16 +121,16 @@ def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: 
     sandboxed worker starts dies with it, and what one without a sandbox started outlived the server."""
     import threading
 
-    from .fast_build import claim_pch
+    from kforge.backends.build.fast_build import claim_pch
 
     cache = (home / "cache").resolve()
     if not (pch_dir.resolve().is_relative_to(cache) and build_dir.resolve().is_relative_to(cache)):
         return  # the worker's reply names only the cache's directories
     if not claim_pch(pch_dir):
         return  # built, or a live builder is on it
-    command = [sys.executable, "-m", "kforge.tools.fast_build", str(pch_dir), str(build_dir)]
+    command = [sys.executable, "-m", "kforge.backends.build.fast_build", str(pch_dir), str(build_dir)]
     if (conf := confinement(home, limits, pch_dir, gpu_nodes=())) is not None:  # writes its header's directory only
-        command = [sys.executable, "-m", "kforge.tools.sandbox", conf.as_arg(), "--", *command]
+        command = [sys.executable, "-m", "kforge.tools.process.sandbox", conf.as_arg(), "--", *command]
     else:  # a worker without the sandbox built `build_dir` itself: no record of the server's, its build.ninja
         command.insert(3, "--from-ninja")
     threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
@@ -142,10 +142,10 @@ def _run_pch_build(pch_dir: Path, command: list[str], env: dict[str, str]) -> No
     the thread that started it ends, so that thread must live as long as the build, whichever thread asked (a
     fleet node's job runs in a thread that ends with the job). The marker names the process the build lives in
     (the sandbox's outer one): a build killed before it could clean up leaves a marker seen as stale at once."""
-    from .fast_build import name_builder
+    from kforge.backends.build.fast_build import name_builder
 
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "kforge.tools.fast_build", "--die-with", str(os.getpid()),
+        proc = subprocess.Popen([sys.executable, "-m", "kforge.backends.build.fast_build", "--die-with", str(os.getpid()),
                                  *command], start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir), env=env)
     except OSError:
@@ -157,7 +157,7 @@ def _run_pch_build(pch_dir: Path, command: list[str], env: dict[str, str]) -> No
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST}
-    here = Path(__file__).resolve().parents[1]  # the kforge package directory
+    here = Path(__file__).resolve().parents[2]  # the kforge package directory
     if here.name == "kforge":  # a plain checkout on sys.path: make it importable for the child too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here.parent), env.get("PYTHONPATH")) if p)
     env.update({
@@ -197,7 +197,7 @@ def _session_members(sid: int) -> list[int]:
 
 def _sandboxed_worker(outer_pid: int) -> int | None:
     """The worker inside its own PID namespace: the only child of the outer process the server knows
-    (`kforge.tools.sandbox`); None when there is none (no namespace, or it is gone)."""
+    (`kforge.tools.process.sandbox`); None when there is none (no namespace, or it is gone)."""
     try:
         return int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -257,7 +257,7 @@ def preemptions(outer_pid: int) -> Preemption | None:
 def namespace_processes(outer_pid: int) -> list[str]:
     """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
     worker itself (its PID 1), named as this process sees them: the server's own count, out of the
-    candidate's reach (`kforge.tools.sandbox`)."""
+    candidate's reach (`kforge.tools.process.sandbox`)."""
     if (worker := _sandboxed_worker(outer_pid)) is None:
         return []
     try:
@@ -409,7 +409,7 @@ class WorkerProcess:
         self._channel: Channel | None = None
         self._handed: list[str] = []  # descriptors it sent that the server holds (`HANDED`) until handed on
         self.network = "host"  # what the worker reported: "isolated" or why not
-        self.isolation: dict[str, list[str]] = {"applied": [], "missing": []}  # its sandbox (`kforge.tools.sandbox`)
+        self.isolation: dict[str, list[str]] = {"applied": [], "missing": []}  # its sandbox (`kforge.tools.process.sandbox`)
         # A worker under a profiler (ncu) needs its own process; the others may come warm.
         self._pool = pool if not prefix else None
         self.warm = False
@@ -422,7 +422,7 @@ class WorkerProcess:
         they talk through an abstract socket and FIFOs in /tmp, which two sandboxes would part. The worker itself
         then enters none (no `--sandbox`): a second one inside would part it from its profiler. It applies Landlock
         itself (`--landlock`, `sandbox.apply_landlock`): the CUDA driver writes the worker's own /proc/self/task."""
-        worker = [sys.executable, "-m", "kforge.tools.worker"]
+        worker = [sys.executable, "-m", "kforge.tools.harness.worker"]
         if not self._prefix:
             return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
         if (conf := confinement(self.home, self.limits, self.scratch)) is None:
@@ -432,7 +432,7 @@ class WorkerProcess:
 
     def _profiled_worker(self) -> int | None:
         """The worker's own process under a profiler: the descendant of the process started that runs
-        `-m kforge.tools.worker` (the sandbox's outer process, ncu and its launcher lie between). Looked up once
+        `-m kforge.tools.harness.worker` (the sandbox's outer process, ncu and its launcher lie between). Looked up once
         it answered, before any candidate code ran that could look the same."""
         assert self._proc is not None
         children: dict[int, list[int]] = {}
@@ -443,7 +443,7 @@ class WorkerProcess:
         while todo:
             pid = todo.pop()
             try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"kforge.tools.worker"]:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"kforge.tools.harness.worker"]:
                     return pid
             except OSError:
                 pass
@@ -531,7 +531,7 @@ class WorkerProcess:
         reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         while "build_request" in reply and reply.get("nonce") == nonce and set(reply) <= {"build_request", "nonce"}:
             # A build the read-only cache lacks, mid-op: built and promoted here (`fast_build.serve_build_request`).
-            from .fast_build import serve_build_request
+            from kforge.backends.build.fast_build import serve_build_request
 
             close_all(fds)
             built = await serve_build_request(self.home, self.limits, self.scratch, reply["build_request"],

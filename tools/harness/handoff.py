@@ -3,8 +3,8 @@
 The candidate's worker keeps its outputs alive on an `OutputShelf` and answers with JSON descriptors;
 the judge maps them (`open_outputs`), compares, and lets go before the server tells the candidate to
 clear its shelf. Both kinds travel as a file descriptor with the reply and, through the server, with the
-judge's request (`kforge.tools.channel`): CUDA tensors as a copy in exportable device memory
-(`kforge.tools.cuda_share`: CUDA IPC handles do not open across the workers' PID namespaces), CPU tensors in a
+judge's request (`kforge.tools.process.channel`): CUDA tensors as a copy in exportable device memory
+(`kforge.tools.harness.cuda_share`: CUDA IPC handles do not open across the workers' PID namespaces), CPU tensors in a
 memory file (`memfd`) that the judge maps privately. Where the driver has no exportable memory, CUDA tensors
 fall back to CUDA IPC (the `torch.multiprocessing` mechanism without its pickles), which works only without the
 sandbox. No directory is shared between the workers (nor between jobs). The judge
@@ -19,7 +19,7 @@ import os
 import tempfile
 from typing import Any
 
-from .channel import FD_KIND, close_all
+from ..process.channel import FD_KIND, close_all
 
 __all__ = ["NonTensor", "OutputShelf", "open_outputs", "release_opened", "return_free_memory"]
 
@@ -146,7 +146,7 @@ def release_opened() -> None:
 
 # Cached free device memory a worker keeps within an op. Emptying the cache after each step of a small
 # problem only made the next step allocate again: verify's null candidates took 0.08-0.11 s each on a 4096^2
-# output (H100) for a comparison that takes 7 ms warm. Between ops the worker keeps less (`kforge.tools.worker`).
+# output (H100) for a comparison that takes 7 ms warm. Between ops the worker keeps less (`kforge.tools.harness.worker`).
 _KEEP_WITHIN_OP_BYTES = 2**30
 
 

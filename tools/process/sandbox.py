@@ -10,7 +10,7 @@ a cold worker before it imports torch); it returns in a new process and the call
 - **Mounts**: a private tmpfs on `/tmp` and `/dev/shm`, a `/proc` of the namespace, the server's data
   directory covered by an empty tmpfs with only the worker's own directory (its scratch) bound back writable
   and `cache/` read-only (builds are promoted into it by the server, never written by a worker), the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
-  is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.channel`).
+  is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.process.channel`).
 - **Landlock**: files are read-only except the worker's writable directories; device nodes are only the
   null devices and the GPU nodes `gpu_nodes` picks (none for the CPU backend and builds, only its own GPU's for a
   worker pinned to one); no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
@@ -89,7 +89,7 @@ class Confinement:
 
     def shared_read_only(self) -> list[str]:
         """The data directory's shared build caches: readable by every worker, written only by the server, which
-        promotes into them what its own sandboxed builds produced (`kforge.tools.fast_build.serve_build_request`)."""
+        promotes into them what its own sandboxed builds produced (`kforge.backends.build.fast_build.serve_build_request`)."""
         return [str(Path(self.home) / "cache")]
 
     def as_arg(self) -> str:
@@ -325,7 +325,7 @@ def _needed_paths(confinement: Confinement) -> tuple[list[str], list[str]]:
 
 def _readable_paths() -> list[str]:
     """Python (prefixes and every import path), this package, CUDA and the compilers' homes."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), str(here),
              os.path.realpath(sys.executable)]
     paths += [p for p in sys.path if p]
@@ -577,7 +577,7 @@ def _syscall_filter(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m kforge.tools.sandbox CONFINEMENT -- COMMAND...`: run COMMAND in a sandbox of its own (the
+    """`python -m kforge.tools.process.sandbox CONFINEMENT -- COMMAND...`: run COMMAND in a sandbox of its own (the
     server's detached header builds, which must not live in a worker's PID namespace)."""
     split = argv.index("--")
     enter(Confinement.from_arg(argv[split - 1]))
