@@ -504,7 +504,7 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
     warm: Recorder = drive.pop("warm_recorder")
     wall = drive.pop("wall_s")
     pushed = args.clients * args.candidates
-    failures, untrusted = [], []
+    failures, untrusted, timing_checks = [], [], []
     per_gpu: dict[str, dict] = {}
     latencies: dict[str, list[float]] = {t: [] for t in TOOLS}
     completed = good = 0
@@ -542,6 +542,10 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
                 for b in report.get("baselines", []):
                     if b.get("name") == "eager" and b.get("timing"):
                         gpu["eager_medians_us"].append(b["timing"]["median_us"])
+                # The timing checks' own evidence, trusted or not: what an untrusted profile read, in numbers.
+                timing_checks += [f"{cand.label} {ch.get('name')} [{ch.get('status')}]: {ch.get('evidence')}"
+                                  for ch in stage.result.get("checks", [])
+                                  if ch.get("name") in ("wall_clock_anchor", "stable_timing")]
                 if stage.result.get("speedup_trusted") is False:
                     failed = [ch.get("name") for ch in stage.result.get("checks", []) if ch.get("status") == "fail"]
                     untrusted.append(f"{cand.label} on {label}: speedup not trusted ({', '.join(failed) or '?'})")
@@ -586,7 +590,7 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
         server_queue_wait_p50_s={t: round(statistics.median(v), 2) for t, v in waited.items() if v},
         server_service_p50_s={t: round(statistics.median(v), 2) for t, v in service.items() if v},
         devices_in_store=sorted({r["device"] for j, r in store.items() if j in set(ids)}),
-        failures_count=len(failures), failures=failures, untrusted_speedups=untrusted,
+        failures_count=len(failures), failures=failures, untrusted_speedups=untrusted, timing_checks=timing_checks,
         exactly_one_result=exactly_one)
     return drive
 
@@ -694,6 +698,7 @@ def _write(report: dict, args: argparse.Namespace) -> Path:
             + (f"; Ray cluster {row['ray_cluster']}" if row.get("ray_cluster") else ""))
         details += [f"  - failure: {f}" for f in row["failures"][:20]]
         details += [f"  - {u}" for u in row["untrusted_speedups"][:10]]
+        details += [f"  - {c}" for c in row.get("timing_checks", [])[:12]]
         if row.get("warmup", {}).get("errors"):
             details += [f"  - warm-up error: {e}" for e in row["warmup"]["errors"]]
     md = (f"# GPU throughput: 1 GPU against 2 GPUs{' and a Ray fleet' if 'ray' in report['configs'] else ''}\n\n"
