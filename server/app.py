@@ -1,6 +1,7 @@
 """The MCP surface: registers KForge's tools and resources on an `MCPServer`.
 
-Thin on purpose: each tool validates its arguments (pydantic, from the signature), resolves a
+Thin on purpose: each tool validates its arguments (pydantic, from the signature, which `tool_params.takes`
+builds from the models that define the inputs: `kforge.tools.requests`, `kforge.tools.tool_inputs`), resolves a
 named problem to its reference, forwards progress, and calls the plain function in
 `kforge.tools`. Results go out as structured content (the model's JSON schema is the tool's
 output schema), the result's human summary as text (its next step fitted to this host), a compact
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import asynccontextmanager, contextmanager, nullcontext
-from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Union
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Iterator, Union
 
 import anyio
 from mcp import MCPError
@@ -30,9 +31,9 @@ from kforge.tools.context import RequestError, ToolContext, sweep_leftovers
 from kforge.tools.gpus import describe_gpu
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
-from kforge.tools.profile import BASELINES
 from kforge.tools.process.runner import traced
 from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
+from kforge.tools.tool_inputs import JobLookup, ReferenceChoice, SummarizeInputs, Waiting
 from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
@@ -41,6 +42,7 @@ from .compact import compact_copy
 from .pictures import artifact_uris, comparison_picture, profile_pictures
 from .prewarm import prewarm_builds
 from .settings import Settings, analyst_config, ray_fleet, tool_context
+from .tool_params import takes
 
 __all__ = ["build_server"]
 
@@ -52,22 +54,6 @@ compile_kernel until it builds; verify_against_reference until correct (function
 profile_kernel and summarize_profile, then improve (optimization pass). list_backends says what runs here.
 Heavy calls wait up to wait_s; past that they return a job handle: get_job(job_id) waits for the result."""
 
-_BACKEND = Annotated[str, Field(description="Backend to run on, e.g. 'cpu'. list_backends shows what this host offers.")]
-_CANDIDATE = Annotated[str, Field(description="Python source defining class ModelNew(nn.Module) with its kernel "
-                                              "(built with NVRTC via torch.cuda._compile_kernel, load_inline, or @triton.jit; see kforge://examples/{backend}).")]
-_REFERENCE = Annotated[str | None, Field(description="Python source defining class Model, get_inputs() and "
-                                                     "get_init_inputs(). Give this or `problem`.")]
-_PRECISION = Annotated[Literal["strict", "tf32", "fp16", "bf16"], Field(
-    description="strict: the candidate must match the reference's own precision (TF32 off in the reference). "
-    "tf32/fp16/bf16: the candidate declares it computes in that lower precision; tolerances widen to what "
-    "that precision implies, and the result states them.")]
-_PROBLEM = Annotated[str | None, Field(description="Name of a problem (resource kforge://problems) instead of reference_code: "
-                                                   "one of the server's pack, e.g. 'softmax', or a KernelBench problem, e.g. "
-                                                   "'kernelbench:level1/23_Softmax', where the server has a KernelBench checkout.")]
-_GPU = Annotated[int | None, Field(ge=0, description="Which GPU of the host to run on (its index; list_backends lists "
-                                  "them); omitted: the least loaded one. Timing jobs never share a GPU.")]
-_USE_STORE = Annotated[bool, Field(description="Return a stored answer for an identical earlier request when one exists.")]
-_JOB_ID = Annotated[str, Field(description="A job_id from a job handle (or resource kforge://jobs).")]
 _RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 
@@ -132,13 +118,6 @@ def _progress(ctx: Context):
     async def report(done: float, total: float | None, message: str) -> None:
         await ctx.report_progress(done, total, message)
     return report
-
-
-def _wait(what: str) -> Any:
-    return Annotated[float, Field(ge=0, le=3600, description=(
-        f"Seconds to wait for {what} before returning a job handle (status, job_id, progress); the job goes on and "
-        "get_job(job_id) returns its result. The default suits clients that cancel calls after 60 s; the server "
-        "caps it (KFORGE_JOB_MAX_WAIT_S)."))]
 
 
 def _client_key(ctx: Context) -> str:
@@ -220,88 +199,74 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
                     return _result(job)
                 return await answer(await jobs.wait(job, wait_s, _progress(ctx)))
 
+    # Each tool's parameters are the fields of the models that define its inputs (`takes`): the request's, how
+    # the reference is named (its source or a problem; the server resolves a problem), and the wait for the job.
+    waits = {"wait_s": settings.job_wait_s}
+    job_inputs = dict(exclude=("tool",), defaults=waits)
+
+    def job_request(model: type[BaseModel], arguments: dict[str, Any], *, reference_needed: bool = True) -> JobRequest:
+        """The job request of a tool call: its arguments, with the reference a named problem stands for."""
+        reference_code, problem = arguments.pop("reference_code"), arguments.pop("problem")
+        arguments.pop("wait_s")
+        if reference_needed or reference_code or problem:
+            arguments["reference_code"] = _reference(reference_code, problem, problems)
+        return model(**arguments)
+
     @mcp.tool(name="compile_kernel", title="Compile a kernel candidate", annotations=_RUNS_CODE)
-    async def compile_kernel_tool(backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context,
-                                  reference_code: _REFERENCE = None, problem: _PROBLEM = None,
-                                  use_store: _USE_STORE = True, gpu: _GPU = None,
-                                  wait_s: _wait("the build") = settings.job_wait_s,
-                                  ) -> Annotated[CallToolResult, _or_job(CompileResult)]:
+    @takes(CompileRequest, ReferenceChoice, Waiting, **job_inputs)
+    async def compile_kernel_tool(ctx: Context, **arguments: Any) -> Annotated[CallToolResult, _or_job(CompileResult)]:
         """Build a candidate in an isolated worker. Returns whether it built, compiler errors and warnings
         located at lines of your candidate text, each kernel's registers, shared memory and spills, build
         seconds and whether the build came from cache. Triton compiles at first launch: give a reference or
         problem (optional) to launch the candidate once on its inputs and get the Triton kernels' resources.
         Long builds return a job handle: fetch the result with get_job."""
-        ref = _reference(reference_code, problem, problems) if (reference_code or problem) else None
-        return await run_job(ctx, CompileRequest(backend=backend, candidate_code=candidate_code, reference_code=ref,
-                                                 use_store=use_store, gpu=gpu), wait_s)
+        wait_s = arguments["wait_s"]
+        return await run_job(ctx, job_request(CompileRequest, arguments, reference_needed=False), wait_s)
 
     @mcp.tool(name="verify_against_reference", title="Verify a candidate against its reference", annotations=_RUNS_CODE)
-    async def verify_against_reference_tool(
-        backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
-        problem: _PROBLEM = None,
-        trials: Annotated[int, Field(ge=1, le=50, description="Trials, each with fresh random inputs.")] = 5,
-        atol: Annotated[float | None, Field(ge=0, description="Override the per-dtype absolute tolerance.")] = None,
-        rtol: Annotated[float | None, Field(ge=0, description="Override the per-dtype relative tolerance.")] = None,
-        precision: _PRECISION = "strict",
-        use_store: _USE_STORE = True,
-        gpu: _GPU = None,
-        wait_s: _wait("the verdict") = settings.job_wait_s,
-    ) -> Annotated[CallToolResult, _or_job(VerifyResult)]:
+    @takes(VerifyRequest, ReferenceChoice, Waiting, **job_inputs)
+    async def verify_against_reference_tool(ctx: Context, **arguments: Any) -> Annotated[CallToolResult, _or_job(VerifyResult)]:
         """Run ModelNew and the reference Model (same initial weights) on fresh secret-seeded inputs from
         several distributions and judge it: every output's error (element-wise and relative to float64) with
         the tolerance and why; output contract (plain tensors, no aliasing, inputs unmodified); a second run
         after NaN-poisoning memory; no tampering, threads or global-state changes; whether your own kernels
         ran; and whether trivial outputs would pass this problem. `checks` lists each with its evidence.
         Long runs return a job handle: fetch the result with get_job."""
-        return await run_job(ctx, VerifyRequest(
-            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
-            trials=trials, atol=atol, rtol=rtol, precision=precision, use_store=use_store, gpu=gpu), wait_s)
+        wait_s = arguments["wait_s"]
+        return await run_job(ctx, job_request(VerifyRequest, arguments), wait_s)
 
     @mcp.tool(name="profile_kernel", title="Time and profile a candidate", annotations=_RUNS_CODE)
-    async def profile_kernel_tool(
-        backend: _BACKEND, candidate_code: _CANDIDATE, ctx: Context, reference_code: _REFERENCE = None,
-        problem: _PROBLEM = None,
-        baselines: Annotated[list[Literal["eager", "torch.compile"]], Field(
-            description="Reference baselines, timed in rounds interleaved with the candidate's. Eager is always timed "
-                        "in this run; torch.compile is reused from a profile of the same reference on this device in the "
-                        "last 10 minutes while eager still times within 2% of eager then (see reused_after_s).")] = list(BASELINES),
-        budget_s: Annotated[float, Field(gt=0, le=60, description="Time budget per timed model, seconds.")] = settings.timing_budget_s,
-        precision: _PRECISION = "strict",
-        hardware_counters: Annotated[bool, Field(description="Also run the candidate under Nsight Compute on a GPU "
-                                                 "(about 10-20 s more); False for timing only.")] = True,
-        use_store: Annotated[bool, Field(description="Return the latest stored profile of an identical request instead of measuring again.")] = False,
-        fresh_baselines: Annotated[bool, Field(description="Time every baseline in this run, reusing none.")] = False,
-        gpu: _GPU = None,
-        wait_s: _wait("the profile") = settings.job_wait_s,
-    ) -> Annotated[CallToolResult, _or_job(ProfileResult)]:
+    @takes(ProfileRequest, ReferenceChoice, Waiting, exclude=("tool",),
+           defaults={**waits, "budget_s": settings.timing_budget_s})
+    async def profile_kernel_tool(ctx: Context, **arguments: Any) -> Annotated[CallToolResult, _or_job(ProfileResult)]:
         """Time the candidate against the reference in eager mode and under torch.compile (medians, spread,
         samples, speedups), record a profiler breakdown (torch.profiler ops, the share of your own kernels,
         perf counters where allowed), store it and return its profile_id. Long runs return a job handle:
         fetch the result with get_job."""
-        return await run_job(ctx, ProfileRequest(
-            backend=backend, candidate_code=candidate_code, reference_code=_reference(reference_code, problem, problems),
-            baselines=tuple(baselines), budget_s=budget_s, precision=precision, hardware_counters=hardware_counters,
-            use_store=use_store, fresh_baselines=fresh_baselines, gpu=gpu), wait_s)
+        wait_s = arguments["wait_s"]
+        return await run_job(ctx, job_request(ProfileRequest, arguments), wait_s)
 
     @mcp.tool(name="get_job", title="Get a job's result or progress",
               annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
-    async def get_job(job_id: _JOB_ID, ctx: Context, wait_s: _wait("the job") = settings.job_wait_s,
+    @takes(JobLookup, Waiting, defaults=waits)
+    async def get_job(ctx: Context, **arguments: Any,
                       ) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
         """The result of a compile, verify or profile job (exactly what the tool would have returned), or, while
         it runs, its status and progress after waiting up to wait_s. Works from any connection: a job goes on
         when the client that started it disconnects."""
         with _request_errors():
-            return await answer(await jobs.wait_for(job_id, wait_s, _progress(ctx)))
+            return await answer(await jobs.wait_for(arguments["job_id"], arguments["wait_s"], _progress(ctx)))
 
     @mcp.tool(name="cancel_job", title="Cancel a job",
               annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
                                           open_world_hint=False))
-    async def cancel_job(job_id: _JOB_ID) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
+    @takes(JobLookup)
+    async def cancel_job(**arguments: Any) -> Annotated[CallToolResult, _or_job(CompileResult, VerifyResult, ProfileResult)]:
         """Stop a queued or running job; its worker processes are killed with everything they started, and the
         answer comes once they are gone ('cancelled'). A job that already finished is left as it is (its result
         is returned)."""
         with _request_errors():
-            return await answer(await jobs.cancel_and_wait(job_id))
+            return await answer(await jobs.cancel_and_wait(arguments["job_id"]))
 
     analyst = analyst_config(settings)
 
@@ -310,9 +275,9 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         return prepare_summary(tools, analyst, profile_id=profile_id, profile_text=profile_text, screenshots=screenshots,
                                code=candidate_code, previous_profile_id=previous_profile_id)
 
-    def _sampling_request(ctx: Context, profile_id: str | None = None, profile_text: str | None = None,
-                          screenshots: list[str] | None = None, candidate_code: str | None = None,
-                          previous_profile_id: str | None = None) -> Sample | None:
+    def _sampling_request(ctx: Context, profile_id: str | None, profile_text: str | None,
+                          screenshots: list[str] | None, candidate_code: str | None,
+                          previous_profile_id: str | None) -> Sample | None:
         """Ask the client's own model (MCP sampling) when that is the configured analyst and the client can.
 
         Runs before the tool body, and on the 2026 protocol twice: the request must come out the same."""
@@ -328,29 +293,21 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
         return Sample([SamplingMessage(role="user", content=content)], max_tokens=_SAMPLING_MAX_TOKENS,
                       system_prompt=request.system, temperature=0.0)
 
-    async def summarize_profile_tool(
-        sampled: _Sampled,
-        profile_id: Annotated[str | None, Field(description="A profile_id returned by profile_kernel.")] = None,
-        profile_text: Annotated[str | None, Field(description="Pasted profiler output (torch.profiler table, Nsight "
-                                                              "Compute details as text or CSV).")] = None,
-        screenshots: Annotated[list[str] | None, Field(description="Base64 PNG or JPEG screenshots of profiler windows "
-                                                       "(Nsight Compute, Nsight Systems, Instruments, VTune); read by a "
-                                                       "vision-capable analyst, or by OCR where tesseract is installed.",
-                                                       max_length=8)] = None,
-        candidate_code: Annotated[str | None, Field(description="The candidate, so recommendations can point at lines.")] = None,
-        previous_profile_id: Annotated[str | None, Field(description="An earlier profile to report changes against.")] = None,
-    ) -> Annotated[CallToolResult, ProfileSummary]:
+    async def summarize_profile_tool(sampled: _Sampled, **arguments: Any) -> Annotated[CallToolResult, ProfileSummary]:
         """Turn a stored profile, pasted profiler output or profiler screenshots into the bottleneck, its
         evidence, and ranked recommendations (what to change, where, why, expected effect, confidence).
         The analyst is the server's configured one (built-in rules by default); model analysts fall back to
         the rules and say so when they fail."""
+        inputs = SummarizeInputs(**arguments)
+        profile_id, previous_profile_id = inputs.profile_id, inputs.previous_profile_id
         with _request_errors():
             if analyst.provider != "sampling":
                 summary = await summarize_profile(tools, analyst=analyst, profile_id=profile_id,
-                                                  profile_text=profile_text, screenshots=screenshots,
-                                                  code=candidate_code, previous_profile_id=previous_profile_id)
+                                                  profile_text=inputs.profile_text, screenshots=inputs.screenshots,
+                                                  code=inputs.candidate_code, previous_profile_id=previous_profile_id)
             else:
-                prepared = _prepare(profile_id, profile_text, screenshots, candidate_code, previous_profile_id)
+                prepared = _prepare(profile_id, inputs.profile_text, inputs.screenshots, inputs.candidate_code,
+                                    previous_profile_id)
                 if sampled is None:
                     analysis = from_reply(prepared, "sampling", None, "this client offers no sampling")
                 else:
@@ -366,7 +323,8 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     # module's globals: hand the SDK the real annotation object.
     summarize_profile_tool.__annotations__["sampled"] = Annotated[CreateMessageResult | None, Resolve(_sampling_request)]
     mcp.tool(name="summarize_profile", title="Summarize a profile",
-             annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(summarize_profile_tool)
+             annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))(
+        takes(SummarizeInputs)(summarize_profile_tool))
 
     _register_resources(mcp, tools, jobs, problems, offered)
     _register_prompts(mcp, tools, analyst, problems)

@@ -7,13 +7,13 @@ The token comes from ``KFORGE_TOKEN`` or a token file, never from the config fil
 from __future__ import annotations
 
 import hmac
-import os
 import stat
 from pathlib import Path
 from typing import Any
 
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.auth.settings import AuthSettings
+from pydantic import SecretStr
 
 __all__ = ["MAKE_TOKEN", "MIN_TOKEN_CHARS", "StaticTokenVerifier", "TokenError", "auth_arguments", "load_token"]
 
@@ -35,9 +35,11 @@ class StaticTokenVerifier(TokenVerifier):
         return None  # the SDK answers 401 with WWW-Authenticate: Bearer error="invalid_token"
 
 
-def load_token(token_file: Path | None) -> tuple[str | None, str]:
-    """The token and where it came from: ``KFORGE_TOKEN``, else `token_file`; (None, "") when neither."""
-    token, source = os.environ.get("KFORGE_TOKEN"), "KFORGE_TOKEN"
+def load_token(from_environment: SecretStr | None, token_file: Path | None) -> tuple[str | None, str]:
+    """The token and where it came from: ``KFORGE_TOKEN`` (the settings' `token`), else `token_file`; (None, "")
+    when neither."""
+    token = from_environment.get_secret_value() if from_environment is not None else None
+    source = "KFORGE_TOKEN"
     if not token and token_file is not None:
         try:
             info = token_file.stat()

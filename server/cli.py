@@ -22,7 +22,7 @@ from kforge.tools.gpus import Placement, describe_gpu, placements
 from .auth import MAKE_TOKEN
 from .clients import CLIENTS, client_config, where_it_goes
 from .jsonrpc_errors import rejection
-from .settings import Settings, analyst_config, config_file, load_settings
+from .settings import Settings, analyst_config, config_file, load_settings, settings_environment
 
 __all__ = ["main", "parser"]
 
@@ -89,7 +89,7 @@ def _serve_transport(args: argparse.Namespace, settings: Settings) -> int:
         anyio.run(_serve_stdio, build_server(settings, on_start=_on_start(settings, "over stdio")))
         return 0
     try:
-        token, source = load_token(settings.token_file)
+        token, source = load_token(settings.token, settings.token_file)
     except TokenError as exc:
         return _refuse(str(exc))
     exposed = not is_loopback(args.host)
@@ -248,7 +248,7 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:
-    print(client_config(args.client, set(Settings.model_fields)))
+    print(client_config(args.client, settings_environment()))
     print(f"kforge: {where_it_goes(args.client)}", file=sys.stderr)
     return 0
 

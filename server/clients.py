@@ -36,21 +36,15 @@ def serve_command() -> list[str]:
     return [str(python), "-m", "kforge.server.cli", "serve"]
 
 
-def _env(known: set[str]) -> dict[str, str]:
-    """The KFORGE_* settings of this shell (never the token: secrets stay out of config files)."""
-    wanted = {f"KFORGE_{k.upper()}" for k in known} | {"KFORGE_CONFIG"}
-    return {k: v for k, v in sorted(os.environ.items()) if k in wanted}
-
-
-def client_config(client: str, settings_fields: set[str]) -> str:
+def client_config(client: str, env: dict[str, str]) -> str:
     """The text to give `client` so that it starts this install's server over stdio.
 
     Args:
         client: one of CLIENTS.
-        settings_fields: the names of the server's settings (their KFORGE_* variables are carried over).
+        env: the KFORGE_* variables to carry over (`kforge.server.settings.settings_environment`: the settings in
+            effect here, never the token: secrets stay out of config files).
     """
     command, *args = serve_command()
-    env = _env(settings_fields)
     if client == "claude-code":
         words = ["claude", "mcp", "add", "--transport", "stdio", "--scope", "user"]
         for k, v in env.items():

@@ -1,5 +1,8 @@
 """Server configuration, read once by the command line: environment (``KFORGE_*``) over a TOML file.
 
+The only place that reads KForge's variables from the environment: everything below gets them from here,
+passed down (the tools through their `ToolContext`).
+
 The file is ``$KFORGE_CONFIG`` or ``<user config dir>/kforge/config.toml`` (e.g. ~/.config/kforge/config.toml),
 with the same names in lower case and without the prefix (``analyst = "openai"``). Secrets (API keys,
 the server token) are read from the environment only, never from this file.
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from kforge.profilers.analyst.http import ModelConfig
@@ -24,10 +27,12 @@ from kforge.tools.fleet import RayFleet
 from kforge.tools.fleet_node import NodeConfig
 from kforge.tools.process.runner import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
+from kforge.tools.tool_inputs import DEFAULT_BUDGET_S, DEFAULT_WAIT_S, BudgetS
 
 from .kernelbench import REPOSITORY, problems_dir
 
-__all__ = ["ConfigError", "Settings", "analyst_config", "config_file", "load_settings", "ray_fleet", "tool_context"]
+__all__ = ["ConfigError", "Settings", "analyst_config", "config_file", "load_settings", "ray_fleet", "settings_environment",
+           "tool_context"]
 
 
 class ConfigError(ValueError):
@@ -55,6 +60,9 @@ class _TomlFile(TomlConfigSettingsSource):
             raise ConfigError(f"{path}: cannot be read: {exc}") from None
         known = set(settings_cls.model_fields)
         for key in self.toml_data:
+            if key in _SECRETS:
+                raise ConfigError(f"{path}: {key!r} is a secret, read from the environment only "
+                                  f"(KFORGE_{key.upper()}) or a file of its own, never from the config file")
             if key not in known:
                 raise ConfigError(f"{path}: unknown key {key!r}{_near(key, known)}; the keys are the KFORGE_* "
                                   "variables in lower case without the prefix (README: Commands and configuration)")
@@ -87,7 +95,8 @@ class Settings(BaseSettings):
                                             "(default ANTHROPIC_API_KEY or OPENAI_API_KEY).")
     analyst_timeout_s: float = Field(default=60.0, gt=0, description="Deadline of one model request.")
     analyst_vision: bool = Field(default=True, description="Whether the model reads images (screenshots).")
-    timing_budget_s: float = Field(default=1.0, gt=0, le=60, description="Default time budget per timed model.")
+    timing_budget_s: BudgetS = Field(default=DEFAULT_BUDGET_S, description="Default time budget per timed model "
+                                     "(profile_kernel's budget_s).")
     worker_network: Literal["isolated", "host"] = Field(
         default="isolated", description="Workers start in a network namespace of their own (no network), where the "
         "OS allows it; 'host' leaves them on the host's network.")
@@ -101,7 +110,8 @@ class Settings(BaseSettings):
     worker_max_tasks: int = Field(default=0, ge=0, description="Processes and threads a worker may have at once (its PID "
                                   "namespace's pid_max, Linux 6.14+); 0: max(4096, 32 per core).")
     # Jobs: desktop clients cancel a call after about 60 s, so a heavy call answers with a job handle before that.
-    job_wait_s: float = Field(default=45.0, ge=0, description="How long a heavy call waits before returning a job handle.")
+    job_wait_s: float = Field(default=DEFAULT_WAIT_S, ge=0, description="How long a heavy call waits before returning "
+                              "a job handle (the tools' default wait_s).")
     job_max_wait_s: float = Field(default=600.0, gt=0, description="The longest wait_s a client may ask for.")
     parallel_jobs: int = Field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)), ge=1,
                                description="Jobs running at once (builds in parallel; timing stays one per device).")
@@ -125,7 +135,10 @@ class Settings(BaseSettings):
                               "a node has its resources (the rest wait in this server's queues).")
     kernelbench_dir: Path | None = Field(default=None, description="A KernelBench checkout (its root, or its "
                                          "KernelBench/ folder), so tools accept problem='kernelbench:level1/23_Softmax'.")
-    # HTTP (the token itself is read from KFORGE_TOKEN or a token file, never from the config file).
+    trace: Path | None = Field(default=None, description="A file to append one JSON line to per worker start, worker "
+                               "call and span of the server's own work: where a call's time goes.")
+    # HTTP. The token is read from KFORGE_TOKEN (never from the config file: `_SECRETS`) or a token file.
+    token: SecretStr | None = Field(default=None, exclude=True, description="The bearer token HTTP clients must send.")
     token_file: Path | None = Field(default=None, description="File holding the bearer token (instead of KFORGE_TOKEN).")
     allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host header values to accept (the "
                                      "public name behind a reverse proxy, e.g. 'gpu.example.com'); loopback is always allowed.")
@@ -154,8 +167,18 @@ class Settings(BaseSettings):
         return init_settings, env_settings, _TomlFile(settings_cls, config_file())
 
 
-# KFORGE_* variables that are read elsewhere, not settings: no "unknown variable" warning for them.
-_OTHER_VARIABLES = {"KFORGE_CONFIG", "KFORGE_TOKEN", "KFORGE_TRACE", "KFORGE_CI_VENV"}
+# Settings read from the environment only: never from the config file, never copied into a client's configuration.
+_SECRETS = {"token"}
+# KFORGE_* variables that are no settings: no "unknown variable" warning for them. KFORGE_CONFIG names the file
+# (`config_file`); KFORGE_CI_VENV is the CI scripts' own.
+_OTHER_VARIABLES = {"KFORGE_CONFIG", "KFORGE_CI_VENV"}
+
+
+def settings_environment() -> dict[str, str]:
+    """The KFORGE_* variables of this environment that configure a server (its settings and KFORGE_CONFIG, never a
+    secret), for a client's configuration that starts one (`kforge config`)."""
+    wanted = {f"KFORGE_{k.upper()}" for k in Settings.model_fields if k not in _SECRETS} | {"KFORGE_CONFIG"}
+    return {k: v for k, v in sorted(os.environ.items()) if k in wanted}
 
 
 def load_settings(*, flags: dict[str, str] | None = None, **overrides: object) -> Settings:

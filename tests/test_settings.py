@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,55 @@ def test_the_command_line_stops_with_the_message(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert f"kforge: configuration error: {bad}: unknown key 'job_wiat_s'" in out.stderr
+
+
+def test_the_token_is_never_read_from_the_config_file_nor_copied_into_a_client_config(config, monkeypatch):
+    from kforge.server.settings import settings_environment
+
+    config.write_text('token = "' + "x" * 40 + '"\n')
+    with pytest.raises(ConfigError, match=rf"^{config}: 'token' is a secret, read from the environment only"):
+        load_settings()
+    config.write_text("")
+    monkeypatch.setenv("KFORGE_TOKEN", "t" * 40)
+    monkeypatch.setenv("KFORGE_TRACE", "/tmp/trace.jsonl")
+    settings = load_settings()
+    assert settings.token.get_secret_value() == "t" * 40 and "t" * 40 not in repr(settings)
+    assert str(settings.trace) == "/tmp/trace.jsonl"
+    carried = settings_environment()
+    assert "KFORGE_TOKEN" not in carried and carried["KFORGE_TRACE"] == "/tmp/trace.jsonl"
+
+
+def _reads_kforge_variables(path: Path) -> list[int]:
+    """Lines of `path` where a function (or a module-level statement) reads the environment and names a KFORGE_
+    variable: `os.environ[...]`, `os.environ.get`, `os.getenv`, `environ.items()` beside a "KFORGE_..." string."""
+    tree = ast.parse(path.read_text())
+
+    def reads_environment(node: ast.AST) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv", "environb"):
+                return True
+            if isinstance(n, ast.Name) and n.id in ("environ", "getenv"):
+                return True
+        return False
+
+    def names_kforge(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("KFORGE_")
+                   for n in ast.walk(node))
+
+    units = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    units += [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    units += [s for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for s in c.body
+              if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return sorted({u.lineno for u in units if reads_environment(u) and names_kforge(u)})
+
+
+def test_the_environment_check_sees_the_usual_spellings(tmp_path):
+    for line in ('x = os.environ.get("KFORGE_TRACE")', 'x = os.getenv("KFORGE_X", "")', 'x = os.environ["KFORGE_Y"]',
+                 'def f():\n    wanted = {"KFORGE_A"}\n    return {k: v for k, v in os.environ.items() if k in wanted}',
+                 'from os import environ\nclass C:\n    x = environ.get("KFORGE_Z")'):
+        probe = tmp_path / "probe.py"
+        probe.write_text("import os\n" + line + "\n")
+        assert _reads_kforge_variables(probe), line
+    fine = tmp_path / "fine.py"
+    fine.write_text('import os\nHELP = "set KFORGE_TOKEN"\n\ndef f():\n    return os.environ.get("CUDA_HOME")\n')
+    assert not _reads_kforge_variables(fine)

@@ -2,6 +2,8 @@
 
 Each request is a pydantic model (validated once, stored as JSON in the job table) with `run`, which
 calls the plain tool function, and the model of its result, so a stored result can be read back.
+Their fields are the one definition of these tools' inputs (type, default, bounds, description): the
+MCP server builds the tools' parameters from them (`kforge.server.tool_params`).
 """
 
 from __future__ import annotations
@@ -15,27 +17,30 @@ from .context import Progress, ToolContext
 from .evaluate import compile_kernel, verify_against_reference
 from .models import CompileResult, ProfileResult, VerifyResult
 from .profile import BASELINES, profile_kernel
+from .tool_inputs import DEFAULT_BUDGET_S, Backend, BudgetS, CandidateCode, Gpu, PrecisionPolicy, ReferenceCode
 
 __all__ = ["CompileRequest", "JobRequest", "ProfileRequest", "VerifyRequest", "parse_request", "request_key", "result_model"]
 
-_Precision = Literal["strict", "tf32", "fp16", "bf16"]
+_USE_STORE = "Return a stored answer for an identical earlier request when one exists."
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     result_type: ClassVar[type[BaseModel]]
 
-    backend: str
-    candidate_code: str
-    #: the GPU's index; None: the job manager binds the least loaded one at submission (`JobManager.submit`)
-    gpu: int | None = None
+    backend: Backend
+    candidate_code: CandidateCode
+    #: None: the job manager binds the least loaded GPU at submission (`JobManager.submit`)
+    gpu: Gpu = None
 
 
 class CompileRequest(_Request):
     tool: Literal["compile_kernel"] = "compile_kernel"
     result_type: ClassVar[type[BaseModel]] = CompileResult
-    reference_code: str | None = None
-    use_store: bool = True
+    reference_code: str | None = Field(default=None, description="Python source defining class Model, get_inputs() and "
+                                       "get_init_inputs(): the candidate is launched once on its inputs (Triton "
+                                       "compiles at first launch).")
+    use_store: bool = Field(default=True, description=_USE_STORE)
 
     async def run(self, ctx: ToolContext, progress: Progress) -> CompileResult:
         return await compile_kernel(ctx, self.backend, self.candidate_code, reference_code=self.reference_code,
@@ -45,12 +50,12 @@ class CompileRequest(_Request):
 class VerifyRequest(_Request):
     tool: Literal["verify_against_reference"] = "verify_against_reference"
     result_type: ClassVar[type[BaseModel]] = VerifyResult
-    reference_code: str
-    trials: int = 5
-    atol: float | None = None
-    rtol: float | None = None
-    precision: _Precision = "strict"
-    use_store: bool = True
+    reference_code: ReferenceCode
+    trials: int = Field(default=5, ge=1, le=50, description="Trials, each with fresh random inputs.")
+    atol: float | None = Field(default=None, ge=0, description="Override the per-dtype absolute tolerance.")
+    rtol: float | None = Field(default=None, ge=0, description="Override the per-dtype relative tolerance.")
+    precision: PrecisionPolicy = "strict"
+    use_store: bool = Field(default=True, description=_USE_STORE)
 
     async def run(self, ctx: ToolContext, progress: Progress) -> VerifyResult:
         return await verify_against_reference(ctx, self.backend, self.reference_code, self.candidate_code,
@@ -62,13 +67,18 @@ class VerifyRequest(_Request):
 class ProfileRequest(_Request):
     tool: Literal["profile_kernel"] = "profile_kernel"
     result_type: ClassVar[type[BaseModel]] = ProfileResult
-    reference_code: str
-    baselines: tuple[Literal["eager", "torch.compile"], ...] = BASELINES
-    budget_s: float = 1.0
-    precision: _Precision = "strict"
-    hardware_counters: bool = True
-    use_store: bool = False
-    fresh_baselines: bool = False
+    reference_code: ReferenceCode
+    baselines: tuple[Literal["eager", "torch.compile"], ...] = Field(default=BASELINES, description=(
+        "Reference baselines, timed in rounds interleaved with the candidate's. Eager is always timed in this run; "
+        "torch.compile is reused from a profile of the same reference on this device in the last 10 minutes while "
+        "eager still times within 2% of eager then (see reused_after_s)."))
+    budget_s: BudgetS = DEFAULT_BUDGET_S
+    precision: PrecisionPolicy = "strict"
+    hardware_counters: bool = Field(default=True, description="Also run the candidate under Nsight Compute on a GPU "
+                                    "(about 10-20 s more); False for timing only.")
+    use_store: bool = Field(default=False, description="Return the latest stored profile of an identical request "
+                            "instead of measuring again.")
+    fresh_baselines: bool = Field(default=False, description="Time every baseline in this run, reusing none.")
 
     async def run(self, ctx: ToolContext, progress: Progress) -> ProfileResult:
         return await profile_kernel(ctx, self.backend, self.reference_code, self.candidate_code,
