@@ -9,7 +9,7 @@ read, and here a short message that names the first problem without echoing the 
 from __future__ import annotations
 
 import pydantic_core
-from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, jsonrpc_message_adapter
+from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSONRPCNotification, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 __all__ = ["rejection"]
@@ -25,8 +25,8 @@ def rejection(raw: bytes) -> JSONRPCError | None:
     Parsed exactly as the SDK parses (its adapter, from bytes), so that what passes here passes there; pydantic
     parses bytes strictly, so invalid UTF-8 anywhere, even inside a string, is a parse error."""
     try:
-        jsonrpc_message_adapter.validate_json(raw, by_name=False)
-        return None
+        parsed = jsonrpc_message_adapter.validate_json(raw, by_name=False)
+        return _request_with_a_bad_id(raw) if isinstance(parsed, JSONRPCNotification) else None
     except ValidationError as exc:
         problems = exc.errors(include_url=False, include_context=False, include_input=False)
     except Exception as exc:  # noqa: BLE001 - whatever else the parser raises, the sender gets an answer
@@ -40,6 +40,17 @@ def rejection(raw: bytes) -> JSONRPCError | None:
     where = ".".join(str(part) for part in first["loc"][1:])  # loc[0] is the union member, no part of the message
     reason = f"{where}: {first['msg']}" if where else first["msg"]
     return _error(_usable_id(message), INVALID_REQUEST, f"Invalid Request: not a JSON-RPC 2.0 message ({reason})")
+
+
+def _request_with_a_bad_id(raw: bytes) -> JSONRPCError | None:
+    """A method call whose `id` is there but no string or integer (true, null, 1.5, a list): the SDK's union takes
+    it for a notification, drops the id and never answers, so its sender would wait forever. MCP wants a string or
+    an integer id on every request. Only notifications are parsed again here, and they are few."""
+    message = pydantic_core.from_json(raw)
+    if not isinstance(message, dict) or "id" not in message:
+        return None
+    return _error(None, INVALID_REQUEST, f"Invalid Request: id must be a string or an integer, not "
+                                         f"{type(message['id']).__name__ if message['id'] is not None else 'null'}")
 
 
 def _usable_id(message: object) -> str | int | None:

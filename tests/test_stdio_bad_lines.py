@@ -48,6 +48,11 @@ BAD_LINES = [
     ("bool-id", b'{"jsonrpc":"2.0","id":true,"method":7}', INVALID_REQUEST, None),
     ("float-id", b'{"jsonrpc":"2.0","id":1.5,"method":7}', INVALID_REQUEST, None),
     ("object-id", b'{"jsonrpc":"2.0","id":{"a":1},"method":7}', INVALID_REQUEST, None),
+    # a well-formed call with an id MCP does not allow: the SDK took it for a notification and never answered
+    ("bool-id-good-method", b'{"jsonrpc":"2.0","id":true,"method":"tools/list"}', INVALID_REQUEST, None),
+    ("null-id-good-method", b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}', INVALID_REQUEST, None),
+    ("float-id-good-method", b'{"jsonrpc":"2.0","id":2.5,"method":"ping"}', INVALID_REQUEST, None),
+    ("list-id-good-method", b'{"jsonrpc":"2.0","id":[1],"method":"ping"}', INVALID_REQUEST, None),
 ]
 CASES = [pytest.param(line, code, rid, id=name) for name, line, code, rid in BAD_LINES]
 
