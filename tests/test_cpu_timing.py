@@ -187,13 +187,13 @@ def test_a_cold_call_does_not_depend_on_how_its_input_was_used_before_the_flush(
 _FAULTS_CODE = """
 import json, resource, torch
 from kforge.backends.cpu import CpuBackend
-from kforge.tools.harness.candidate_ops import _REVALIDATED_CALLS, _Reservoir
+from kforge.tools.harness.bench import _REVALIDATED_CALLS, _Reservoir
 from kforge.tools.harness.timing import ReplaySchedule, TimingPolicy, time_model
 b = CpuBackend(); b.setup()
 sets = [[torch.randn(16, 64, 32, 32)] for _ in range(4)]  # 4 MiB each, the rmsnorm problem's size
 keep, faults = _Reservoir(_REVALIDATED_CALLS), []
 
-def make_args(i):  # as CandidateOps.op_time: drop the held last output, then a fresh copy of the set
+def make_args(i):  # as Bench.time: drop the held last output, then a fresh copy of the set
     keep.drop_last()
     return [a.clone() for a in sets[i]]
 

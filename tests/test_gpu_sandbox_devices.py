@@ -14,6 +14,7 @@ import pytest
 
 from kforge.tools import gpus
 from kforge.tools.context import ToolContext
+from kforge.tools.process.protocol import LoadRequest
 from kforge.tools.process.runner import WorkerGroup
 from kforge.tools.process.sandbox import nvidia_gpus
 
@@ -35,11 +36,12 @@ async def _probe(ctx: ToolContext, backend: str, extra: str = "") -> tuple[dict,
     with ctx.scratch("devices") as scratch:
         async with WorkerGroup() as group:
             worker = await group.start(ctx.worker(backend, scratch / "candidate", "candidate"))
-            reply = await worker.call("load", stage="load", role="candidate", source=PROBE.replace("__EXTRA__", extra))
+            reply = await worker.call(LoadRequest(role="candidate", source=PROBE.replace("__EXTRA__", extra)),
+                                      stage="load")
     missing = [m for m in worker.isolation["missing"] if "landlock" in m]
     if missing:
         pytest.skip(f"this host refuses Landlock: {missing}")
-    return {**worker.isolation, "warm": worker.warm}, probe_report(reply)
+    return {**worker.isolation, "warm": worker.warm}, probe_report(reply.model_dump(mode="json"))
 
 
 async def _forks_ready(pool, kinds: list[tuple[str, dict]]) -> None:

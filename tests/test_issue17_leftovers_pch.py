@@ -116,6 +116,7 @@ _SERVER_WITH_WORKER = textwrap.dedent("""
 
     import anyio
 
+    from kforge.tools.process.protocol import LoadRequest
     from kforge.tools.process.runner import WorkerLimits, WorkerProcess
 
     home, source = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
@@ -125,8 +126,8 @@ _SERVER_WITH_WORKER = textwrap.dedent("""
     async def main():
         async with WorkerProcess(backend="cpu", home=home, scratch=home / "jobs" / "candidate", limits=limits,
                                  role="candidate") as worker:
-            reply = await worker.call("load", stage="load", role="candidate", source=source)
-            print("loaded", reply.get("failure"), flush=True)
+            reply = await worker.call(LoadRequest(role="candidate", source=source), stage="load")
+            print("loaded", reply.failure, flush=True)
             await anyio.sleep(600)
 
 

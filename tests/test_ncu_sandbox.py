@@ -18,6 +18,7 @@ import pytest
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
 from kforge.tools.harness.integrity import process_stat
+from kforge.tools.process.protocol import LoadRequest
 from kforge.tools.process.runner import WorkerLimits, WorkerProcess, _sandboxed_worker
 
 from .test_build_cache_promotion import _code
@@ -115,8 +116,8 @@ async def test_a_worker_under_a_profiler_is_sandboxed_with_it(tmp_path, fake_ncu
             # The worker is a descendant of the front-end, found by the server at its start.
             front_end = _sandboxed_worker(w._proc.pid)
             assert w._worker_pid is not None and front_end is not None and w._worker_pid != front_end
-            loaded = await w.call("load", stage="ncu", role="candidate", source=_code(7, probe))
-            assert loaded.get("failure") is None, loaded
+            loaded = await w.call(LoadRequest(role="candidate", source=_code(7, probe)), stage="ncu")
+            assert loaded.failure is None, loaded
             seen = _probe_seen(w.log)
             worker_pid = w._worker_pid
     finally:
@@ -160,7 +161,7 @@ async def test_a_cache_hit_under_a_profiler_is_marked_used(tmp_path, fake_ncu):
     scratch = ctx.home / "jobs" / "j1" / "ncu"
     async with WorkerProcess(backend="cpu", home=ctx.home, scratch=scratch, limits=ctx.limits, role="ncu",
                              prefix=[*fake_ncu, str(scratch / "profile.ncu-rep")]) as w:
-        loaded = await w.call("load", stage="ncu", role="candidate", source=_code(5))
-        assert loaded.get("failure") is None and loaded["builds"][0]["from_cache"], loaded
+        loaded = await w.call(LoadRequest(role="candidate", source=_code(5)), stage="ncu")
+        assert loaded.failure is None and loaded.builds[0].from_cache, loaded
     assert _prune_one(ctx.home) == ["cache/builds/cold-0"]
     assert entry.is_dir()

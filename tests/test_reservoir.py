@@ -2,7 +2,7 @@
 a candidate writes every call into one buffer, and its copies reuse the memory taken at the first call."""
 import torch
 
-from kforge.tools.harness.candidate_ops import _Reservoir
+from kforge.tools.harness.bench import _Reservoir
 
 
 def test_kept_copies_hold_each_calls_values_when_the_candidate_reuses_its_output_buffer():
@@ -40,9 +40,9 @@ def test_an_output_of_another_shape_is_copied_anew():
 
 
 def test_outputs_too_large_to_keep_leave_only_the_last():
-    from kforge.tools.harness import candidate_ops
+    from kforge.tools.harness import bench
 
     keep = _Reservoir(8)
-    big = torch.empty(candidate_ops._KEPT_OUTPUT_BYTES // 4 + 1)  # float32: one byte over the budget
+    big = torch.empty(bench._KEPT_OUTPUT_BYTES // 4 + 1)  # float32: one byte over the budget
     keep.offer(0, big)
     assert keep.k == 0 and keep.free == [] and [c for c, _ in keep.items()] == [0]

@@ -233,6 +233,7 @@ _WORKERS = """
     import anyio
     from pathlib import Path
     from kforge.tools.process.pool import WorkerPool
+    from kforge.tools.process.protocol import LoadRequest
     from kforge.tools.process.runner import WorkerLimits, WorkerProcess, sandbox_args
 
     home, limits = Path(CONFIG["home"]), WorkerLimits()
@@ -245,8 +246,8 @@ _WORKERS = """
                                  extra_env=env, pool=pool) as w:
             out = {"isolation": w.isolation, "warm": w.warm}
             if backend:
-                reply = await w.call("load", stage="load", role="candidate", source=CONFIG["probe"], timeout_s=300)
-                out["failure"] = reply.get("failure")
+                reply = await w.call(LoadRequest(role="candidate", source=CONFIG["probe"]), stage="load", timeout_s=300)
+                out["failure"] = reply.failure and reply.failure.model_dump(mode="json")
         return out
 
 

@@ -25,6 +25,7 @@ from kforge.backends import Availability, DeviceFacts, backend_names
 from . import gpus
 from .device_use import DeviceUse
 from .process.pool import WorkerPool
+from .process.protocol import CeilingsRequest, ProbeRequest
 from .process.runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
 from .store import ResultStore
 
@@ -216,9 +217,9 @@ class ToolContext:
                 with self.scratch("probe") as scratch:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
-                        reply = await w.call("probe", stage="probe", timeout_s=120, backends=backend_names())
+                        reply = await w.call(ProbeRequest(backends=backend_names()), stage="probe", timeout_s=120)
                         self.worker_network, self.worker_isolation = w.network, w.isolation
-                self._availability = [Availability(**b) for b in reply["backends"]]
+                self._availability = list(reply.backends)
             return self._availability
 
     async def device_facts(self, backend: str, *, remeasure: bool = False,
@@ -252,15 +253,17 @@ class ToolContext:
     async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
         avail = await self.require_backend(backend)
         placement = gpus.current()
-        tag = {"gpu": gpus.gpu_id(placement.gpu)} if placement is not None and placement.pinned else {}
+        gpu = gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else None
         with self.scratch("ceilings") as scratch:
             async with self.device_use(self.device_key(avail)).timing(), self.worker(backend, scratch, "ceilings") as w:
-                reply = await w.call("ceilings", stage="ceilings", remeasure=remeasure, **tag)
-        stored = reply.get("to_store")  # measured by a worker of its own (no candidate's): the cache is read-only there
+                reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
+        if reply.failure is not None or reply.facts is None:
+            raise RequestError(f"the device's ceilings could not be measured: {reply.failure}")
+        stored = reply.to_store  # measured by a worker of its own (no candidate's): the cache is read-only there
         if isinstance(stored, dict) and re.fullmatch(r"[A-Za-z0-9-]{1,200}\.json", str(stored.get("name"))):
             (self.home / "cache" / "ceilings").mkdir(parents=True, exist_ok=True)
             (self.home / "cache" / "ceilings" / stored["name"]).write_text(json.dumps(stored.get("ceilings")))
-        return DeviceFacts(**reply["facts"])
+        return reply.facts
 
     async def require_backend(self, name: str) -> Availability:
         found = {a.backend: a for a in await self.availability()}

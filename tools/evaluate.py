@@ -17,8 +17,10 @@ from typing import Any
 from .harness.compare import PRECISIONS
 from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, on_one_gpu
-from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, KernelResources, OutputCheck, TrialReport,
+from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
+from .process.protocol import (EvidenceReply, EvidenceRequest, LoadReply, LoadRequest, PrepareReply, PrepareRequest,
+                               SetupReply, SetupRequest, TrialRequest)
 from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
 from .trials import as_reference_failure, concurrently, judge_trials
@@ -35,18 +37,17 @@ async def _spec(ctx: ToolContext, tool: str, backend: str, candidate: str, refer
                    gpu=placement.gpu if (placement := current_gpu()) else None)
 
 
-def _compile_result(spec: JobSpec, reply: dict[str, Any] | None, failure: Failure | None) -> CompileResult:
-    reply = reply or {}
-    builds = [BuildInfo(**b) for b in reply.get("builds", [])]
-    diagnostics = [Diagnostic(**d) for d in reply.get("diagnostics", [])]
-    if failure is None and reply.get("failure"):
-        failure = Failure(**reply["failure"])
+def _compile_result(spec: JobSpec, reply: LoadReply | None, failure: Failure | None) -> CompileResult:
+    reply = reply or LoadReply(failure=failure)
+    builds: list[BuildInfo] = list(reply.builds)
+    diagnostics: list[Diagnostic] = list(reply.diagnostics)
+    failure = failure or reply.failure
     if failure is not None and failure.diagnostics:
         known = {(d.message, d.origin) for d in diagnostics}
         diagnostics = [d for d in failure.diagnostics if (d.message, d.origin) not in known] + diagnostics
     diagnostics.sort(key=lambda d: d.severity != "error")
     return CompileResult(spec=spec, ok=failure is None, build_seconds=round(sum(b.seconds for b in builds), 3),
-                         load_seconds=round(reply.get("seconds", 0.0), 3),
+                         load_seconds=round(reply.seconds, 3),
                          from_cache=bool(builds) and all(b.from_cache for b in builds), builds=builds,
                          diagnostics=diagnostics, failure=failure)
 
@@ -60,56 +61,55 @@ async def _load_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, 
                           code: str, *, extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess | None, CompileResult]:
     try:
         worker = await _start(workers, ctx, backend, scratch, "candidate", extra_env)
-        reply = await worker.call("load", stage="load", role="candidate", source=code)
+        reply = await worker.call(LoadRequest(role="candidate", source=code), stage="load")
     except WorkerDied as died:
         return None, _compile_result(spec, None, died.failure)
     result = _compile_result(spec, reply, None)
-    worker.kernel_names = reply.get("kernel_names", [])  # the candidate's own kernels, for profilers
+    worker.kernel_names = reply.kernel_names  # the candidate's own kernels, for profilers
     return (worker if result.ok else None), result
 
 
 async def _ready_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
-                           code: str, inputs: dict[str, Any], *, extra_env: dict[str, str] | None = None,
-                           ) -> tuple[WorkerProcess | None, CompileResult, dict[str, Any], Failure | None]:
+                           code: str, inputs: SetupRequest, *, extra_env: dict[str, str] | None = None,
+                           ) -> tuple[WorkerProcess | None, CompileResult, SetupReply | None, Failure | None]:
     """Build the candidate, then its ModelNew with the reference's initial weights (`setup`): the worker, the
     build, the setup's reply, and the failure that stopped it. `inputs` are seeds and the reference's source,
     known before the judge ran anything, so this runs beside the judge's preparation; the seeds reach the
     candidate's process only after its module was imported."""
     worker, compiled = await _load_candidate(workers, ctx, backend, scratch, spec, code, extra_env=extra_env)
     if worker is None:
-        return None, compiled, {}, compiled.failure
+        return None, compiled, None, compiled.failure
     try:
-        setup = await worker.call("setup", stage="init", **inputs)
+        setup = await worker.call(inputs, stage="init")
     except WorkerDied as died:
-        return None, compiled, {}, died.failure
-    if setup.get("failure"):
-        return None, compiled, setup, Failure(**setup["failure"])
+        return None, compiled, None, died.failure
+    if setup.failure is not None:
+        return None, compiled, setup, setup.failure
     return worker, compiled, setup, None
 
 
 async def _prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, reference: str,
                          seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
-                         ) -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
+                         ) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
     """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
     prepared, or the reference's failure."""
     try:
         judge = await _start(workers, ctx, backend, scratch, "judge")
-        reply = await judge.call("load", stage="reference", role="reference", source=reference)
-        if reply.get("failure"):
-            return None, as_reference_failure(Failure(**reply["failure"])), {}
-        reply = await judge.call("prepare", stage="reference", init_seed=init_seed, seeds=seeds, exact=exact,
-                                 variants=variants)
-        if reply.get("failure"):
-            return None, as_reference_failure(Failure(**reply["failure"])), {}
+        loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
+        if loaded.failure is not None:
+            return None, as_reference_failure(loaded.failure), None
+        prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=exact, variants=variants),
+                                    stage="reference")
+        if prepared.failure is not None:
+            return None, as_reference_failure(prepared.failure), None
     except WorkerDied as died:
-        return None, as_reference_failure(died.failure), {}
-    reply["inputs"] = _candidate_inputs(reference, seeds, init_seed)
-    return judge, None, reply
+        return None, as_reference_failure(died.failure), None
+    return judge, None, prepared
 
 
-def _candidate_inputs(reference: str, seeds: list[int], init_seed: int) -> dict[str, Any]:
+def _candidate_inputs(reference: str, seeds: list[int], init_seed: int) -> SetupRequest:
     """What a candidate's process needs to make the judge's inputs and initial weights itself (see `setup`)."""
-    return {"reference_source": reference, "init_seed": init_seed, "seeds": seeds}
+    return SetupRequest(reference_source=reference, init_seed=init_seed, seeds=seeds)
 
 
 def _fresh_seeds(n: int) -> tuple[int, list[int]]:
@@ -117,11 +117,11 @@ def _fresh_seeds(n: int) -> tuple[int, list[int]]:
     return secrets.randbits(31), [secrets.randbits(31) for _ in range(n)]
 
 
-def with_jit_kernels(compiled: CompileResult, run: dict[str, Any]) -> CompileResult:
+def with_jit_kernels(compiled: CompileResult, run: EvidenceReply) -> CompileResult:
     """The compile result plus the kernels compiled at first launch during `run` (Triton)."""
-    if not run.get("jit_kernels"):
+    if not run.jit_kernels:
         return compiled
-    return compiled.model_copy(update={"jit_kernels": [KernelResources(**k) for k in run["jit_kernels"]]})
+    return compiled.model_copy(update={"jit_kernels": list(run.jit_kernels)})
 
 
 @on_one_gpu  # gpu=: its workers start the device, and a reference's launch runs there
@@ -149,29 +149,29 @@ async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *,
 async def _launch_once(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
     init_seed, seeds = _fresh_seeds(1)
-    _, failure, prepared = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
-                                                exact=False)
+    _, failure, _ = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
+                                         exact=False)
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
     try:
-        run = await launch_once(worker, prepared["inputs"])
+        run = await launch_once(worker, _candidate_inputs(reference_code, seeds, init_seed))
     except WorkerDied as died:
         return compiled.model_copy(update={"ok": False, "failure": died.failure})
-    if run.get("failure"):
-        return compiled.model_copy(update={"ok": False, "failure": Failure(**run["failure"])})
+    if run.failure is not None:
+        return compiled.model_copy(update={"ok": False, "failure": run.failure})
     return with_jit_kernels(compiled, run)
 
 
-async def launch_once(worker: WorkerProcess, inputs: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+async def launch_once(worker: WorkerProcess, inputs: SetupRequest, timeout_s: float | None = None) -> EvidenceReply:
     """Build ModelNew with the reference's weights and run it once on trial 0's inputs, keeping nothing: its
     first-launch kernels get compiled (and profiled, under ncu). The reply: a failure, or `jit_kernels`."""
-    setup = await worker.call("setup", stage="init", **inputs, timeout_s=timeout_s)
-    if setup.get("failure"):
-        return setup
-    trial = await worker.call("trial", stage="forward", i=0, repeat=False, share=False, timeout_s=timeout_s)
-    if trial.get("failure"):
-        return trial
-    return await worker.call("evidence", stage="forward", custom_work=False)
+    setup = await worker.call(inputs, stage="init", timeout_s=timeout_s)
+    if setup.failure is not None:
+        return EvidenceReply(failure=setup.failure)
+    trial = await worker.call(TrialRequest(i=0, repeat=False, share=False), stage="forward", timeout_s=timeout_s)
+    if trial.failure is not None:
+        return EvidenceReply(failure=trial.failure)
+    return await worker.call(EvidenceRequest(custom_work=False), stage="forward")
 
 
 @on_one_gpu  # gpu=
@@ -212,7 +212,7 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
                                      "compared with the reference before the next")
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).
-            deadline, why = ctx.limits.hang_deadline(prepared.get("reference_call_s"), 2)
+            deadline, why = ctx.limits.hang_deadline(prepared.reference_call_s, 2)
             async def judged(i: int) -> None:
                 await progress(2 + (i + 1) / (trials + 1), steps, f"trial {i + 1} of {trials} compared with the reference")
 
@@ -224,19 +224,20 @@ async def verify_against_reference(ctx: ToolContext, backend: str, reference_cod
                 if failure is not None:
                     return done(compile=compiled, failure=failure, checks=[scan])
                 try:
-                    evidence = await worker.call("evidence", stage="forward", custom_work=True)
+                    evidence = await worker.call(EvidenceRequest(custom_work=True), stage="forward")
                 except WorkerDied as died:
                     return done(compile=compiled, failure=died.failure, checks=[scan])
             compiled = with_jit_kernels(compiled, evidence)
-            run_checks = [scan] + integrity_checks(evidence.get("integrity"), precision)
+            run_checks = [scan] + integrity_checks(evidence.integrity, precision)
             if all(outcome.failures):  # every trial raised: report the first as the failure
-                return done(compile=compiled, failure=Failure(**outcome.failures[0]), checks=run_checks)
+                return done(compile=compiled, failure=outcome.failures[0], checks=run_checks)
             await progress(3, steps, "gathered the evidence beside the outputs")
     reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
-    weights = WeightSync(**setup["weights"])
+    assert setup is not None and setup.weights is not None  # a candidate that was set up (`_ready_candidate`)
+    weights = setup.weights
     judged = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
-    checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.get("custom_work"),
+    checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.custom_work,
                                         precision, outcome.decoy)
     warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)

@@ -26,13 +26,16 @@ from kforge.profilers.chart_processes import PendingCharts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers.ncu import counters_for, ncu_command, ncu_install, ncu_log_problem
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
-from kforge.profilers.report import (Baseline, Counter, NcuKernel, OpRow, ProfileReport, TimingStats, compare_words,
+from kforge.profilers.report import (Baseline, NcuKernel, ProfileReport, compare_words,
                                      speedup_interval)
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
+from .process.protocol import (AnchorRequest, KeptOutputs, LoadRequest, ProblemSizeRequest, ProfileRequest,
+                               ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
+                               TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .static_scan import scan_candidate
 from .harness.timing import merge_rounds
@@ -108,11 +111,12 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
             async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
                 judge, failure, prepared = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds,
                                                                 init_seed, exact=False)
-                if judge is None:
+                if judge is None or prepared is None:
                     return judge, failure, {}
-                size = await judge.call("problem_size", stage="reference")
-                return judge, None, {**size, "reference_call_s": prepared.get("reference_call_s"),
-                                     "inputs": prepared["inputs"], "prepared": prepared}
+                size = await judge.call(ProblemSizeRequest(), stage="reference")
+                return judge, None, {"problem_bytes": size.problem_bytes, "problem_flops": size.problem_flops,
+                                     "dtype": size.dtype, "reference_call_s": prepared.reference_call_s,
+                                     "inputs": _candidate_inputs(reference_code, seeds, init_seed), "prepared": prepared}
 
             (judge, failure, problem), (worker, compiled, _, cand_failure) = await concurrently(
                 judge_side, lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
@@ -137,16 +141,16 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     if failure is not None:
                         return failed(failure)
                     if all(outcome.failures):
-                        return failed(Failure(**outcome.failures[0]))
-                    evidence = await worker.call("evidence", stage="forward", custom_work=False)
+                        return failed(outcome.failures[0])
+                    evidence = await worker.call(EvidenceRequest(custom_work=False), stage="forward")
                     compiled = with_jit_kernels(compiled, evidence)
                     made, cand_sets = await concurrently(
-                        lambda: judge.call("timing_sets", stage="reference", seeds=timing_seeds),
-                        lambda: worker.call("timing_sets", stage="timing", seeds=timing_seeds,
-                                            reference_source=reference_code))
+                        lambda: judge.call(TimingSetsRequest(seeds=timing_seeds), stage="reference"),
+                        lambda: worker.call(TimingSetsRequest(seeds=timing_seeds, reference_source=reference_code),
+                                            stage="timing"))
                     for reply in (made, cand_sets):
-                        if reply.get("failure"):
-                            return failed(Failure(**reply["failure"]))
+                        if reply.failure is not None:
+                            return failed(reply.failure)
                 except WorkerDied as died:
                     return failed(died.failure)
             check, output_correct = _first_wrong(outcome.trials)
@@ -173,9 +177,9 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                     revalidated = await _revalidate(judge, worker, cand["revalidation"], precision,
                                                     ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
                     await step("profiling the candidate")
-                    prof = await worker.call("profile", stage="profile", artifacts=str(worker.scratch),
-                                             calls=_PROFILED_CALLS, perf=avail.hardware_profiler == "perf")
-                    if prof.get("failure") or avail.hardware_profiler != "ncu" or not hardware_counters:
+                    prof = await worker.call(ProfileRequest(artifacts=str(worker.scratch), calls=_PROFILED_CALLS,
+                                                            perf=avail.hardware_profiler == "perf"), stage="profile")
+                    if prof.failure is not None or avail.hardware_profiler != "ncu" or not hardware_counters:
                         return revalidated, prof, [], None
                     await step("collecting Nsight Compute metrics of the candidate's kernels")
                     return revalidated, prof, *await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
@@ -190,19 +194,19 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
                         await charts.keep(artifacts)
                 except WorkerDied as died:
                     return failed(died.failure)
-                if prof.get("failure"):
-                    return failed(Failure(**prof["failure"]))
+                if prof.failure is not None:
+                    return failed(prof.failure)
             with traced("server", "profile.artifacts"):
-                _keep_artifacts(scratch, artifacts, candidate_code, prof.get("trace"))
+                _keep_artifacts(scratch, artifacts, candidate_code, prof.trace)
 
     result_started = time.perf_counter()
     candidate_stats = cand["stats"]
-    rows = [OpRow(**r) for r in prof["rows"]]
+    rows = list(prof.rows)
     report = timed.model_copy(update=dict(
         collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
-        custom_share=custom_share(rows, prof["total_us"], prof["basis"]),
-        counters=tuple(Counter(**c) for c in prof["counters"]) + tuple(counters_for(ncu_kernels)),
-        counters_note=_counters_note(avail.hardware_profiler, prof["counters_note"], ncu_kernels, ncu_note),
+        custom_share=custom_share(rows, prof.total_us, prof.basis),
+        counters=tuple(prof.counters) + tuple(counters_for(ncu_kernels)),
+        counters_note=_counters_note(avail.hardware_profiler, prof.counters_note, ncu_kernels, ncu_note),
         ncu=tuple(ncu_kernels),
         notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
@@ -257,11 +261,11 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
         for n in walls:
             before = worker.preemptions()
             started = time.perf_counter()
-            reply = await worker.call("anchor", stage="timing", calls=n,
+            reply = await worker.call(AnchorRequest(calls=n), stage="timing",
                                       timeout_s=limits.hang_deadline(reference_call_s, n)[0])
             wall = time.perf_counter() - started
-            if reply.get("failure"):
-                raise _TimingFailed(Failure(**reply["failure"]))
+            if reply.failure is not None:
+                raise _TimingFailed(reply.failure)
             after = worker.preemptions()
             if before is not None and after is not None \
                     and after.switches - before.switches <= _ANCHOR_SWITCHES_TOLERATED \
@@ -273,20 +277,23 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
             "fixed_us": max(0.0, 2 * min(short) - min(long)) * 1e6 if short and long else None}
 
 
-async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[dict[str, Any]],
+async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[KeptOutputs],
                       precision: str, deadline: float | None) -> dict[str, Any]:
     """The judge re-validates the timed outputs the candidate kept, then the decoy: the timed function on
     timing set 0 changed in place where a cheap probe cannot see it (run only after the judge read the
     kept outputs, which include the last call's own buffers)."""
-    revalidated = await judge.call("revalidate", stage="compare", items=kept, precision=precision)
-    await worker.call("release", stage="timing")
-    decoy = await worker.call("timing_decoy", stage="timing", shift=1 + secrets.randbelow(2**30),
+    revalidated = await judge.call(RevalidateRequest(items=kept, precision=precision), stage="compare")
+    await worker.call(ReleaseRequest(), stage="timing")
+    decoy = await worker.call(TimingDecoyRequest(shift=1 + secrets.randbelow(2**30)), stage="timing",
                               timeout_s=deadline)
-    if "error" in decoy:
-        return {**revalidated, "decoy": {"correct": False, "error": decoy["error"], "problems": []}}
-    judged = await judge.call("revalidate", stage="compare", items=[decoy], precision=precision)
-    await worker.call("release", stage="timing")
-    return {**revalidated, "decoy": judged["decoy"]}
+    result = {"checked": revalidated.checked, "wrong": revalidated.wrong}
+    if decoy.error is not None or decoy.outputs is None:
+        error = decoy.error or (decoy.failure.message if decoy.failure else "the decoy call held no outputs")
+        return {**result, "decoy": {"correct": False, "error": error, "problems": []}}
+    item = KeptOutputs(call=decoy.call, set=decoy.set, outputs=decoy.outputs, decoy_shift=decoy.decoy_shift)
+    judged = await judge.call(RevalidateRequest(items=[item], precision=precision), stage="compare")
+    await worker.call(ReleaseRequest(), stage="timing")
+    return {**result, "decoy": judged.decoy}
 
 
 def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str, Any]], cand: dict[str, Any],
@@ -376,18 +383,18 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     stored = {n: v for n, v in stored.items()
               if v is not None and not fresh_baselines and time.monotonic() - v[0] < BASELINE_REUSE_S}
     order = ["eager"] + [n for n in baselines if n != "eager" and n not in stored] + ["candidate"]
-    replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    replies: dict[str, list[TimeReply]] = {n: [] for n in order}
     failures: dict[str, Failure] = {}
     policy = {"budget_s": budget_s / _ROUNDS}
     # A round is its budget plus warm-up, the estimate and the cross-check: ~_CALLS_OUTSIDE_BUDGET calls.
     deadline, why = ctx.limits.hang_deadline(reference_call_s, _CALLS_OUTSIDE_BUDGET)
     deadline = deadline and deadline + budget_s / _ROUNDS
 
-    async def time_baseline(name: str) -> dict[str, Any]:
+    async def time_baseline(name: str) -> TimeReply:
         """One round of a baseline in the judge; torch.compile's first one compiles, under the compile deadline."""
         first_compile = name == "torch.compile" and not replies[name]
-        return await judge.call("time", stage=f"timing {name}", label=name, compile=(name == "torch.compile"),
-                                policy=policy, timeout_s=_COMPILE_TIMEOUT_S if first_compile else None,
+        return await judge.call(TimeRequest(label=name, compile=(name == "torch.compile"), policy=policy),
+                                stage=f"timing {name}", timeout_s=_COMPILE_TIMEOUT_S if first_compile else None,
                                 watch_background=False)
 
     for r in range(_ROUNDS):
@@ -396,19 +403,19 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             if name in failures:
                 continue
             if name == "candidate":
-                extra = {"share_outputs": True} if r == _ROUNDS - 1 else {}
                 # The server looks for work the candidate left running once, after its last round (40 ms a look).
-                reply = await worker.call("time", stage="timing", label=name, policy=policy, revalidate=True,
-                                          timeout_s=deadline, timeout_why=why, watch_background=False, **extra)
-                if reply.get("failure"):
-                    raise _TimingFailed(Failure(**reply["failure"]))
+                reply = await worker.call(TimeRequest(label=name, policy=policy, revalidate=True,
+                                                      share_outputs=r == _ROUNDS - 1),
+                                          stage="timing", timeout_s=deadline, timeout_why=why, watch_background=False)
+                if reply.failure is not None:
+                    raise _TimingFailed(reply.failure)
             else:
                 reply = await time_baseline(name)
                 if name == "eager" and r == 0:  # the canary: decides which stored baselines still hold
                     order, stored = _check_canary(order, stored, reply)
                     replies.update({n: [] for n in order if n not in replies})
-                if reply.get("failure"):
-                    failures[name] = Failure(**reply["failure"])
+                if reply.failure is not None:
+                    failures[name] = reply.failure
                     continue
             replies[name].append(reply)
     # The canary decided on eager's first round; the whole eager series may still have moved since the stored
@@ -422,8 +429,8 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             await step(f"the host moved since the stored {name} baseline: timing it again")
             for _ in range(_ROUNDS):
                 reply = await time_baseline(name)
-                if reply.get("failure"):
-                    failures[name] = Failure(**reply["failure"])
+                if reply.failure is not None:
+                    failures[name] = reply.failure
                     break
                 replies[name].append(reply)
     out: dict[str, dict[str, Any]] = {}
@@ -431,11 +438,12 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
         if name in failures:
             out[name] = {"failure": failures[name]}
             continue
-        stats, rounds = merge_rounds(name, rs)
+        stats, rounds = merge_rounds(name, [r.model_dump(mode="json") for r in rs])
         out[name] = {"stats": stats, "rounds": rounds}
-    integrity = replies["candidate"][-1]["integrity"]
+    last = replies["candidate"][-1]
+    integrity = dict(last.integrity or {})
     integrity["background"] = list(integrity.get("background", [])) + await worker.background_seen()
-    out["candidate"].update(revalidation=replies["candidate"][-1]["revalidation"], integrity=integrity)
+    out["candidate"].update(revalidation=last.revalidation or [], integrity=integrity)
     eager_now = out["eager"]["stats"].median_us if "stats" in out.get("eager", {}) else None
     for name in baselines:
         if name in stored:
@@ -447,9 +455,9 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     return out
 
 
-def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: TimeReply) -> tuple[list[str], dict[str, Any]]:
     """Drop stored baselines whose eager canary moved (or could not be timed); they are timed in this run instead."""
-    eager_now = TimingStats(**eager_reply["timing"]).median_us if not eager_reply.get("failure") else None
+    eager_now = eager_reply.timing.median_us if eager_reply.timing is not None and eager_reply.failure is None else None
     keep = {n: v for n, v in stored.items()
             if eager_now is not None and abs(eager_now / v[1]["eager_median_us"] - 1) <= _CANARY_TOLERANCE}
     redo = [n for n in stored if n not in keep]
@@ -457,7 +465,7 @@ def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: dict[st
 
 
 async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,
-                    kernel_names: list[str], artifacts: Path, inputs: dict[str, Any],
+                    kernel_names: list[str], artifacts: Path, inputs: SetupRequest,
                     warnings: list[str]) -> tuple[list[NcuKernel], str | None]:
     """Run the candidate once more under Nsight Compute, ncu and the candidate in one sandbox of their own
     (`WorkerProcess._command`); the judge reads the report. What of that sandbox this host refused beyond what every
@@ -477,8 +485,9 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
                                  prefix=prefix, extra_env={**pin_env(current_gpu()), "HOME": str(where)}) as w:
             if missing := [m for m in w.isolation["missing"] if m not in ctx.worker_isolation.get("missing", [])]:
                 warnings.append(f"the Nsight Compute run's sandbox is incomplete on this host: {'; '.join(missing)}")
-            loaded = await w.call("load", stage="ncu", role="candidate", source=candidate_code, timeout_s=_NCU_TIMEOUT_S)
-            if loaded.get("failure") is None:
+            loaded = await w.call(LoadRequest(role="candidate", source=candidate_code), stage="ncu",
+                                  timeout_s=_NCU_TIMEOUT_S)
+            if loaded.failure is None:
                 await launch_once(w, inputs, timeout_s=_NCU_TIMEOUT_S)
     except (WorkerDied, HarnessError) as exc:
         problem = f"the run under ncu failed: {exc}"[:400]
@@ -491,8 +500,8 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
     shutil.copy(rep, artifacts / "profile.ncu-rep")
     readable = judge.scratch / "profile.ncu-rep"  # the judge's sandbox shows it only its own directory
     shutil.copy(rep, readable)
-    reply = await judge.call("read_ncu", stage="ncu", report=str(readable), custom_names=kernel_names)
-    return [NcuKernel(**k) for k in reply["kernels"]], reply["note"]
+    reply = await judge.call(ReadNcuRequest(report=str(readable), custom_names=kernel_names), stage="ncu")
+    return list(reply.kernels), reply.note
 
 
 def _counters_note(profiler: str | None, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:

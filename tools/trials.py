@@ -15,6 +15,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 import anyio
 
 from .models import Failure
+from .process.protocol import (CalibrateReply, CalibrateRequest, CheckDecoyRequest, CheckRepeatRequest, CheckRequest,
+                               DecoyRequest, ExpectReply, ExpectRequest, PrepareReply, ReleaseRequest, RepeatReply,
+                               RepeatRequest, TrialReply, TrialRequest)
 from .process.runner import WorkerDied, WorkerProcess
 
 __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trials"]
@@ -23,7 +26,7 @@ __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trial
 @dataclass
 class TrialsOutcome:
     trials: list[dict[str, Any]] = field(default_factory=list)  # the judge's verdict per trial
-    failures: list[dict[str, Any] | None] = field(default_factory=list)  # the candidate's error per trial
+    failures: list[Failure | None] = field(default_factory=list)  # the candidate's error per trial
     notes: list[str] = field(default_factory=list)
     exact: bool = False
     exact_note: str | None = None
@@ -37,7 +40,7 @@ def as_reference_failure(failure: Failure) -> Failure:
                                       "message": f"the reference failed, not the candidate: {failure.message}"})
 
 
-async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: dict[str, Any], count: int, *,
+async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: PrepareReply, count: int, *,
                        judging: dict[str, Any], repeat: bool = True, calibrate: bool = True,
                        decoy_shift: int | None = None, deadline: float | None = None, why: str = "",
                        on_trial: Callable[[int], Awaitable[None]] | None = None,
@@ -54,22 +57,24 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
     repeat_apart = repeat and not beside
     for i in range(count):
         try:
-            expected = prepared if i == 0 else await judge.call("expect", stage="reference", i=i)
+            expected: PrepareReply | ExpectReply = (
+                prepared if i == 0 else await judge.call(ExpectRequest(i=i), stage="reference"))
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure)
-        if expected.get("failure"):
-            return outcome, as_reference_failure(Failure(**expected["failure"]))
-        outcome.exact = expected["exact"] if i == 0 else outcome.exact and expected["exact"]
-        outcome.exact_note = expected.get("exact_note") or outcome.exact_note
-        if expected.get("note"):
-            outcome.notes.append(expected["note"])
+        if expected.failure is not None:
+            return outcome, as_reference_failure(expected.failure)
+        outcome.exact = expected.exact if i == 0 else outcome.exact and expected.exact
+        outcome.exact_note = expected.exact_note or outcome.exact_note
+        if expected.note:
+            outcome.notes.append(expected.note)
+        distribution = expected.distribution
 
-        async def trial() -> Any:
-            return await _settle(worker.call("trial", stage="forward", i=i, variant=expected["distribution"],
-                                             repeat=repeat and not repeat_apart, timeout_s=deadline, timeout_why=why))
+        async def trial() -> TrialReply | WorkerDied:
+            return await _settle(worker.call(TrialRequest(i=i, variant=distribution, repeat=repeat and not repeat_apart),
+                                             stage="forward", timeout_s=deadline, timeout_why=why))
 
-        async def calibration() -> Any:
-            return await _settle(judge.call("calibrate", stage="compare", i=i, nulls=alive_nulls, **judging))
+        async def calibration() -> CalibrateReply | WorkerDied:
+            return await _settle(judge.call(CalibrateRequest(i=i, nulls=alive_nulls, **judging), stage="compare"))
 
         if alive_nulls == []:  # every null rejected already (or calibration not asked for)
             calibration_or_died, record_or_died = None, await trial()
@@ -85,36 +90,39 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
         if isinstance(record_or_died, WorkerDied):
             return outcome, record_or_died.failure
         nulls, record = calibration_or_died, record_or_died
+        assert not isinstance(record, WorkerDied)
         alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
-        if "error" in record:
-            outcome.trials.append({"error": record["error"], "checks": [], "distribution": expected["distribution"]})
-            outcome.failures.append(record["failure"])
+        if record.error is not None or record.failure is not None:
+            outcome.trials.append({"error": _error_of(record), "checks": [], "distribution": distribution})
+            outcome.failures.append(record.failure)
             continue
+        again: RepeatReply | None = None
         try:
-            checked = await judge.call("check", stage="compare", i=i, record=record, digest=repeat_apart, **judging)
-            await worker.call("release", stage="forward")
+            checked = await judge.call(CheckRequest(i=i, record=record, digest=repeat_apart, **judging), stage="compare")
+            await worker.call(ReleaseRequest(), stage="forward")
             if repeat_apart:
-                again = await worker.call("repeat", stage="forward", i=i, timeout_s=deadline, timeout_why=why)
-                if "error" not in again:
-                    checked["trial"].update((await judge.call("check_repeat", stage="compare", i=i, record=again,
-                                                              **judging))["repeat"])
-                    await worker.call("release", stage="forward")
+                again = await worker.call(RepeatRequest(i=i), stage="forward", timeout_s=deadline, timeout_why=why)
+                if again.error is None and again.failure is None:
+                    checked.trial.update((await judge.call(CheckRepeatRequest(i=i, record=again, **judging),
+                                                           stage="compare")).repeat)
+                    await worker.call(ReleaseRequest(), stage="forward")
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
-        if repeat_apart and "error" in again:  # as when the repeat fails inside the trial's own call
-            outcome.trials.append({"error": again["error"], "checks": [], "distribution": expected["distribution"]})
-            outcome.failures.append(again["failure"])
+        if again is not None and (again.error is not None or again.failure is not None):
+            # as when the repeat fails inside the trial's own call
+            outcome.trials.append({"error": _error_of(again), "checks": [], "distribution": distribution})
+            outcome.failures.append(again.failure)
             continue
-        outcome.trials.append(checked["trial"])
+        outcome.trials.append(checked.trial)
         outcome.failures.append(None)
         if on_trial is not None:
             await on_trial(i)
     try:
         if decoy_shift is not None and not any(outcome.failures):  # a failed trial already decided the verdict
-            record = await worker.call("decoy", stage="forward", shift=decoy_shift,
-                                       timeout_s=deadline, timeout_why=why)
-            outcome.decoy = (await judge.call("check_decoy", stage="compare", record=record, **judging))["decoy"]
-            await worker.call("release", stage="forward")
+            decoy = await worker.call(DecoyRequest(shift=decoy_shift), stage="forward", timeout_s=deadline,
+                                      timeout_why=why)
+            outcome.decoy = (await judge.call(CheckDecoyRequest(record=decoy, **judging), stage="compare")).decoy
+            await worker.call(ReleaseRequest(), stage="forward")
     except WorkerDied as died:
         return outcome, died.failure
     return outcome, None
@@ -126,10 +134,18 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: di
 _BESIDE_SHARE = 1 / 32
 
 
-def calibrate_beside_trial(prepared: dict[str, Any]) -> bool:
+def _error_of(record: TrialReply | RepeatReply) -> str:
+    """What the candidate's call raised (a failure reported without its error line: the failure's message)."""
+    if record.error is not None:
+        return record.error
+    assert record.failure is not None
+    return record.failure.message
+
+
+def calibrate_beside_trial(prepared: PrepareReply) -> bool:
     """Whether the judge's null candidates may run while the candidate's worker runs its trial: both
     processes then hold a trial's inputs and outputs at once, so only where that is small beside the device."""
-    footprint, capacity = prepared.get("footprint_bytes"), prepared.get("capacity_bytes")
+    footprint, capacity = prepared.footprint_bytes, prepared.capacity_bytes
     return bool(footprint is not None and capacity and footprint < _BESIDE_SHARE * capacity)
 
 
@@ -164,11 +180,11 @@ async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], A
     return results[0], results[1]
 
 
-def _merge_nulls(outcome: TrialsOutcome, verdicts: dict[str, Any]) -> list[str]:
+def _merge_nulls(outcome: TrialsOutcome, verdicts: CalibrateReply) -> list[str]:
     """Fold one trial's null verdicts into the running ones (a null passes only if it passes every trial);
     the nulls still worth trying on the next trial."""
     known = {n["null"]: n for n in outcome.nulls}
-    for v in verdicts["nulls"]:
+    for v in verdicts.nulls:
         if v["null"] in known:
             k = known[v["null"]]
             k["applicable"] &= v["applicable"]

@@ -1,4 +1,4 @@
-"""The judge's operations (a mixin of `kforge.tools.harness.worker.Worker`): runs only in the judge worker.
+"""The judge (`kforge.tools.harness.worker`, role judge): runs only in the judge worker.
 
 The judge loads the reference and, one trial at a time, makes the trial's inputs on its device from a
 seed the server chose after the candidate was loaded, computes the expected outputs (and, where the
@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
+from ..process import protocol as p
+from .bench import Bench
 from .handoff import return_free_memory
+from .session import Session
 
-__all__ = ["JudgeOps"]
+__all__ = ["Judge"]
 
 
 def _reference_numerics() -> None:
@@ -74,9 +78,38 @@ _EXACT_MAX_BYTES = 2 * 2**30
 _REAL_FLOP_COUNT_BYTES = 2**30  # where meta cannot count a call's FLOPs, a real call counts them up to this size
 
 
-class JudgeOps:
-    # State (set by Worker.__init__): module, model, backend, sets, expected, exact, expected_devices,
-    # _first_digests, _weights.
+class Judge:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.bench = Bench(session)  # the baselines' timing (eager, torch.compile)
+        self.model: Any = None  # the reference's Model, with the weights of the init seed (`prepare`)
+        self.init_inputs: list[Any] = []
+        self.sets: Any = None  # the trial inputs (`inputs.SeededSets`), made from the server's secret seeds
+        self.distributions: list[str | None] = []  # per trial: the input distribution it used
+        self.want_variants, self.want_exact = True, True
+        self.exact_note: str | None = None  # why there are no exact (float64) outputs, once known
+        # The current trial's (`expect`): its expected outputs, their devices, the exact ones, its index.
+        self.expected: list[Any] = []
+        self.expected_devices: list[str | None] = []
+        self.exact: list[Any] = []
+        self.expected_index: int | None = None
+        self.input_bytes = 0
+        self._input_shapes: list[Any] = []  # the trial's inputs on the meta device (`problem_size`)
+        self._model64: Any = None  # the reference in float64 (exact outputs) ...
+        self._model_bf16: Any = None  # ... and in bfloat16 (a null candidate)
+        self._first_digests: list[Any] = []  # digests of a trial's first outputs (`check_repeat`)
+        self._weights: Any = None  # ... and their secret weights, drawn once
+
+    @property
+    def backend(self) -> Any:
+        return self.session.backend
+
+    def handlers(self) -> dict[type[p.Request[Any]], Callable[[Any], p.OpReply]]:
+        return {p.LoadRequest: self.session.load, p.PrepareRequest: self.prepare, p.ExpectRequest: self.expect,
+                p.CheckRequest: self.check, p.CheckRepeatRequest: self.check_repeat, p.CalibrateRequest: self.calibrate,
+                p.ProblemSizeRequest: self.problem_size, p.CheckDecoyRequest: self.check_decoy,
+                p.RevalidateRequest: self.revalidate, p.TimingSetsRequest: self.timing_sets, p.TimeRequest: self.time,
+                p.ReadNcuRequest: self.read_ncu}
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
@@ -97,7 +130,7 @@ class JudgeOps:
         self.expected_devices = [str(o.device) if isinstance(o, torch.Tensor) else None for o in out]
         return [o.detach() if isinstance(o, torch.Tensor) else o for o in out]
 
-    def op_prepare(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: p.PrepareRequest) -> p.PrepareReply:
         """Build Model with the initial weights of `init_seed`, and trial 0's expected outputs (timed)."""
         import torch
 
@@ -105,36 +138,36 @@ class JudgeOps:
         from .inputs import SeededSets, build_model
 
         _reference_numerics()
-        seeds = msg["seeds"]
+        seeds, module = req.seeds, self.session.module
         try:
-            torch.manual_seed(msg["init_seed"])
-            init_inputs = self.init_inputs = list(self.module.get_init_inputs())
-            self.model = build_model(lambda: self.module.Model(*init_inputs), msg["init_seed"], self.backend)
-            self.sets = SeededSets(self.module, seeds, ["native"] * len(seeds), self.backend)
+            torch.manual_seed(req.init_seed)
+            init_inputs = self.init_inputs = list(module.get_init_inputs())
+            self.model = build_model(lambda: module.Model(*init_inputs), req.init_seed, self.backend)
+            self.sets = SeededSets(module, seeds, ["native"] * len(seeds), self.backend)
             self.distributions = [None] * len(seeds)
-            self.want_variants, self.want_exact = msg.get("variants", True), msg.get("exact", True)
-            self.exact_note: str | None = None if self.want_exact else "not requested"
+            self.want_variants, self.want_exact = req.variants, req.exact
+            self.exact_note = None if self.want_exact else "not requested"
             t0 = time.perf_counter()  # a first call, cold: initialization, autotuning, lazy modules
             self._reference_outputs(self.model, self.sets.fresh(0))
             cold = time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "reference")
-        first = self.op_expect({"i": 0})  # warm: what a candidate's hang deadline is scaled from
-        if "failure" in first:
-            return first
-        return {"expected": [tensor_info(o).model_dump(mode="json") for o in self.expected],
-                "distribution": first["distribution"], "note": first["note"], "exact": first["exact"],
-                "exact_note": first["exact_note"], "reference_call_s": min(cold, first["seconds"]),
-                "footprint_bytes": self.input_bytes + _tensor_bytes(self.expected),
-                "capacity_bytes": _memory_capacity(self.backend.device)}
+            return p.PrepareReply(failure=self.session.failure(exc, "reference"))
+        first = self.expect(p.ExpectRequest(i=0))  # warm: what a candidate's hang deadline is scaled from
+        if first.failure is not None:
+            return p.PrepareReply(failure=first.failure)
+        return p.PrepareReply(expected=[tensor_info(o) for o in self.expected], distribution=first.distribution,
+                              note=first.note, exact=first.exact, exact_note=first.exact_note,
+                              reference_call_s=min(cold, first.seconds),
+                              footprint_bytes=self.input_bytes + _tensor_bytes(self.expected),
+                              capacity_bytes=_memory_capacity(self.backend.device))
 
-    def op_expect(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def expect(self, req: p.ExpectRequest) -> p.ExpectReply:
         """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""
         import torch
 
         from .inputs import VARIANTS
 
-        i = msg["i"]
+        i = req.i
         self.expected, self.exact, self.expected_index = [], [], None  # free the last trial's first
         note = None
         try:
@@ -162,11 +195,11 @@ class JudgeOps:
             if self.want_exact and self.exact_note is None:
                 self.exact_note = self._exact_outputs(i)
         except BaseException as exc:  # noqa: BLE001
-            return self._failure(exc, "reference")
+            return p.ExpectReply(failure=self.session.failure(exc, "reference"))
         finally:
             return_free_memory(self.backend.device)
-        return {"distribution": variant, "note": note, "seconds": seconds, "exact": bool(self.exact),
-                "exact_note": self.exact_note}
+        return p.ExpectReply(distribution=variant, note=note, seconds=seconds, exact=bool(self.exact),
+                             exact_note=self.exact_note)
 
     def _exact_outputs(self, i: int) -> str | None:
         """The reference's outputs on trial i in float64 (`self.exact`); None, or why it could not run so."""
@@ -178,7 +211,7 @@ class JudgeOps:
         if (why := self._exact_too_large()) is not None:
             return why
         try:
-            if getattr(self, "_model64", None) is None:
+            if self._model64 is None:
                 self._model64 = copy.deepcopy(self.model).double()
             self.exact = self._reference_outputs(self._model64, self.sets.fresh(i), cast=to_float64)
         except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel: fall back to fixed bounds
@@ -201,14 +234,14 @@ class JudgeOps:
                     "about 3x the problem's footprint); errors are measured against the reference in its own precision")
         return None
 
-    def _compare(self, got: list[Any], msg: dict[str, Any], devices: list[str | None] | None = None,
+    def _compare(self, got: list[Any], judging: p.Judging, devices: list[str | None] | None = None,
                  expected: list[Any] | None = None, exact: list[Any] | None = None,
                  read_as_expected: bool = False) -> list[Any]:
         from .compare import compare_outputs
 
-        return compare_outputs(self.expected if expected is None else expected, got, atol=msg.get("atol"),
-                               rtol=msg.get("rtol"), expected_devices=self.expected_devices, got_devices=devices,
-                               precision=msg.get("precision", "strict"),
+        return compare_outputs(self.expected if expected is None else expected, got, atol=judging.atol,
+                               rtol=judging.rtol, expected_devices=self.expected_devices, got_devices=devices,
+                               precision=judging.precision,
                                exact=self.exact if exact is None else exact, device=self.backend.device,
                                read_as_expected=read_as_expected)
 
@@ -216,56 +249,56 @@ class JudgeOps:
         if self.expected_index != i:
             raise RuntimeError(f"trial {i} was not prepared (the judge holds trial {self.expected_index})")
 
-    def op_check(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def check(self, req: p.CheckRequest) -> p.CheckReply:
         """Judge trial i's record from the candidate's worker: its outputs, and its repeat after poisoning."""
         from .handoff import open_outputs, release_opened
         from .output_contract import same_values, value_digest
 
-        i, record = msg["i"], msg["record"]
+        i, record, fds = req.i, req.record, self.session.received_fds
         self._current(i)
         started = time.perf_counter()
         trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
-                                 "aliases": record.get("aliases", []),
-                                 "inputs_modified": record.get("inputs_modified", [])}
-        got = open_outputs(record["outputs"], msg.get("fds") or [])
+                                 "aliases": record.aliases, "inputs_modified": record.inputs_modified}
+        got = open_outputs(record.outputs, fds)
         opened = time.perf_counter()
-        trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, msg, record.get("devices"))]
+        trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, req, record.devices)]
         compared = time.perf_counter()
-        if msg.get("digest"):  # the repeat comes on its own (`op_check_repeat`), once these are let go
+        if req.digest:  # the repeat comes on its own (`check_repeat`), once these are let go
             weights = self._digest_weights()
             self._first_digests = [value_digest(g, weights) for g in got]
-        if "repeat" in record:  # the same inputs again after poisoning memory with NaN
-            again = open_outputs(record["repeat"], msg.get("fds") or [])
-            trial.update(self._repeat_verdict(again, msg, record, len(again) == len(got) and all(
+        if record.repeat is not None:  # the same inputs again after poisoning memory with NaN
+            again = open_outputs(record.repeat, fds)
+            trial.update(self._repeat_verdict(again, req, record.devices, len(again) == len(got) and all(
                 same_values(a, b) for a, b in zip(again, got))))
             del again
         del got
         release_opened()
         return_free_memory(self.backend.device)
-        return {"trial": trial, "trace_parts": {"open": opened - started, "compare": compared - opened,
-                                                "repeat_and_release": time.perf_counter() - compared}}
+        self.session.trace_parts = {"open": opened - started, "compare": compared - opened,
+                                    "repeat_and_release": time.perf_counter() - compared}
+        return p.CheckReply(trial=trial)
 
-    def op_check_repeat(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Judge trial i's repeat, run on its own (`CandidateOps.op_repeat`): correct, and bitwise the first
-        run's outputs as `op_check` digested them."""
+    def check_repeat(self, req: p.CheckRepeatRequest) -> p.CheckRepeatReply:
+        """Judge trial i's repeat, run on its own (`Candidate.repeat`): correct, and bitwise the first
+        run's outputs as `check` digested them."""
         from .handoff import open_outputs, release_opened
         from .output_contract import value_digest
 
-        i, record = msg["i"], msg["record"]
+        i, record = req.i, req.record
         self._current(i)
-        again = open_outputs(record["repeat"], msg.get("fds") or [])
+        again = open_outputs(record.repeat or [], self.session.received_fds)
         weights = self._digest_weights()
         identical = len(again) == len(self._first_digests) and all(
             value_digest(a, weights) == d for a, d in zip(again, self._first_digests))
-        verdict = self._repeat_verdict(again, msg, record, identical)
+        verdict = self._repeat_verdict(again, req, record.devices, identical)
         del again
         release_opened()
         return_free_memory(self.backend.device)
-        return {"repeat": verdict}
+        return p.CheckRepeatReply(repeat=verdict)
 
-    def _repeat_verdict(self, again: list[Any], msg: dict[str, Any], record: dict[str, Any],
+    def _repeat_verdict(self, again: list[Any], judging: p.Judging, devices: list[str | None],
                         identical: bool) -> dict[str, Any]:
-        rechecks = self._compare(again, msg, record.get("devices"))
+        rechecks = self._compare(again, judging, devices)
         return {"repeat_identical": identical, "repeat_correct": all(c.correct for c in rechecks),
                 "repeat_problems": [p for c in rechecks for p in c.problems][:3]}
 
@@ -276,11 +309,11 @@ class JudgeOps:
             self._weights = digest_weights(self.backend.device)
         return self._weights
 
-    def op_calibrate(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def calibrate(self, req: p.CalibrateRequest) -> p.CalibrateReply:
         """Would trivial candidates pass trial i's check? Each null named in `nulls` is judged like a candidate."""
         import torch
 
-        i = msg["i"]
+        i = req.i
         self._current(i)
         makers: dict[str, Any] = {
             "zeros": lambda e: [torch.zeros_like(o) if isinstance(o, torch.Tensor) else o for o in e],
@@ -289,10 +322,10 @@ class JudgeOps:
                 for o in e],
             "the first input, unchanged": lambda e: self._passthrough(i, e),
         }
-        if msg.get("precision", "strict") == "strict":
+        if req.precision == "strict":
             makers["the reference computed in bfloat16"] = lambda e: self._in_bfloat16(i, e)
         verdicts, parts = [], {}
-        for name in msg.get("nulls") or list(makers):
+        for name in req.nulls or list(makers):
             if name not in makers:
                 continue
             started = time.perf_counter()
@@ -302,7 +335,7 @@ class JudgeOps:
                 if got is None:
                     outcome["applicable"] = False
                 else:
-                    checks = self._compare(got, msg, read_as_expected=True)  # what its values would pass as
+                    checks = self._compare(got, req, read_as_expected=True)  # what its values would pass as
                     outcome["passes"] = all(c.correct for c in checks)
                     outcome["elementwise_passes"] = all(
                         c.mismatches == 0 and not c.nan_count and not c.inf_count
@@ -313,7 +346,8 @@ class JudgeOps:
             verdicts.append(outcome)
             return_free_memory(self.backend.device)
             parts[name] = time.perf_counter() - started
-        return {"nulls": verdicts, "trace_parts": parts}
+        self.session.trace_parts = parts
+        return p.CalibrateReply(nulls=verdicts)
 
     def _passthrough(self, i: int, expected: list[Any]) -> list[Any] | None:
         import torch
@@ -329,7 +363,7 @@ class JudgeOps:
 
         if not any(isinstance(o, torch.Tensor) and o.dtype in (torch.float32, torch.float64) for o in expected):
             return None
-        if getattr(self, "_model_bf16", None) is None:
+        if self._model_bf16 is None:
             self._model_bf16 = copy.deepcopy(self.model).to(torch.bfloat16)
         cast = lambda a: a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
         devices = self.expected_devices
@@ -341,7 +375,7 @@ class JudgeOps:
         return [o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) and e.dtype not in wide
                 else o for o, e in zip(out, expected)]
 
-    def op_problem_size(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def problem_size(self, req: p.ProblemSizeRequest) -> p.ProblemSizeReply:
         """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
         import torch
         from torch.utils.flop_counter import FlopCounterMode
@@ -363,8 +397,8 @@ class JudgeOps:
                 continue
         return_free_memory(self.backend.device)
         out = self.expected[0] if self.expected else None
-        return {"problem_bytes": self.input_bytes + outputs, "problem_flops": flops,
-                "dtype": str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None}
+        return p.ProblemSizeReply(problem_bytes=self.input_bytes + outputs, problem_flops=flops,
+                                  dtype=str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None)
 
     def _meta_call(self) -> None:
         """The reference called on the meta device: a model built there (no weights made) on inputs of the
@@ -372,48 +406,73 @@ class JudgeOps:
         import torch
 
         with torch.device("meta"):
-            model = self.module.Model(*self.init_inputs)
+            model = self.session.module.Model(*self.init_inputs)
         model(*self._input_shapes)
 
-    def _judge_on(self, inputs: list[Any], item: dict[str, Any], msg: dict[str, Any]) -> tuple[bool, list[str]]:
-        """Judge a candidate's outputs (`item["outputs"]`, descriptors) against the reference run now on
-        `inputs`, or, for a decoy (`item["decoy_shift"]`), on a copy of them changed as the candidate's were."""
+    def _judge_on(self, inputs: list[Any], outputs: list[dict[str, Any]], decoy_shift: int | None,
+                  judging: p.Judging) -> tuple[bool, list[str]]:
+        """Judge a candidate's outputs (descriptors) against the reference run now on `inputs`, or, for a decoy
+        (`decoy_shift`), on a copy of them changed as the candidate's were."""
         from .handoff import open_outputs, release_opened
         from .inputs import probe_preserving_
 
-        if "decoy_shift" in item:
-            inputs = probe_preserving_(inputs, item["decoy_shift"])
+        if decoy_shift is not None:
+            inputs = probe_preserving_(inputs, decoy_shift)
         expected = self._reference_outputs(self.model, inputs)
         del inputs
-        got = open_outputs(item["outputs"], msg.get("fds") or [])
-        checks = self._compare(got, msg, expected=expected, exact=[])
+        got = open_outputs(outputs, self.session.received_fds)
+        checks = self._compare(got, judging, expected=expected, exact=[])
         del got, expected
         release_opened()
         return_free_memory(self.backend.device)
         return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
 
-    def op_check_decoy(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def check_decoy(self, req: p.CheckDecoyRequest) -> p.CheckDecoyReply:
         """The candidate's call on trial 0's inputs changed in place where a cheap probe cannot see it."""
-        decoy = msg["record"]
-        if "error" in decoy:
-            return {"decoy": {"correct": False, "error": decoy["error"], "problems": []}}
+        decoy = req.record
+        if decoy.error is not None:
+            return p.CheckDecoyReply(decoy={"correct": False, "error": decoy.error, "problems": []})
         self.expected, self.exact, self.expected_index = [], [], None  # the trials are done: make room
-        ok, problems = self._judge_on(self.sets.fresh(0), decoy, msg)
-        return {"decoy": {"correct": ok, "problems": problems}}
+        ok, problems = self._judge_on(self.sets.fresh(0), decoy.outputs or [], decoy.decoy_shift, req)
+        return p.CheckDecoyReply(decoy={"correct": ok, "problems": problems})
 
-    def op_revalidate(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def revalidate(self, req: p.RevalidateRequest) -> p.RevalidateReply:
         """Compare outputs kept during timing with the reference on the same timing inputs."""
         wrong, decoy = [], None
         # The decoy last: its inputs are changed in place, on the timing set itself (no copy of a set that may be
         # several GB), which nothing uses after it.
-        for item in sorted(msg["items"], key=lambda it: "decoy_shift" in it):
-            timing_set = self.timing_sets[item["set"] % len(self.timing_sets)]
-            ok, problems = self._judge_on(list(timing_set), item, msg)
-            if "decoy_shift" in item:
+        timing_sets = self.bench.timing_sets
+        for item in sorted(req.items, key=lambda it: it.decoy_shift is not None):
+            timing_set = timing_sets[item.set % len(timing_sets)]
+            ok, problems = self._judge_on(list(timing_set), item.outputs, item.decoy_shift, req)
+            if item.decoy_shift is not None:
                 decoy = {"correct": ok, "problems": problems}
             elif not ok:
-                wrong.append({"call": item["call"], "problems": problems})
+                wrong.append({"call": item.call, "problems": problems})
         if decoy is not None:  # the timing's last check: its inputs are not needed again
-            self.timing_sets = []
+            self.bench.timing_sets = []
             return_free_memory(self.backend.device)
-        return {"checked": len(msg["items"]) - (decoy is not None), "wrong": wrong, "decoy": decoy}
+        return p.RevalidateReply(checked=len(req.items) - (decoy is not None), wrong=wrong, decoy=decoy)
+
+    def timing_sets(self, req: p.TimingSetsRequest) -> p.TimingSetsReply:
+        """The timing inputs, made from the reference's own `get_inputs`, for the baselines."""
+        # The trials are over: free their inputs and outputs before the timing sets take their place.
+        self.session.shelf.clear()
+        self.expected, self.exact, self.expected_index = [], [], None
+        if hasattr(self.sets, "drop"):
+            self.sets.drop()
+        return self.bench.make_sets(self.session.module, req.seeds)
+
+    def time(self, req: p.TimeRequest) -> p.TimeReply:
+        """One round of a baseline: the reference, eager or through torch.compile."""
+        return self.bench.time(req, self.model)
+
+    def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
+        """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""
+        from kforge.profilers.ncu import read_report
+
+        try:
+            kernels = read_report(Path(req.report), req.custom_names)
+        except Exception as exc:  # noqa: BLE001 - a report we cannot read is a note, not a failed profile
+            return p.ReadNcuReply(kernels=[], note=f"could not read the Nsight Compute report: {type(exc).__name__}: {exc}")
+        return p.ReadNcuReply(kernels=kernels, note=None)

@@ -5,8 +5,10 @@ object per line on our protocol socket (fd 0 of a cold worker) and reads one JSO
 file descriptors passed beside them (`kforge.tools.process.channel`). Before any user code runs
 the worker moves the protocol to private file descriptors and points fds 0/1/2 at /dev/null and a
 log file, so nothing a candidate prints (from Python or C) can reach the protocol or the server's
-stdio. A worker plays one role per job: the *judge* loads the reference, makes the inputs and keeps
-the expected outputs in its own memory; the *candidate* worker gets inputs only.
+stdio. A worker plays one role per job, named in its init (`ROLES`): the *judge* (`judge.Judge`) loads the reference,
+makes the inputs and keeps the expected outputs in its own memory; the *candidate* worker (`candidate.Candidate`)
+gets inputs only; a *host* worker answers the server's own questions (probe, ceilings). Requests and replies are
+the models of `kforge.tools.process.protocol`, one pair per op, dispatched by the op's name to the role's handler.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .candidate_ops import CandidateOps
-from ..process.channel import WorkerChannel, close_all
 from kforge.backends.build.fast_build import job_cache_env
+
+from ..process import protocol as p
+from ..process.channel import WorkerChannel, close_all
+from .candidate import Candidate
 from .handoff import return_free_memory
-from .judge import JudgeOps
+from .judge import Judge
+from .session import Session
 
 __all__ = ["main"]
 
@@ -73,177 +78,93 @@ def _isolate_network() -> str:
     return "isolated"
 
 
-class Worker(JudgeOps, CandidateOps):
-    def __init__(self, init: dict[str, Any], ready_backend: Any = None) -> None:
+class Host:
+    """The role of a worker that serves the server itself, never a job's code: which backends run here (`probe`,
+    without a backend: it works where torch cannot be imported) and the device's measured ceilings."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def handlers(self) -> dict[type[p.Request[Any]], Callable[[Any], p.OpReply]]:
+        return {p.ProbeRequest: self.probe, p.CeilingsRequest: self.ceilings}
+
+    def probe(self, req: p.ProbeRequest) -> p.ProbeReply:
         from kforge.backends import load_backend
-
-        self.scratch = Path(init["scratch"])
-        self.cache_dir = Path(init["cache_dir"])
-        self.precompiled_headers = bool(init.get("precompiled_headers"))
-        self.server_builds = bool(init.get("server_builds"))  # the shared cache is read-only: the server builds
-        self.channel: Any = None  # set by `_serve`: a build request goes to the server mid-op
-        # A probe worker has no backend: it must work even where torch cannot be imported. A warm
-        # worker (`ready_backend`) imported torch and set its backend up before it had a job.
-        warm = ready_backend is not None and ready_backend.name == init.get("backend")
-        self.backend = ready_backend if warm else load_backend(init["backend"]) if init.get("backend") else None
-        memory = init.get("memory_bytes") if getattr(self.backend, "limits_address_space", False) else None
-        _set_limits(memory, init.get("file_bytes"))  # before any user code runs
-        if self.backend is not None:
-            if not warm:
-                self.backend.setup()
-            from .integrity import HarnessSnapshot
-
-            self.snapshot = HarnessSnapshot()  # before user code: what the candidate must leave alone
-        self.module: Any = None
-        self.user_file: Path | None = None
-        self.extensions: list[Any] = []
-        self.kernel_names: list[str] = []
-        self.model: Any = None
-        self.sets: list[list[Any]] = []
-        self.expected: list[list[Any]] = []
-        self.expected_devices: list[str | None] = []
-        self.exact: list[list[Any]] = []
-        self.distributions: list[str] = []
-        self.timing_sets: list[list[Any]] = []
-        self.copy_timing_inputs = True
-        self.series: dict[str, dict[str, Any]] = {}  # per timed series: replay schedule, kept outputs
-        self.compiled: Any = None
-        from .handoff import OutputShelf
-
-        self.shelf = OutputShelf()  # outputs the judge reads in place (candidate role)
-        self.expected_index: int | None = None
-        self._reference_inputs: Any = None
-        self._output_sizes: list[int] = []  # the last trial's output bytes: what `op_repeat` poisons
-        self._first_digests: list[Any] = []  # the judge's digests of a trial's first outputs (`op_check_repeat`)
-        self._weights: Any = None  # ... and their secret weights, drawn once
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _args(self, i: int, sets: list[list[Any]] | None = None) -> list[Any]:
-        """Fresh device copies of input set i (of `sets`, default the trial sets)."""
-        import torch
-
-        sets = sets or self.sets
-        raw = sets[i % len(sets)]
-        return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
-
-    def _inputs_module(self, reference_source: str | None) -> Any:
-        """The module whose `get_inputs()` makes the problem's inputs: the judge's own reference, or in the
-        candidate's process the reference's source loaded beside the candidate (inputs only: the expected
-        outputs stay in the judge)."""
-        if reference_source is None:
-            return self.module
-        if self._reference_inputs is None:
-            from .loader import load_user_module
-
-            outcome = load_user_module(reference_source, path=self.scratch / "reference_inputs.py",
-                                       module_name="kforge_reference_inputs", cache_dir=self.cache_dir,
-                                       backend=self.backend, precompiled_headers=False)
-            if outcome.failure is not None:
-                raise RuntimeError(f"the reference's get_inputs could not be loaded: {outcome.failure.message}")
-            self._reference_inputs = outcome.module
-        return self._reference_inputs
-
-    def _failure(self, exc: BaseException, stage: str) -> dict[str, Any]:
-        from .loader import python_failure
-
-        f = python_failure(exc, stage=stage, user_file=self.user_file or Path("<none>"))
-        return {"failure": f.model_dump(mode="json")}
-
-    # -- ops -------------------------------------------------------------------------------------
-    def op_probe(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from kforge.backends import load_backend
+        from kforge.backends.base import Availability
 
         out = []
-        for name in msg["backends"]:
+        for name in req.backends:
             try:
-                out.append(load_backend(name).probe().model_dump(mode="json"))
+                out.append(load_backend(name).probe())
             except Exception as exc:  # noqa: BLE001 - a broken backend module is "unavailable"
-                out.append({"backend": name, "ok": False, "reason": f"backend failed to load: {exc}"})
-        return {"backends": out}
+                out.append(Availability(backend=name, ok=False, reason=f"backend failed to load: {exc}"))
+        return p.ProbeReply(backends=out)
 
-    def op_ceilings(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def ceilings(self, req: p.CeilingsRequest) -> p.CeilingsReply:
         """The device's facts with its measured ceilings, measured once per device and cached (per GPU where the
         server names one: `gpu`, its uuid, on a multi-GPU host)."""
         import torch
 
         from ..gpus import ceilings_name
 
-        facts = self.backend.facts()
-        path = self.cache_dir.parent / "ceilings" / ceilings_name(self.backend.name, facts.device_name,
-                                                                  torch.__version__, msg.get("gpu"))
-        if path.exists() and not msg.get("remeasure"):
+        backend = self.session.backend
+        facts = backend.facts()
+        path = self.session.cache_dir.parent / "ceilings" / ceilings_name(backend.name, facts.device_name,
+                                                                         torch.__version__, req.gpu)
+        if path.exists() and not req.remeasure:
             ceilings = json.loads(path.read_text())
         else:
-            ceilings = self.backend.measure_ceilings()
+            ceilings = backend.measure_ceilings()
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(ceilings))
             except OSError:  # the cache is read-only in the sandbox: the server stores what its own worker measured
-                return {"facts": facts.model_copy(update=ceilings).model_dump(mode="json"), "cached": None,
-                        "to_store": {"name": path.name, "ceilings": ceilings}}
-        return {"facts": facts.model_copy(update=ceilings).model_dump(mode="json"), "cached": str(path)}
+                return p.CeilingsReply(facts=facts.model_copy(update=ceilings), cached=None,
+                                       to_store={"name": path.name, "ceilings": ceilings})
+        return p.CeilingsReply(facts=facts.model_copy(update=ceilings), cached=str(path))
 
-    def op_load(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from .loader import load_user_module
 
-        role = msg["role"]
-        self.user_file = self.scratch / f"{role}.py"
-        # The header builds it wants are started by the server, sandbox or not: they end with the server (issue 17),
-        # where one started here would outlive it (without a PID namespace to die with, by up to 900 s).
-        pch_requests: list[list[str]] = []
-        build_request = None
-        if self.server_builds and self.channel is not None:  # the cache is read-only here: the server builds
-            def build_request(request: dict[str, Any]) -> dict[str, Any] | None:
-                self.channel.write({"build_request": request, "nonce": msg.get("nonce")})
-                answer = _read(self.channel)
-                if answer is None:
-                    raise SystemExit(0)  # the server is gone
-                close_all(answer.pop("fds"))
-                return answer.get("build_result")
-        outcome = load_user_module(msg["source"], path=self.user_file, module_name=f"kforge_{role}",
-                                   cache_dir=self.cache_dir, backend=self.backend,
-                                   precompiled_headers=self.precompiled_headers, pch_requests=pch_requests,
-                                   build_request=build_request)
-        self.module, self.extensions = outcome.module, outcome.extensions
-        self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
-        if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
-            self.kernel_names += [name for name, obj in vars(self.module).items()
-                                  if type(obj).__module__.startswith("triton") and callable(obj)]
-        failure = outcome.failure
-        wanted = "Model" if role == "reference" else "ModelNew"
-        if failure is None:
-            failure = self._interface_failure(wanted, reference=(role == "reference"))
-        return {"seconds": outcome.seconds, "builds": [b.model_dump(mode="json") for b in outcome.builds],
-                "pch_builds": pch_requests,
-                "kernel_names": self.kernel_names,
-                "diagnostics": [d.model_dump(mode="json") for d in outcome.diagnostics],
-                "failure": failure.model_dump(mode="json") if failure else None}
+# Each role's class: the judge holds the reference and the expected outputs, the candidate's worker (also under
+# a profiler: ncu) runs ModelNew, a host worker answers the server's own questions.
+ROLES: dict[str, Callable[[Session], Any]] = {"judge": Judge, "candidate": Candidate, "ncu": Candidate,
+                                              "probe": Host, "ceilings": Host}
 
-    def _interface_failure(self, wanted: str, *, reference: bool) -> Any:
-        import torch
 
-        from ..models import Failure
+def open_session(init: p.WorkerInit, ready_backend: Any = None) -> Session:
+    """The job's backend (a warm worker's, set up before it had a job, or loaded now), the limits set before any
+    user code runs, and the harness's snapshot taken."""
+    from kforge.backends import load_backend
 
-        missing = []
-        cls = getattr(self.module, wanted, None)
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            missing.append(f"class {wanted}(torch.nn.Module)")
-        if reference:
-            missing += [f"function {f}()" for f in ("get_inputs", "get_init_inputs") if not callable(getattr(self.module, f, None))]
-        if not missing:
-            return None
-        who = "reference" if reference else "candidate"
-        return Failure(stage="load", kind="interface_error",
-                       message=f"the {who} does not define {', '.join(missing)} (KernelBench format)")
+    # A probe worker has no backend: it must work even where torch cannot be imported. A warm
+    # worker (`ready_backend`) imported torch and set its backend up before it had a job.
+    warm = ready_backend is not None and ready_backend.name == init.backend
+    backend = ready_backend if warm else load_backend(init.backend) if init.backend else None
+    memory = init.memory_bytes if getattr(backend, "limits_address_space", False) else None
+    _set_limits(memory, init.file_bytes)  # before any user code runs
+    session = Session(backend=backend, scratch=Path(init.scratch), cache_dir=Path(init.cache_dir),
+                      precompiled_headers=init.precompiled_headers, server_builds=init.server_builds)
+    if backend is not None:
+        if not warm:
+            backend.setup()
+        from .integrity import HarnessSnapshot
 
-    def op_read_ncu(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from kforge.profilers.ncu import read_report
+        session.snapshot = HarnessSnapshot()  # before user code: what the candidate must leave alone
+    return session
 
-        try:
-            kernels = read_report(Path(msg["report"]), msg["custom_names"])
-        except Exception as exc:  # noqa: BLE001 - a report we cannot read is a note, not a failed profile
-            return {"kernels": [], "note": f"could not read the Nsight Compute report: {type(exc).__name__}: {exc}"}
-        return {"kernels": [k.model_dump(mode="json") for k in kernels], "note": None}
+
+def dispatch_table(role: Any) -> dict[str, Callable[[Any], p.OpReply]]:
+    """op name -> the role's handler, from the protocol's request models."""
+    return {request.model_fields["op"].default: handler for request, handler in role.handlers().items()}
+
+
+def handle(table: dict[str, Callable[[Any], p.OpReply]], role_name: str, msg: dict[str, Any]) -> p.OpReply:
+    """Validate `msg` (its envelope taken off) against the protocol and run its op; a ProtocolError says why not."""
+    request = p.parse_request(msg)
+    handler = table.get(request.op)  # type: ignore[attr-defined]
+    if handler is None:
+        raise p.ProtocolError(f"worker op {request.op!r} is not served by a {role_name} worker; "  # type: ignore[attr-defined]
+                              f"its ops: {', '.join(sorted(table))}")
+    return handler(request)
 
 
 def _output_to(path: str | None) -> None:
@@ -484,57 +405,69 @@ def _read(channel: WorkerChannel) -> dict[str, Any] | None:
 
 
 def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any],
-           init: dict[str, Any] | None = None) -> None:
-    """Take the job's init (unless it was read already), start the Worker, then answer ops until the parent closes
-    the channel."""
-    init = init if init is not None else _read(channel)
-    if init is None:
+           init_msg: dict[str, Any] | None = None) -> None:
+    """Take the job's init (unless it was read already), start the role's object, then answer ops until the parent
+    closes the channel."""
+    init_msg = init_msg if init_msg is not None else _read(channel)
+    if init_msg is None:
         return  # the pool shut down before this worker got a job
-    _output_to(init["log"])
-    os.chdir(init["scratch"])
-    os.environ.update(job_cache_env(init["scratch"]))  # TMPDIR and the per-job caches (torch.compile, Triton)
-    tempfile.tempdir = None  # a warm worker may have cached the pool's directory
-    if warm_backend is None and init.get("isolate_network") and sys.platform == "linux" and (
-            isolation["network"] != "isolated"):
-        isolation["network"] = _isolate_network()
 
     def reply(payload: dict[str, Any], fds: list[int] | None = None) -> None:
         channel.write(payload, fds)
         close_all(fds or [])  # sent: the receiver has its own; the shelf's mapping keeps the memory
 
+    close_all(init_msg.pop("fds"))
     try:
-        worker = Worker(init, warm_backend)
+        init = p.WorkerInit.model_validate(init_msg)
+    except ValueError as exc:
+        reply({"fatal": f"worker could not start: its init message does not validate: {exc}"})
+        return
+    _output_to(init.log)
+    os.chdir(init.scratch)
+    os.environ.update(job_cache_env(init.scratch))  # TMPDIR and the per-job caches (torch.compile, Triton)
+    tempfile.tempdir = None  # a warm worker may have cached the pool's directory
+    if warm_backend is None and init.isolate_network and sys.platform == "linux" and (
+            isolation["network"] != "isolated"):
+        isolation["network"] = _isolate_network()
+    try:
+        if init.role not in ROLES:
+            raise ValueError(f"unknown worker role {init.role!r}; known: {', '.join(sorted(ROLES))}")
+        session = open_session(init, warm_backend)
+        role = ROLES[init.role](session)
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
-    worker.channel = channel
+    session.channel, session.read_message = channel, _read
+    table = dispatch_table(role)
     reply({"ready": True, "pid": isolation["host_pid"], "network": isolation["network"],
            "isolation": {"applied": isolation["applied"], "missing": isolation["missing"]}})
     while (msg := _read(channel)) is not None:
-        handler = getattr(worker, f"op_{msg['op']}", None)
-        if handler is None:
-            reply({"fatal": f"unknown op {msg['op']!r}", "nonce": msg.get("nonce")})
-            close_all(msg["fds"])
-            continue
+        session.nonce, session.received_fds = msg.pop("nonce", None), msg.pop("fds")
+        session.trace_parts = {}
         try:
             after_op = _device_memory_around_op()
-            answer = handler(msg)
-            reply({"ok": True, **answer, **after_op(), "nonce": msg.get("nonce")}, worker.shelf.take_outgoing())
+            answer = handle(table, init.role, msg)
+            envelope = {"ok": True, **after_op(), "nonce": session.nonce}
+            if session.trace_parts:
+                envelope["trace_parts"] = session.trace_parts
+            reply({**answer.model_dump(mode="json"), **envelope}, session.shelf.take_outgoing())
+        except p.ProtocolError as exc:  # an op this worker does not know, or a request that does not validate
+            reply({"fatal": str(exc), "nonce": session.nonce})
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
+                reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": session.nonce})
                 continue
             # The harness could not open a file because the candidate holds every descriptor: its failure.
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            reply({"failure": {"stage": msg.get("stage") or msg["op"], "kind": "resource_limit",
+            reply({"failure": {"stage": str(msg.get("op")), "kind": "resource_limit",
                                "message": f"the process ran out of file descriptors (the limit is {limit}, RLIMIT_NOFILE): "
                                           "the candidate opened files, sockets or pipes and did not close them"},
-                   "nonce": msg.get("nonce")})
+                   "nonce": session.nonce})
         except Exception as exc:  # noqa: BLE001 - a harness bug; report it rather than hang the parent
-            reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": msg.get("nonce")})
+            reply({"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "nonce": session.nonce})
         finally:
-            close_all(msg["fds"])  # what came with the request is mapped by now, or not needed
-            close_all(worker.shelf.take_outgoing())  # described for a reply that was not sent
+            close_all(session.received_fds)  # what came with the request is mapped by now, or not needed
+            close_all(session.shelf.take_outgoing())  # described for a reply that was not sent
         sys.stdout.flush()
         sys.stderr.flush()
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, NamedTuple
 import anyio
 
 from .channel import Channel, HandedFds, close_all
+from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 from ..disk import mark_loaded
 from kforge.backends.build.fast_build import job_cache_env
 from ..harness.integrity import process_ids, process_stat
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .pool import ForkedProcess, WorkerPool
     from .sandbox import Confinement
 
-__all__ = ["HarnessError", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
+__all__ = ["HarnessError", "ProtocolViolation", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
            "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
@@ -67,6 +68,10 @@ class WorkerDied(Exception):
 
 class HarnessError(RuntimeError):
     """KForge's own worker code failed (a bug, not the candidate's fault)."""
+
+
+class ProtocolViolation(HarnessError):
+    """A reply that does not fit its op's reply model (`kforge.tools.process.protocol`): a harness bug."""
 
 
 @dataclass(frozen=True)
@@ -394,10 +399,10 @@ def traced(role: str, op: str) -> Iterator[None]:
 
 
 class WorkerProcess:
-    """`async with WorkerProcess(...) as w: await w.call("load", stage="load", source=...)`."""
+    """`async with WorkerProcess(...) as w: await w.call(LoadRequest(role="candidate", source=...), stage="load")`."""
 
     def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
-                 extra_env: dict[str, str] | None = None, role: str = "worker", prefix: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None, role: WorkerRole = "candidate", prefix: list[str] | None = None,
                  pool: WorkerPool | None = None) -> None:
         self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
         self.role = role
@@ -476,15 +481,15 @@ class WorkerProcess:
             finally:
                 theirs.close()
             self._channel = await Channel.from_socket(ours)
-        init = {"backend": self.backend, "scratch": str(self.scratch), "log": str(self.log),
-                "cache_dir": str(self.home / "cache" / "builds"), "memory_bytes": self.limits.memory_bytes,
-                "file_bytes": self.limits.file_bytes, "precompiled_headers": self.limits.precompiled_headers,
-                # The cache is read-only in the sandbox: builds it lacks are asked of this process (`call`).
-                "server_builds": self.limits.sandbox,
-                # A profiler's front-end (ncu) and its target share a network (an abstract socket): the sandbox
-                # around both isolates it, or nothing does (the sandbox off).
-                "isolate_network": self.limits.isolate_network and not self._prefix}
-        await self._send(init)
+        init = WorkerInit(role=self.role, backend=self.backend, scratch=str(self.scratch), log=str(self.log),
+                          cache_dir=str(self.home / "cache" / "builds"), memory_bytes=self.limits.memory_bytes,
+                          file_bytes=self.limits.file_bytes, precompiled_headers=self.limits.precompiled_headers,
+                          # The cache is read-only in the sandbox: builds it lacks are asked of this process (`call`).
+                          server_builds=self.limits.sandbox,
+                          # A profiler's front-end (ncu) and its target share a network (an abstract socket): the
+                          # sandbox around both isolates it, or nothing does (the sandbox off).
+                          isolate_network=self.limits.isolate_network and not self._prefix)
+        await self._send(init.model_dump(mode="json"))
         timeout_s = _READY_TIMEOUT_S * (2 if self._prefix else 1)
         shared = None
         if self._prefix and self.limits.sandbox:  # the shared sandbox's report comes first (`_command`)
@@ -512,21 +517,24 @@ class WorkerProcess:
         with anyio.CancelScope(shield=True):
             await self.aclose()
 
-    async def call(self, op: str, *, stage: str, timeout_s: float | None = None, timeout_why: str = "",
-                   watch_background: bool = True, **payload: Any) -> dict[str, Any]:
-        """Run one op in the worker and return its reply.
+    async def call(self, request: Request[R], *, stage: str, timeout_s: float | None = None, timeout_why: str = "",
+                   watch_background: bool = True) -> R:
+        """Run one op in the worker and return its reply, validated as the op's reply model.
 
         `watch_background`: after a reply that carries the worker's integrity report, the server looks for work
         left running (`background_seen`, 40 ms); False where the caller looks once itself after several ops.
 
         Raises:
             WorkerDied: the worker timed out, crashed or exited; its group has been killed.
-            HarnessError: KForge's own worker code raised.
+            HarnessError: KForge's own worker code raised (an unknown op, a request it could not validate).
+            ProtocolViolation: the reply does not fit the op's reply model.
         """
+        op = request.op  # type: ignore[attr-defined]
         # A fresh secret per call: a line the candidate wrote to the protocol's descriptors cannot carry it.
         nonce = secrets.token_hex(16)
         started = time.perf_counter()
-        await self._send(*HANDED.hand_out({"op": op, "nonce": nonce, **payload}))  # another worker's outputs: descriptors
+        payload = {**request.model_dump(mode="json"), "nonce": nonce}
+        await self._send(*HANDED.hand_out(payload))  # another worker's outputs: descriptors
         deadline = time.monotonic() + (timeout_s or self.limits.timeout_s)
         reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         while "build_request" in reply and reply.get("nonce") == nonce and set(reply) <= {"build_request", "nonce"}:
@@ -540,8 +548,9 @@ class WorkerProcess:
             reply, fds = await self._receive(stage=stage, timeout_s=max(1.0, deadline - time.monotonic()), why=timeout_why)
         peaks = reply.pop("device_peak_bytes", None)
         parts = reply.pop("trace_parts", None) or {}  # where a slow op's time went
+        reply.pop("ok", None)
         self._trace(op, started, peaks)
-        if reply.get("nonce") != nonce:
+        if reply.pop("nonce", None) != nonce:
             close_all(fds)
             await self.kill()
             raise WorkerDied(Failure(
@@ -552,24 +561,26 @@ class WorkerProcess:
         self._handed += HANDED.take_in(reply, fds)
         for part, seconds in parts.items():
             trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
-        if watch_background and isinstance(reply.get("integrity"), dict):
-            seen = await self.background_seen()
-            reply["integrity"]["background"] = list(reply["integrity"].get("background", [])) + seen
-        for pch_dir, build_dir in reply.pop("pch_builds", None) or []:  # only from a reply that carried the secret
-            spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
-        self._mark_cache_hits(reply)
         if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
             self.device_bytes = max(self.device_bytes, peaks[0])
         if "fatal" in reply:
             raise HarnessError(f"worker op {op!r} failed: {reply['fatal']}\n{reply.get('traceback', '')}")
-        return reply
+        try:
+            answer = parse_reply(request, reply)
+        except ProtocolError as exc:
+            raise ProtocolViolation(str(exc)) from None
+        if watch_background and isinstance(integrity := getattr(answer, "integrity", None), dict):
+            integrity["background"] = list(integrity.get("background", [])) + await self.background_seen()
+        if isinstance(answer, LoadReply):
+            for pch_dir, build_dir in answer.pch_builds:  # only from a reply that carried the secret
+                spawn_pch_build(self.home, self.limits, Path(pch_dir), Path(build_dir))
+            self._mark_cache_hits(answer)
+        return answer
 
-    def _mark_cache_hits(self, reply: dict[str, Any]) -> None:
+    def _mark_cache_hits(self, reply: LoadReply) -> None:
         """The builds a load found in the shared cache, marked used by this process from what the worker mapped
         (`disk.mark_loaded`): the cache is read-only in the worker, so its hits cannot mark themselves."""
-        builds = reply.get("builds")
-        if self._proc is not None and isinstance(builds, list) and any(isinstance(b, dict) and b.get("from_cache")
-                                                                       for b in builds):
+        if self._proc is not None and any(b.from_cache for b in reply.builds):
             pid = self._worker_pid or _sandboxed_worker(self._proc.pid) or self._proc.pid  # (ncu maps no build)
             mark_loaded(pid, self.home / "cache" / "builds")
 
@@ -586,7 +597,7 @@ class WorkerProcess:
         try:
             await self._channel.send((json.dumps(payload) + "\n").encode(), fds)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, BrokenPipeError):
-            raise WorkerDied(await self._death(payload.get("op", "start"))) from None
+            raise WorkerDied(await self._death(str(payload.get("op", "start")))) from None
         finally:
             close_all(fds or [])  # handed on (the receiver holds its own), or the receiver is gone
 

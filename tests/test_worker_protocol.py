@@ -1,0 +1,146 @@
+"""The worker protocol is typed (issue 18): one request and one reply model per op (`kforge.tools.process.protocol`),
+used by the server (`WorkerProcess.call`) and by the worker (its roles' handler tables); unknown ops, requests that
+do not validate and malformed replies are rejected with a message that names the op."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Literal
+
+import pytest
+
+from kforge.tools.process import protocol as p
+from kforge.tools.process.runner import HarnessError, ProtocolViolation, WorkerLimits, WorkerProcess
+
+# Every op the server calls, and the role whose worker serves it.
+_OPS = {
+    "probe": "host", "ceilings": "host",
+    "load": "judge+candidate", "timing_sets": "judge+candidate", "time": "judge+candidate",
+    "prepare": "judge", "expect": "judge", "check": "judge", "check_repeat": "judge", "calibrate": "judge",
+    "problem_size": "judge", "check_decoy": "judge", "revalidate": "judge", "read_ncu": "judge",
+    "setup": "candidate", "trial": "candidate", "repeat": "candidate", "decoy": "candidate", "release": "candidate",
+    "evidence": "candidate", "anchor": "candidate", "timing_decoy": "candidate", "profile": "candidate",
+}
+
+_REFERENCE = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(8))
+    def forward(self, x):
+        return x * self.scale
+def get_inputs():
+    return [torch.randn(4, 8)]
+def get_init_inputs():
+    return []
+"""
+_CANDIDATE = _REFERENCE.replace("class Model(", "class ModelNew(")
+
+
+def test_every_op_has_one_request_and_one_reply_model():
+    assert set(p.REQUESTS) == set(_OPS)
+    replies = set()
+    for op, request in p.REQUESTS.items():
+        assert request.model_fields["op"].default == op
+        assert issubclass(request.reply, p.OpReply) and request.reply is not p.OpReply, op
+        replies.add(request.reply)
+    assert len(replies) == len(p.REQUESTS)  # one reply model per op, none shared
+
+
+def test_each_role_serves_its_ops_and_only_through_the_protocol_s_requests():
+    from kforge.tools.harness.candidate import Candidate
+    from kforge.tools.harness.judge import Judge
+    from kforge.tools.harness.session import Session
+    from kforge.tools.harness.worker import Host, dispatch_table
+
+    session = Session(backend=None, scratch=None, cache_dir=None)  # type: ignore[arg-type]
+    served = {name: set(dispatch_table(cls(session))) for name, cls in
+              (("judge", Judge), ("candidate", Candidate), ("host", Host))}
+    for op, roles in _OPS.items():
+        assert {r for r in served if op in served[r]} == set(roles.split("+")), op
+
+
+def test_the_protocol_module_is_server_safe():
+    code = "import sys, kforge.tools.process.protocol, kforge.tools.process.runner; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_request_that_does_not_validate_or_names_no_known_op_is_refused_clearly():
+    with pytest.raises(p.ProtocolError, match=r"unknown worker op 'nope'; known: anchor, calibrate, "):
+        p.parse_request({"op": "nope"})
+    with pytest.raises(p.ProtocolError, match=r"worker op 'trial': the request does not validate: i: "):
+        p.parse_request({"op": "trial", "i": "first"})
+    with pytest.raises(p.ProtocolError, match=r"worker op 'release'.*extra: Extra inputs are not permitted"):
+        p.parse_request({"op": "release", "extra": 1})
+
+
+def test_a_malformed_reply_is_refused_with_the_op_and_what_was_wrong():
+    with pytest.raises(p.ProtocolError, match=r"worker op 'expect' sent a malformed reply \(ExpectReply\): .*"
+                                              r"must have distribution, seconds, exact"):
+        p.parse_reply(p.ExpectRequest(i=1), {"note": None})
+    with pytest.raises(p.ProtocolError, match=r"worker op 'check' sent a malformed reply \(CheckReply\): trial: "):
+        p.parse_reply(p.CheckRequest(i=0, record=p.TrialReply(outputs=[])), {"trial": [1, 2]})
+    # A failure alone is a valid reply of any op (a candidate that took every file descriptor fails any op).
+    failed = p.parse_reply(p.ExpectRequest(i=1), {"failure": {"stage": "expect", "kind": "resource_limit",
+                                                              "message": "out of descriptors"}})
+    assert failed.failure is not None and failed.failure.kind == "resource_limit"
+
+
+# -- through a real worker process (cpu backend) --------------------------------------------------------------
+
+pytestmark = pytest.mark.anyio
+
+
+def _worker(tmp_path, role: str) -> WorkerProcess:
+    limits = WorkerLimits(timeout_s=120, sandbox=False, isolate_network=False)
+    return WorkerProcess(backend="cpu", home=tmp_path, scratch=tmp_path / "jobs" / role, limits=limits, role=role)
+
+
+async def test_a_candidate_round_trip_returns_typed_replies(tmp_path):
+    async with _worker(tmp_path, "candidate") as w:
+        loaded = await w.call(p.LoadRequest(role="candidate", source=_CANDIDATE), stage="load")
+        assert isinstance(loaded, p.LoadReply) and loaded.failure is None and loaded.seconds >= 0
+        setup = await w.call(p.SetupRequest(reference_source=_REFERENCE, init_seed=3, seeds=[5]), stage="init")
+        assert isinstance(setup, p.SetupReply) and setup.weights is not None and setup.weights.copied == 1
+        trial = await w.call(p.TrialRequest(i=0, repeat=False, share=False), stage="forward")
+        assert isinstance(trial, p.TrialReply) and trial.error is None and trial.devices == ["cpu"]
+        evidence = await w.call(p.EvidenceRequest(custom_work=False), stage="forward")
+        assert isinstance(evidence, p.EvidenceReply) and evidence.integrity is not None
+
+
+async def test_a_judge_prepares_and_a_failure_comes_back_as_a_failure_model(tmp_path):
+    async with _worker(tmp_path, "judge") as w:
+        loaded = await w.call(p.LoadRequest(role="reference", source=_REFERENCE.replace("return []", "return [1/0]")),
+                              stage="reference")
+        assert loaded.failure is None
+        prepared = await w.call(p.PrepareRequest(init_seed=1, seeds=[2]), stage="reference")
+        assert prepared.failure is not None and "ZeroDivisionError" in prepared.failure.message
+
+
+async def test_an_unknown_op_is_refused_by_the_worker_with_the_ops_it_knows(tmp_path, monkeypatch):
+    class Bogus(p.Request[p.ReleaseReply]):
+        op: Literal["no_such_op"] = "no_such_op"
+
+    monkeypatch.delitem(p.REQUESTS, "no_such_op")  # known to this test only, never to the worker
+    async with _worker(tmp_path, "candidate") as w:
+        with pytest.raises(HarnessError, match=r"unknown worker op 'no_such_op'; known: anchor, calibrate, "):
+            await w.call(Bogus(), stage="forward")
+        with pytest.raises(HarnessError, match=r"worker op 'prepare' is not served by a candidate worker; its ops: "):
+            await w.call(p.PrepareRequest(init_seed=1, seeds=[2]), stage="reference")
+        # The worker goes on serving after a refused op.
+        assert (await w.call(p.LoadRequest(role="candidate", source=_CANDIDATE), stage="load")).failure is None
+
+
+async def test_a_reply_that_does_not_fit_its_model_is_a_protocol_violation_naming_the_op(tmp_path, monkeypatch):
+    class StricterReply(p.OpReply):
+        weights: dict[str, int]  # what a setup reply never carries in this form
+
+    monkeypatch.setattr(p.ReleaseRequest, "reply", StricterReply)
+    async with _worker(tmp_path, "candidate") as w:
+        await w.call(p.LoadRequest(role="candidate", source=_CANDIDATE), stage="load")
+        await w.call(p.SetupRequest(reference_source=_REFERENCE, init_seed=3, seeds=[5]), stage="init")
+        with pytest.raises(ProtocolViolation, match=r"worker op 'release' sent a malformed reply \(StricterReply\): "
+                                                    r"weights: Field required"):
+            await w.call(p.ReleaseRequest(), stage="forward")

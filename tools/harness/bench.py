@@ -1,0 +1,184 @@
+"""Timing inside a worker, for both roles: the judge times the baselines (eager, torch.compile) on the reference,
+the candidate's worker times ModelNew, each on timing inputs it made from the server's seeds.
+
+A `Bench` holds the timing sets and each series' replay schedule and reservoir of kept outputs; its owner (the
+`Judge` or the `Candidate`) hands it the model to time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..process.protocol import TimeReply, TimeRequest, TimingSetsReply
+from .handoff import return_free_memory
+from .session import Session
+
+__all__ = ["Bench"]
+
+_REVALIDATED_CALLS = 8  # timed outputs kept (a secret reservoir sample) for the judge, plus the last ...
+_KEPT_OUTPUT_BYTES = 512 * 2**20  # ... as many of them as fit in this many bytes of device memory
+_COPIED_SET_BYTES = 256 * 2**20  # timing input sets up to this size get a fresh copy per timed call
+
+
+@dataclass
+class Bench:
+    session: Session
+    timing_sets: list[list[Any]] = field(default_factory=list)
+    copy_timing_inputs: bool = True
+    series: dict[str, dict[str, Any]] = field(default_factory=dict)  # per timed series: replay schedule, kept outputs
+    compiled: Any = None  # torch.compile of the model, made at its first timed round
+
+    def make_sets(self, source: Any, seeds: list[int]) -> TimingSetsReply:
+        """Make the timing inputs on the device from the server's seeds (the judge and the candidate's
+        process each make their own, bit-identical; nothing goes through a file). `source`: the module whose
+        `get_inputs` makes them."""
+        import torch
+
+        from .inputs import seeded_inputs
+
+        backend = self.session.backend
+        try:
+            self.timing_sets = [seeded_inputs(source, seed, backend) for seed in seeds]
+        except BaseException as exc:  # noqa: BLE001
+            return TimingSetsReply(failure=self.session.failure(exc, "reference"))
+        return_free_memory(backend.device)
+        set_bytes = sum(a.numel() * a.element_size() for a in self.timing_sets[0] if isinstance(a, torch.Tensor))
+        # A fresh copy per call keeps a candidate that writes into its inputs from changing the sets; for
+        # sets too large to copy twice over, the sets are used as they are (verify checks input writes).
+        self.copy_timing_inputs = set_bytes <= _COPIED_SET_BYTES
+        return TimingSetsReply(count=len(self.timing_sets), set_bytes=set_bytes)
+
+    def timing_args(self, i: int) -> list[Any]:
+        import torch
+
+        raw = self.timing_sets[i % len(self.timing_sets)]
+        if not self.copy_timing_inputs:
+            return list(raw)
+        return [a.clone() if isinstance(a, torch.Tensor) else a for a in raw]
+
+    def release_kept(self) -> None:
+        """Let go of the timed outputs kept for the judge (it has read them)."""
+        for series in self.series.values():
+            series["keep"] = None
+
+    def time(self, req: TimeRequest, model: Any) -> TimeReply:
+        """Time one round of one series ('candidate', 'eager', 'torch.compile'); the server interleaves rounds
+        of the series so drift between them shows in the speedup's interval instead of biasing it."""
+        import torch
+
+        from .timing import ReplaySchedule, TimingPolicy, time_model
+
+        backend, shelf = self.session.backend, self.session.shelf
+        label = req.label
+        policy = TimingPolicy(**req.policy)
+        fn: Callable[..., Any] = model
+        if label not in self.series:  # the first round of this series: its replay schedule and reservoir
+            self.series[label] = {
+                "schedule": ReplaySchedule(len(self.timing_sets)) if len(self.timing_sets) > 1 else None,
+                "keep": _Reservoir(_REVALIDATED_CALLS) if req.revalidate else None}
+        series = self.series[label]
+        keep = series["keep"]
+
+        def make_args(i: int) -> list[Any]:
+            if keep is not None:  # a call follows: the output held as the last is not, and its memory goes first
+                keep.drop_last()
+            return self.timing_args(i)
+
+        try:
+            if req.compile:
+                if self.compiled is None:
+                    self.compiled = torch.compile(model)
+                fn = self.compiled
+            with torch.no_grad():
+                threads = getattr(backend, "threads", torch.get_num_threads)()
+                timed = time_model(label, fn, make_args, backend, policy, schedule=series["schedule"],
+                                   on_output=keep.offer if keep else None, threads=threads)
+                if (odd := getattr(backend, "thread_warning", lambda: None)()) is not None:
+                    timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
+                saved = None
+                if keep is not None and req.share_outputs:
+                    from .compare import flatten_outputs
+
+                    # Held as they are (the sampled ones were copied when kept; the last is the candidate's own
+                    # buffer): the judge reads them before the candidate runs again (`timing_decoy` after).
+                    shelf.clear()
+                    saved = [{"call": c, "set": s, "outputs": shelf.put(flatten_outputs(out))}
+                             for c, (s, out) in keep.items()]
+                    if not shelf.in_place:  # the judge reads copies: the sample's memory can go now (an
+                        keep.release()  # output's worth more through the server's timed calls, H100 2026-11-24)
+        except BaseException as exc:  # noqa: BLE001
+            return TimeReply(failure=self.session.failure(exc, "timing"))
+        reply = TimeReply(timing=timed.stats, samples_us=[round(x * 1e6, 4) for x in timed.samples_s],
+                          fresh=timed.fresh, disturbed=timed.disturbed, integrity=self.session.integrity(),
+                          revalidation=saved)
+        return_free_memory(backend.device)
+        return reply
+
+
+class _Reservoir:
+    """A uniform random sample of k timed calls (secret: drawn with `secrets`), plus always the last.
+
+    Kept across a series' rounds; the last call's output is held by reference, so nothing may call the
+    model between the last timed call and the encoding of the sample (see `Bench.time`). The k copies' memory is
+    taken once, at the first call, and reused by every later copy: copies that allocated as the sample filled
+    and changed grew and trimmed the CPU heap, so a later timed call's output landed on new pages and paid
+    their faults inside its window (issue 16)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.seen = k, 0
+        self.kept: dict[int, Any] = {}
+        self.free: list[list[Any]] = []  # copies' buffers not holding a kept call
+        self.last: tuple[int, Any] | None = None
+
+    def offer(self, set_index: int, out: Any) -> None:
+        import torch
+
+        from .compare import flatten_outputs
+
+        outputs = flatten_outputs(out)
+        if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (outputs larger: only the last)
+            size = sum(o.numel() * o.element_size() for o in outputs if type(o) is torch.Tensor)
+            self.k = min(self.k, _KEPT_OUTPUT_BYTES // max(1, size))
+            self.free = [[torch.empty_like(o) if type(o) is torch.Tensor else o for o in outputs]
+                         for _ in range(self.k)]
+        call = self.seen
+        self.seen += 1
+        self.last = (call, (set_index, out))  # no later call runs before the sample is saved: no copy needed
+        if self.k == 0:
+            return
+        slot = len(self.kept) if len(self.kept) < self.k else secrets.randbelow(self.seen)
+        if slot < self.k:
+            if len(self.kept) >= self.k:
+                self.free.append(self.kept.pop(sorted(self.kept)[slot])[1])
+            # Copied now: a candidate may reuse its output buffer on the next call.
+            self.kept[call] = (set_index, _copy_into(self.free.pop() if self.free else None, outputs))
+
+    def drop_last(self) -> None:
+        self.last = None
+
+    def release(self) -> None:
+        """Let go of every held output and buffer (after the sample was saved as copies)."""
+        self.last, self.kept, self.free = None, {}, []
+
+    def items(self) -> list[tuple[int, Any]]:
+        items = dict(self.kept)
+        if self.last is not None:
+            items[self.last[0]] = self.last[1]
+        return sorted(items.items())
+
+
+def _copy_into(buffers: list[Any] | None, outputs: list[Any]) -> list[Any]:
+    """Copies of `outputs`, written into `buffers` where they match them tensor for tensor (same shape, dtype,
+    device, layout), else newly allocated."""
+    import torch
+
+    def fits(b: Any, o: Any) -> bool:
+        return (type(b) is torch.Tensor and b.shape == o.shape and b.dtype == o.dtype and b.device == o.device
+                and b.layout == o.layout == torch.strided)
+
+    if buffers is not None and len(buffers) == len(outputs) and all(
+            fits(b, o) for b, o in zip(buffers, outputs) if type(o) is torch.Tensor):
+        return [b.copy_(o.detach()) if type(o) is torch.Tensor else o for b, o in zip(buffers, outputs)]
+    return [o.detach().clone() if type(o) is torch.Tensor else o for o in outputs]
