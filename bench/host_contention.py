@@ -12,7 +12,8 @@ in this process, as KForge's worker and server measure it:
 Under: an idle host; `busy`: one process per core, each a CPU matmul with torch's default threads (what
 concurrent workers making inputs, importing and compiling look like); `spin`: one single-threaded spinner
 per physical core (no oversubscription, but SMT siblings busy); each of the two again with this process
-pinned to one physical core (all its SMT siblings) and the load pinned to the other cores.
+pinned to one physical core (all its SMT siblings) and the load pinned to the other cores; then, with no CPU load, `new CUDA contexts beside`: processes that keep starting,
+creating a CUDA context and exiting (a pool readying warm workers), and `another context's kernels beside`.
 
     python3 bench/host_contention.py --out DIR [--tag TAG]
 """
@@ -48,9 +49,27 @@ def _physical_cores(cpus: list[int]) -> list[list[int]]:
     return cores
 
 
+def _new_contexts(stop) -> None:
+    """Processes that start, create a CUDA context (what a warm worker does when it readies its device), and go."""
+    import subprocess
+    import sys
+    code = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
+    while not stop.is_set():
+        subprocess.run([sys.executable, "-c", code], check=False)
+
+
 def _busy(kind: str, cpus: list[int] | None, stop) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
+    if kind == "contexts":
+        return _new_contexts(stop)
+    if kind == "kernels":  # another context's small kernels, one at a time: time-slicing with ours
+        import torch
+        a = torch.randn(1024, 1024, device="cuda")
+        while not stop.is_set():
+            a.mul_(1.0)
+            torch.cuda.synchronize()
+        return
     if kind == "spin":
         os.environ["OMP_NUM_THREADS"] = "1"
         while not stop.is_set():
@@ -101,7 +120,8 @@ def _measure(reps: int) -> dict:
     wall = (min(long) - min(short)) / n * 1e6
     med = statistics.median(times)
     return {"wall_per_call_us": round(wall, 2), "event_median_us": round(med, 2),
-            "event_p90_us": round(times[int(0.9 * len(times))], 2), "wall_over_median": round(wall / med, 2),
+            "event_p90_us": round(times[int(0.9 * len(times))], 2), "event_max_us": round(times[-1], 2),
+            "events_over_2x_median": sum(t > 2 * med for t in times), "wall_over_median": round(wall / med, 2),
             "ops": reps}
 
 
@@ -121,7 +141,8 @@ def main() -> None:
     rows = []
     conditions = [("idle", None, None, False), ("busy", "busy", len(cpus), False),
                   ("spin", "spin", len(cores), False), ("busy, own core", "busy", len(cpus), True),
-                  ("spin, own core", "spin", len(cores), True)]
+                  ("spin, own core", "spin", len(cores), True),
+                  ("new CUDA contexts beside", "contexts", 2, False), ("another context's kernels beside", "kernels", 1, False)]
     for name, kind, count, pinned in conditions:
         os.sched_setaffinity(0, mine if pinned else cpus)
         stop = ctx.Event()
@@ -129,7 +150,7 @@ def main() -> None:
                  for _ in range(count or 0)]
         for p in procs:
             p.start()
-        time.sleep(3 if procs else 0)  # let the load start (spawned interpreters import torch)
+        time.sleep(8 if kind in ("contexts", "kernels") else 3 if procs else 0)  # let the load start (imports)
         row = {"condition": name, "load_processes": len(procs), **_measure(args.reps)}
         stop.set()
         for p in procs:
@@ -147,10 +168,12 @@ def main() -> None:
     lines = [f"# A launch-bound kernel's timing under host load\n\n{run['date']}, {run['gpu']}, {run['cpu_model']}, "
              f"{run['cpus']} CPUs = {run['physical_cores']} cores x {run['threads_per_core']} threads; torch "
              f"{run['torch']}; own core = CPUs {mine}\n",
-             "| condition | load processes | wall/call us (anchor) | event median us | event p90 us | wall / median |",
-             "|---|---|---|---|---|---|"]
+             "| condition | load processes | wall/call us (anchor) | event median us | event p90 us | event max us | "
+             "events > 2x median (of 200) | wall / median |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['condition']} | {r['load_processes']} | {r['wall_per_call_us']} | {r['event_median_us']} | "
-              f"{r['event_p90_us']} | {r['wall_over_median']} |" for r in rows]
+              f"{r['event_p90_us']} | {r['event_max_us']} | {r['events_over_2x_median']} | {r['wall_over_median']} |"
+              for r in rows]
     (args.out / f"host-contention-{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
