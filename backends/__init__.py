@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from .base import Availability, Backend, DeviceFacts, GpuInfo, Timer
+from pathlib import Path
+from typing import Any
 
-__all__ = ["Availability", "Backend", "DeviceFacts", "GpuInfo", "Timer", "backend_names", "import_backend_module", "load_backend"]
+from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, GpuInfo, Timer
+
+__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "GpuInfo", "Timer",
+           "backend_class", "backend_names", "example_dir", "fault_markers", "import_backend_module", "load_backend"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -45,6 +49,46 @@ def import_backend_module(name: str) -> None:
     """Import the backend's module only: constructing a backend may start the device (a fork server's
     preload must not)."""
     importlib.import_module(_target(name)[0])
+
+
+def backend_class(name: str) -> type:
+    """The backend's class, not constructed (constructing may start the device): its plain facts (`fault_markers`,
+    `sync_launch_env`, `preload`) are read from it.
+
+    Raises:
+        KeyError: no backend of that name is registered.
+    """
+    module_name, cls_name = _target(name)
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def fault_markers() -> tuple[str, ...]:
+    """Texts that mark an error as a device fault on any registered backend (a verdict that names one is an
+    answer about the run, never about the code). A backend whose module cannot be imported adds none."""
+    found: list[str] = []
+    for name in backend_names():
+        try:
+            markers = getattr(backend_class(name), "fault_markers", ())
+        except Exception:  # noqa: BLE001 - a broken plug-in must not break verdicts on the others
+            continue
+        found += [m for m in markers if m not in found]
+    return tuple(found)
+
+
+def example_dir(name: str) -> Path | None:
+    """The directory of backend `name`'s verified example (candidate.py, and reference.py or problem.txt), or None.
+
+    Asked of the backend's class (`Backend.example_dir`): constructing it may start the device, and the example is
+    data beside the backend, not a fact of this host."""
+    try:
+        cls: Any = backend_class(name)
+    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
+        return None
+    finder = getattr(cls, "example_dir", None)
+    if finder is None:
+        return None
+    found = finder()
+    return Path(found) if found is not None else None
 
 
 def load_backend(name: str) -> Backend:

@@ -1,4 +1,5 @@
-"""Host-side helpers shared by backends: the wall-clock timer and CPU facts."""
+"""Host-side helpers: the wall-clock timer, CPU facts, and /proc's process table (the build machinery and the
+server's process plumbing read it, so it lives in the lowest part that needs it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-__all__ = ["WallTimer", "cpu_name", "llc_bytes", "llc_layout"]
+__all__ = ["WallTimer", "cpu_name", "llc_bytes", "llc_layout", "process_ids", "process_stat"]
 
 
 class WallTimer:
@@ -24,6 +25,25 @@ class WallTimer:
 
     def elapsed_s(self) -> float:
         return (self._t1 - self._t0) / 1e9
+
+
+def process_ids() -> list[str]:
+    """Every process this process can see in /proc ([] where there is none)."""
+    try:
+        return [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def process_stat(pid: int | str) -> tuple[str, str, int, int] | None:
+    """(name, state, parent, session) of a process, from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        return stat[stat.index("(") + 1:stat.rindex(")")], fields[0], int(fields[1]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def cpu_name() -> str:

@@ -7,7 +7,15 @@ from typing import Any
 
 from .base import DeviceFacts, GpuInfo
 
-__all__ = ["EventTimer", "L2Flusher", "gpu_facts", "list_gpus", "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu"]
+__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "EventTimer", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+           "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
+
+# Messages of GPU faults that leave the device context unusable (the worker is discarded after).
+FAULT_MARKERS = ("illegal memory access", "misaligned address", "unspecified launch failure",
+                 "illegal instruction", "CUDA error", "device-side assert")
+# The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool. Launches are
+# synchronous, so a fault is reported at the launch that made it.
+SYNC_LAUNCH_ENV = {"CUDA_LAUNCH_BLOCKING": "1"}
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
@@ -119,12 +127,42 @@ def setup_gpu() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+def strict_gpu_numerics() -> None:
+    """The reference is the truth: no TF32 and no reduced-precision reductions, whatever the defaults."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def gpu_memory_capacity(device: str) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory
+
+
+def warm_gpu_libraries(device: str) -> None:
+    """cuBLAS's bfloat16, float16 and float64 paths (0.14 s each on an H100) and cuDNN's start (0.44 s, any
+    convolution), paid before a job rather than inside its verify or profile (bench/explore/first_use.py)."""
+    import torch
+
+    expected = torch.randn(1 << 20, device=device)
+    m = expected[: 256 * 256].view(256, 256)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        torch.nn.functional.linear(m.to(dtype), m.to(dtype), m[0].to(dtype))
+    x = expected[: 2 * 8 * 16 * 16].view(2, 8, 16, 16)
+    torch.nn.functional.conv2d(x, x[:8, :8, :3, :3])
+    torch.cuda.synchronize()
+
+
 def gpu_facts(backend: str) -> DeviceFacts:
     import torch
 
     props = torch.cuda.get_device_properties(0)
     return DeviceFacts(backend=backend, device_name=props.name, cores=props.multi_processor_count,
-                       cache_bytes=getattr(props, "L2_cache_size", None))
+                       cache_bytes=getattr(props, "L2_cache_size", None), kind="gpu")
 
 
 def measure_gpu_ceilings() -> dict:

@@ -5,17 +5,34 @@ models there, how to wait for it, how to time a call on it and how to flush its 
 timed calls. Timing loops, comparisons and profiling are written once in `kforge.tools` against this
 interface, the way `triton.testing.do_bench` is written once against `driver.active`.
 
-Backends are imported inside worker processes, where candidate code runs; the server only reads
-their names and the availability that a probe worker reports.
+Everything device-specific is the backend's: how a build is captured (`capture_builds`, `compile_error`), the
+environment of a worker whose launches must be synchronous (`sync_launch_env`), the numerics a strict reference
+needs (`strict_numerics`), how a device fault reads in an error (`fault_markers`), where inputs are made
+(`device`, `kind`), which profilers apply (`hardware_profiler`), and the verified example an agent starts from
+(`example_dir`). `BackendBase` gives each a default fit for a CPU-like device, so a new backend writes only what
+differs (tests/toy_backend is a whole one in a page).
+
+Backends are imported inside worker processes, where candidate code runs; the server reads their names, the
+availability that a probe worker reports, and the plain class facts `kforge.backends.backend_class` gives
+(a backend's module must import without torch and without starting its device).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Availability", "Backend", "DeviceFacts", "GpuInfo", "Timer"]
+__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceKind", "GpuInfo",
+           "Timer", "map_structure"]
+
+#: "cpu": tensors live in host memory and calls are synchronous; "gpu": a device with its own memory and queue.
+DeviceKind = Literal["cpu", "gpu"]
+#: Messages of allocators that ran out, whatever the device (CUDA's "out of memory", torch CPU's "can't allocate
+#: memory"). A backend's own fault messages are its `fault_markers`.
+OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
 
 
 class GpuInfo(BaseModel):
@@ -44,8 +61,13 @@ class Availability(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict, description="Toolchain versions found.")
     timing: bool = Field(default=True, description="Whether timings on this backend here mean anything.")
     mode: str | None = Field(default=None, description="A restricted way of running, e.g. 'interpreter'.")
-    hardware_profiler: str | None = Field(default=None, description="The counter profiler for this device: 'ncu', 'perf'.")
+    hardware_profiler: str | None = Field(default=None, description="The counter profiler for this device: 'ncu', 'perf' "
+                                          "(a name in `kforge.profilers`' registry), or none.")
     gpus: list[GpuInfo] = Field(default_factory=list, description="Each GPU this backend runs on (none for a CPU).")
+    kind: DeviceKind = Field(default="cpu", description="'gpu' for a device with its own memory and queue, else 'cpu'.")
+    sync_launch_env: dict[str, str] = Field(default_factory=dict, description="Environment of a worker whose device "
+                                            "launches are synchronous, so a fault points at the launch that made it "
+                                            "(CUDA_LAUNCH_BLOCKING=1 on NVIDIA GPUs); empty where calls are already.")
 
 
 class DeviceFacts(BaseModel):
@@ -59,6 +81,8 @@ class DeviceFacts(BaseModel):
     cache_bytes: int | None = Field(default=None, description="Largest cache level that a flush must evict.")
     peak_bandwidth_gbs: float | None = None
     peak_tflops: dict[str, float] = Field(default_factory=dict, description="Measured ceilings per dtype.")
+    kind: DeviceKind | None = Field(default=None, description="'gpu' or 'cpu' (the backend's `kind`); the analyst "
+                                    "picks its remedies by it.")
 
 
 @runtime_checkable
@@ -77,13 +101,20 @@ class Timer(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """One accelerator kind. Methods other than `probe` run only inside a worker process."""
+    """One accelerator kind. Instance methods other than `probe` run only inside a worker process; the class's plain
+    attributes and class methods (`preload` in a fork server, `example_dir` in the server) need no device."""
 
     name: str
-    #: torch device string that inputs and models are moved to ("cpu", "cuda").
+    #: torch device string that inputs and models are made on and moved to ("cpu", "cuda").
     device: str
+    #: "gpu" for a device with its own memory and queue (weights are initialised there), "cpu" otherwise.
+    kind: DeviceKind
     #: Whether an address-space rlimit is safe (GPU runtimes reserve huge virtual ranges; CPU does not).
     limits_address_space: bool
+    #: Texts that mark an error as a device fault that leaves the device unusable (the worker is discarded).
+    fault_markers: tuple[str, ...]
+    #: Environment of a worker whose launches must be synchronous (a fault then points at its launch).
+    sync_launch_env: dict[str, str]
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""
@@ -129,10 +160,151 @@ class Backend(Protocol):
     def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
         """Kernels compiled at first launch from `module` (Triton), with their resources.
 
-        Each dict has the fields of `kforge.tools.models.KernelResources`. Backends whose kernels
+        Each dict has the fields of `kforge.backends.build.models.KernelResources`. Backends whose kernels
         are all built at import time (load_inline) return [].
         """
         ...
+
+    def capture_builds(self, builder: Any) -> ContextManager[None]:
+        """While user code imports: route its builds through `builder` (a `kforge.backends.build.inline.InlineBuilder`,
+        which records them, their diagnostics and resources), and put everything back on exit."""
+        ...
+
+    def compile_error(self, exc: BaseException, user_text: str) -> Any:
+        """A `kforge.backends.build.models.Diagnostic` locating a kernel compile error that `exc` carries (a Triton
+        CompilationError at first launch), or None when `exc` is no compile error of this backend's."""
+        ...
+
+    def strict_numerics(self) -> None:
+        """Make the reference compute at its dtype's full precision (TF32 and reduced-precision reductions off)."""
+        ...
+
+    @classmethod
+    def preload(cls) -> None:
+        """What a fork server pays once for every worker of this backend (the compilers' identities that build keys
+        include). A class method: constructing a backend may start its device, and a device context does not
+        survive the fork."""
+        ...
+
+    def warm_libraries(self) -> None:
+        """First uses of the device's math libraries (cuBLAS, cuDNN) that a job would otherwise pay inside a timing."""
+        ...
+
+    def memory_capacity(self) -> int:
+        """Bytes of memory the device has (the host's, for a device that computes in host memory)."""
+        ...
+
+    @classmethod
+    def example_dir(cls) -> Path | None:
+        """The directory of this backend's verified example: candidate.py, and reference.py or problem.txt (a
+        problem of the pack). An agent needs one reference example to target a platform. A class method: the
+        server reads it without constructing the backend."""
+        ...
+
+
+class BackendBase:
+    """Defaults for a CPU-like backend: the host's memory and clock, no cache flush, `load_inline` builds captured,
+    no device faults, torch.profiler's CPU activity, the example under `kforge/resources/examples/<name>`.
+
+    A backend subclasses it and overrides what its device does differently; `name` and `probe` it must give.
+    """
+
+    name: str = ""
+    device: str = "cpu"
+    kind: DeviceKind = "cpu"
+    limits_address_space: bool = True
+    fault_markers: tuple[str, ...] = ()
+    sync_launch_env: dict[str, str] = {}
+
+    def probe(self) -> Availability:
+        raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")
+
+    def available(self, ok: bool, reason: str, **facts: Any) -> Availability:
+        """An `Availability` carrying this backend's class facts (kind, synchronous-launch environment)."""
+        facts.setdefault("kind", self.kind)
+        facts.setdefault("sync_launch_env", dict(self.sync_launch_env))
+        return Availability(backend=self.name, ok=ok, reason=reason, **facts)
+
+    def setup(self) -> None:
+        return None
+
+    def to_device(self, value: Any) -> Any:
+        return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)
+
+    def synchronize(self) -> None:
+        return None
+
+    def timer(self) -> Timer:
+        from ._host import WallTimer
+
+        return WallTimer()
+
+    def flush_cache(self) -> None:
+        return None
+
+    def facts(self) -> DeviceFacts:
+        from ._host import cpu_name
+
+        return DeviceFacts(backend=self.name, device_name=cpu_name(), kind=self.kind)
+
+    def measure_ceilings(self) -> dict[str, Any]:
+        from ._host import measure_cpu_ceilings
+
+        return measure_cpu_ceilings()
+
+    def build_defaults(self) -> dict[str, list[str]]:
+        return {}
+
+    def profiler_activities(self) -> list[Any]:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU]
+
+    def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
+        return []
+
+    @contextlib.contextmanager
+    def capture_builds(self, builder: Any) -> Iterator[None]:
+        """`load_inline` goes through `builder` while the block runs (what a backend that builds with it needs)."""
+        from torch.utils import cpp_extension
+
+        cpp_extension.load_inline = builder
+        try:
+            yield
+        finally:
+            cpp_extension.load_inline = builder.original
+
+    def compile_error(self, exc: BaseException, user_text: str) -> Any:
+        return None
+
+    def strict_numerics(self) -> None:
+        return None
+
+    @classmethod
+    def preload(cls) -> None:
+        from .build.fast_build import toolchain_id
+
+        toolchain_id(False)
+
+    def warm_libraries(self) -> None:
+        return None
+
+    def memory_capacity(self) -> int:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    @classmethod
+    def example_dir(cls) -> Path | None:
+        return builtin_example_dir(cls.name)
+
+
+def builtin_example_dir(name: str) -> Path | None:
+    """`kforge/resources/examples/<name>` where the package ships an example for `name` (data, not code)."""
+    from importlib import resources
+
+    base = resources.files("kforge.resources") / "examples" / name
+    return Path(str(base)) if name and (base / "candidate.py").is_file() else None
 
 
 def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:

@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from ._host import WallTimer, cpu_name, llc_bytes, llc_layout, measure_cpu_ceilings
-from .base import Availability, DeviceFacts
+from .base import Availability, BackendBase, DeviceFacts
+from .build.compiler_report import VEC_REPORT_FILE
 
 __all__ = ["VEC_REPORT_FILE", "CpuBackend", "CpuTimer", "flush_plan", "llc_layout", "openmp_runtimes", "threads_wanted",
            "usable_cpus", "vectorizer_flags"]
 
-# GCC appends its vectorizer report here, relative to the build directory (ninja compiles there).
-VEC_REPORT_FILE = "kforge-vec.txt"
 
 # Share of timed windows in which another process took a core from the timed call, above which the
 # timings say more about the machine's load than about the kernel.
@@ -219,9 +218,10 @@ def _first_line(cmd: list[str]) -> str | None:
     return text.splitlines()[0] if text else None
 
 
-class CpuBackend:
+class CpuBackend(BackendBase):
     name = "cpu"
     device = "cpu"
+    kind = "cpu"
     limits_address_space = True
 
     def __init__(self) -> None:
@@ -234,22 +234,22 @@ class CpuBackend:
             import torch
             from torch.utils import cpp_extension
         except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason=f"torch cannot be imported ({exc}); install torch (see README)")
         versions["torch"] = torch.__version__
         cxx = os.environ.get("CXX", "c++")
         cxx_path = shutil.which(cxx)
         if cxx_path is None:
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason=f"no C++ compiler: '{cxx}' not found on PATH; install g++ or set CXX")
         versions["cxx"] = _first_line([cxx_path, "--version"]) or cxx_path
         try:
             cpp_extension.verify_ninja_availability()
         except RuntimeError:
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason="ninja not found: `pip install ninja` (load_inline needs it)")
         versions["ninja"] = _first_line(["ninja", "--version"]) or "found"
-        return Availability(backend=self.name, ok=True, versions=versions, hardware_profiler="perf",
+        return self.available(True, versions=versions, hardware_profiler="perf",
                             device_name=cpu_name(),
                             reason=f"C++ compiler and ninja found; {os.cpu_count()} cores")
 
@@ -288,9 +288,6 @@ class CpuBackend:
     def to_device(self, value: Any) -> Any:
         return value  # inputs are made on the CPU already
 
-    def synchronize(self) -> None:
-        return None
-
     def timer(self) -> CpuTimer:
         return CpuTimer(self._windows)
 
@@ -319,7 +316,7 @@ class CpuBackend:
             part.fill_(2.0)  # hits in the cache: these lines are now the re-used ones, and they outrank the rest
 
     def facts(self) -> DeviceFacts:
-        return DeviceFacts(backend=self.name, device_name=cpu_name(),
+        return DeviceFacts(backend=self.name, device_name=cpu_name(), kind=self.kind,
                            cores=len(os.sched_getaffinity(0)), cache_bytes=llc_bytes())
 
     def measure_ceilings(self) -> dict[str, Any]:
@@ -328,10 +325,3 @@ class CpuBackend:
     def build_defaults(self) -> dict[str, list[str]]:
         return {"extra_cflags": ["-O3", "-fopenmp", *vectorizer_flags()], "extra_ldflags": ["-fopenmp"]}
 
-    def profiler_activities(self) -> list[Any]:
-        from torch.profiler import ProfilerActivity
-
-        return [ProfilerActivity.CPU]
-
-    def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
-        return []  # load_inline builds everything at import; ptxas reports come with the build

@@ -8,14 +8,17 @@ is computed in fp32.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
 import subprocess
-from typing import Any
+import sys
+from typing import Any, Iterator
 
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, list_gpus, measure_gpu_ceilings, nvidia_gpu_present, setup_gpu
-from .base import Availability, DeviceFacts, map_structure
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+                      measure_gpu_ceilings, nvidia_gpu_present, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
+from .base import Availability, BackendBase, DeviceFacts
 
 __all__ = ["CudaBackend"]
 
@@ -28,10 +31,13 @@ def _nvcc_version(nvcc: str) -> str | None:
     return lines[0].strip() if lines else None
 
 
-class CudaBackend:
+class CudaBackend(BackendBase):
     name = "cuda"
     device = "cuda"
+    kind = "gpu"
     limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
+    fault_markers = FAULT_MARKERS
+    sync_launch_env = SYNC_LAUNCH_ENV
 
     def __init__(self) -> None:
         self._flush = L2Flusher()
@@ -42,7 +48,7 @@ class CudaBackend:
             import torch
             from torch.utils import cpp_extension
         except Exception as exc:  # noqa: BLE001
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason=f"torch cannot be imported ({exc})")
         versions["torch"] = torch.__version__
         if torch.version.cuda is None:
@@ -50,28 +56,28 @@ class CudaBackend:
             reason = ("torch is a CPU-only build and this host has an NVIDIA GPU: install a CUDA build of torch "
                       "(`pip install torch`)" if nvidia_gpu_present() else
                       "no NVIDIA GPU on this host: the cuda backend needs one")
-            return Availability(backend=self.name, ok=False, versions=versions, reason=reason)
+            return self.available(False, versions=versions, reason=reason)
         versions["torch_cuda"] = torch.version.cuda
         if not torch.cuda.is_available():
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason="torch.cuda.is_available() is False although this host has an NVIDIA GPU: check "
                                        "the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES" if nvidia_gpu_present() else
                                        "no NVIDIA GPU on this host: the cuda backend needs one")
         home = cpp_extension.CUDA_HOME
         nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
         if not nvcc or not os.path.exists(nvcc):
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
         versions["nvcc"] = _nvcc_version(nvcc) or nvcc
         try:
             cpp_extension.verify_ninja_availability()
         except RuntimeError:
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason="ninja not found: `pip install ninja` (load_inline needs it)")
         major, minor = torch.cuda.get_device_capability(0)
         name = torch.cuda.get_device_name(0)
         versions["compute_capability"] = f"{major}.{minor}"
-        return Availability(backend=self.name, ok=True, versions=versions, device_name=name, hardware_profiler="ncu",
+        return self.available(True, versions=versions, device_name=name, hardware_profiler="ncu",
                             reason=f"{torch.cuda.device_count()} GPU(s); builds for sm_{major}{minor}", gpus=list_gpus())
 
     def setup(self) -> None:
@@ -80,9 +86,6 @@ class CudaBackend:
         setup_gpu()
         major, minor = torch.cuda.get_device_capability(0)
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"  # build only for the GPU present
-
-    def to_device(self, value: Any) -> Any:
-        return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)
 
     def synchronize(self) -> None:
         import torch
@@ -109,5 +112,34 @@ class CudaBackend:
 
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
-    def jit_kernels(self, module: Any) -> list[dict[str, Any]]:
-        return []  # load_inline builds everything at import; ptxas reports come with the build
+    @contextlib.contextmanager
+    def capture_builds(self, builder: Any) -> Iterator[None]:
+        """`load_inline` builds, and raw kernels built by NVRTC through `torch.cuda._compile_kernel`."""
+        from .build.nvrtc import NvrtcBuilder
+
+        cuda = sys.modules.get("torch.cuda")
+        nvrtc = getattr(cuda, "_compile_kernel", None)
+        with super().capture_builds(builder):
+            if nvrtc is not None:
+                cuda._compile_kernel = NvrtcBuilder(nvrtc, builder)
+            try:
+                yield
+            finally:
+                if nvrtc is not None:
+                    cuda._compile_kernel = nvrtc
+
+    def strict_numerics(self) -> None:
+        strict_gpu_numerics()
+
+    @classmethod
+    def preload(cls) -> None:
+        from .build.fast_build import toolchain_id
+
+        toolchain_id(False)
+        toolchain_id(True)  # nvcc's identity too: CUDA sources are this backend's builds
+
+    def warm_libraries(self) -> None:
+        warm_gpu_libraries(self.device)
+
+    def memory_capacity(self) -> int:
+        return gpu_memory_capacity(self.device)

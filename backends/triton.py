@@ -13,8 +13,10 @@ import platform
 from typing import Any
 
 from ._host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import EventTimer, L2Flusher, gpu_facts, list_gpus, measure_gpu_ceilings, setup_gpu
-from .base import Availability, DeviceFacts, map_structure
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+                      measure_gpu_ceilings, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
+from .base import Availability, BackendBase, DeviceFacts
+from .build.models import Diagnostic
 
 __all__ = ["TritonBackend"]
 
@@ -28,13 +30,17 @@ def _has_gpu() -> bool:
         return False
 
 
-class TritonBackend:
+class TritonBackend(BackendBase):
     name = "triton"
+    kind = "gpu"  # without a GPU, an instance says "cpu": the interpreter runs on host tensors
     limits_address_space = False  # on a GPU host the CUDA driver reserves huge virtual ranges
+    fault_markers = FAULT_MARKERS
+    sync_launch_env = SYNC_LAUNCH_ENV
 
     def __init__(self) -> None:
         self._gpu = _has_gpu()
         self.device = "cuda" if self._gpu else "cpu"
+        self.kind = "gpu" if self._gpu else "cpu"
         self._flush = L2Flusher()
 
     def probe(self) -> Availability:
@@ -42,27 +48,27 @@ class TritonBackend:
         try:
             import torch
         except Exception as exc:  # noqa: BLE001
-            return Availability(backend=self.name, ok=False, versions=versions, reason=f"torch cannot be imported ({exc})")
+            return self.available(False, versions=versions, reason=f"torch cannot be imported ({exc})")
         versions["torch"] = torch.__version__
         try:
             import triton
         except Exception as exc:  # noqa: BLE001
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason=f"triton cannot be imported ({exc}); `pip install triton`"
                                        + ("" if self._gpu else " (without an NVIDIA GPU it runs under its interpreter: "
                                                                "verified, not timed)"))
         versions["triton"] = triton.__version__
         if self._gpu:
-            return Availability(backend=self.name, ok=True, versions=versions, device_name=torch.cuda.get_device_name(0),
+            return self.available(True, versions=versions, device_name=torch.cuda.get_device_name(0),
                                 hardware_profiler="ncu", gpus=list_gpus(),
                                 reason="GPU present: kernels are JIT-compiled by Triton and timed")
         try:  # the interpreter has needs of its own (numpy) that `import triton` does not reveal
             import triton.runtime.interpreter  # noqa: F401
         except Exception as exc:  # noqa: BLE001
-            return Availability(backend=self.name, ok=False, versions=versions,
+            return self.available(False, versions=versions,
                                 reason=f"no GPU, and Triton's interpreter (which runs Triton candidates without one) "
                                        f"cannot load: {exc}; `pip install numpy` (timing Triton kernels needs an NVIDIA GPU)")
-        return Availability(backend=self.name, ok=True, timing=False, mode="interpreter", versions=versions,
+        return self.available(True, timing=False, mode="interpreter", versions=versions, sync_launch_env={},
                             device_name=cpu_name(),
                             reason="no GPU: candidates run under Triton's interpreter (TRITON_INTERPRET=1) on CPU "
                                    "tensors; results are verified, not timed")
@@ -73,9 +79,6 @@ class TritonBackend:
             os.environ["TRITON_INTERPRET"] = "1"
             return
         setup_gpu()
-
-    def to_device(self, value: Any) -> Any:
-        return map_structure(lambda v: v.to(self.device) if hasattr(v, "to") else v, value)
 
     def synchronize(self) -> None:
         if self._gpu:
@@ -91,13 +94,40 @@ class TritonBackend:
             self._flush()
 
     def facts(self) -> DeviceFacts:
+        # Under the interpreter no kind: the kernels are written for a GPU, and advice on them stays GPU advice.
         return gpu_facts(self.name) if self._gpu else DeviceFacts(backend=self.name, device_name=cpu_name())
 
     def measure_ceilings(self) -> dict[str, Any]:
         return measure_gpu_ceilings() if self._gpu else measure_cpu_ceilings()
 
-    def build_defaults(self) -> dict[str, list[str]]:
-        return {}
+    def strict_numerics(self) -> None:
+        strict_gpu_numerics()
+
+    def warm_libraries(self) -> None:
+        if self._gpu:
+            warm_gpu_libraries(self.device)
+
+    def memory_capacity(self) -> int:
+        return gpu_memory_capacity(self.device) if self._gpu else super().memory_capacity()
+
+    def compile_error(self, exc: BaseException, user_text: str) -> Diagnostic | None:
+        """Triton's CompilationError (at a kernel's first launch, or at import), located in the candidate: its
+        `src` starts at the kernel's `def` line, its `node` is the offending expression."""
+        err = _triton_compile_error(exc)
+        if err is None:
+            return None
+        src, node = getattr(err, "src", None), getattr(err, "node", None)
+        line = None
+        if src and node is not None and getattr(node, "lineno", None):
+            first = src.splitlines()[0].strip()
+            hits = [i for i, l in enumerate(user_text.splitlines(), 1) if l.strip() == first]
+            if len(hits) == 1:
+                line = hits[0] + node.lineno - 1
+        message = (getattr(err, "error_message", None) or str(err).splitlines()[-1]).strip()
+        code_lines = user_text.splitlines()
+        code_line = code_lines[line - 1].rstrip() if line and 0 < line <= len(code_lines) else None
+        return Diagnostic(severity="error", message=message, line=line, column=getattr(node, "col_offset", None),
+                          source="triton", code_line=code_line)
 
     def profiler_activities(self) -> list[Any]:
         from torch.profiler import ProfilerActivity
@@ -113,6 +143,17 @@ class TritonBackend:
                 info = _resources(compiled)
                 seen[f"{info['kernel']}:{info['num_warps']}:{info['num_stages']}"] = info
         return list(seen.values())
+
+
+def _triton_compile_error(exc: BaseException | None) -> Any:
+    """The Triton CompilationError in `exc`'s chain, if any (matched by name: triton may be absent)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if type(exc).__name__ == "CompilationError" and type(exc).__module__.startswith("triton"):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def _compiled_kernels(obj: Any) -> list[Any]:

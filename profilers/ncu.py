@@ -2,9 +2,9 @@
 
 `ncu_command` builds the prefix that runs a worker under ncu (only the candidate's own kernels,
 a few launches, the sections that decide the next change; ncu's messages go to a log file so they
-cannot reach the worker's protocol pipe). `main` runs ncu and the worker it profiles in one sandbox.
-`read_report` condenses the `.ncu-rep` with NVIDIA's own report module, which ships with ncu under
-`extras/python`.
+cannot reach the worker's protocol pipe); `kforge.tools.process.ncu_launch` runs ncu and the worker it
+profiles in one sandbox. `read_report` condenses the `.ncu-rep` with NVIDIA's own report module, which
+ships with ncu under `extras/python`. `NcuProfiler` puts them behind `kforge.profilers.base.Profiler`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from .base import ProfilerBase
 from .report import Counter, NcuKernel, hottest_kernel, kernel_base_name
 
-__all__ = ["counters_for", "main", "ncu_command", "ncu_install", "ncu_log_problem", "read_report"]
+__all__ = ["NcuProfiler", "counters_for", "main", "ncu_command", "ncu_install", "ncu_log_problem", "read_report"]
 
 # MemoryWorkloadAnalysis_Tables and SourceCounters carry the access-pattern facts (sectors per request,
 # ncu's uncoalesced-access rules) that tell a strided kernel from a bandwidth-bound one.
@@ -177,6 +178,29 @@ def main(argv: list[str]) -> None:
     with socket.socket(fileno=os.dup(0)) as channel:
         channel.sendall((line + "\n").encode())
     os.execvp(argv[split + 1], argv[split + 1:])
+
+
+class NcuProfiler(ProfilerBase):
+    """Nsight Compute: the candidate once more under `ncu`, its report read by the judge (NVIDIA backends name it)."""
+
+    name = "ncu"
+    title = "Nsight Compute"
+    where = "rerun"
+
+    def command(self, report: Path, log: Path, kernel_names: Iterable[str], *, launches: int) -> list[str] | None:
+        return ncu_command(report, log, kernel_names, launches=launches)
+
+    def install_dir(self, executable: str) -> str:
+        return ncu_install(executable)
+
+    def log_problem(self, log_text: str) -> str | None:
+        return ncu_log_problem(log_text)
+
+    def read(self, report: Path, custom_names: Iterable[str]) -> list[NcuKernel]:
+        return read_report(report, custom_names)
+
+    def counters(self, kernels: list[NcuKernel]) -> list[Counter]:
+        return counters_for(kernels)
 
 
 if __name__ == "__main__":

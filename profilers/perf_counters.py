@@ -13,9 +13,10 @@ import subprocess
 import tempfile
 import time
 
+from .base import ProfilerBase
 from .report import Counter
 
-__all__ = ["PerfStat"]
+__all__ = ["PerfProfiler", "PerfStat"]
 
 _EVENTS = ["task-clock", "cycles", "instructions", "cache-references", "cache-misses", "branch-misses"]
 
@@ -79,6 +80,17 @@ class PerfStat:
                          f"perf_event_paranoid={_paranoid()}); only software events are available")
         elif not self.counters:
             self.note = f"perf produced no counters: {text.strip()[:300]}"
+
+
+class PerfProfiler(ProfilerBase):
+    """`perf stat` on the worker while it runs the profiled calls (CPU backends name it)."""
+
+    name = "perf"
+    title = "perf"
+    where = "worker"
+
+    def collect(self) -> PerfStat:
+        return PerfStat()
 
 
 def _paranoid() -> str:

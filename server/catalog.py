@@ -6,6 +6,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from kforge.backends import backend_names, example_dir
 from kforge.tools.models import sha256_text
 
 from .kernelbench import PREFIX as KERNELBENCH_PREFIX
@@ -71,15 +72,22 @@ class Problems:
         return {**found, **problem_names_by_sha256()}
 
 
+def _example_dir(backend: str) -> Path | None:
+    """Where backend `backend` keeps its verified example: the backend says (`Backend.example_dir`), so a backend
+    a package adds brings its own; None for a name no backend has, or a backend without one."""
+    if not _NAME.match(backend):
+        return None
+    found = example_dir(backend)
+    return found if found is not None and (found / "candidate.py").is_file() else None
+
+
 def example_backends() -> list[str]:
-    return sorted(p.name for p in (_root() / "examples").iterdir() if (p / "candidate.py").is_file())
+    return [name for name in backend_names() if _example_dir(name) is not None]
 
 
 def example(backend: str) -> dict[str, str] | None:
-    if not _NAME.match(backend):
-        return None
-    base = _root() / "examples" / backend
-    if not (base / "candidate.py").is_file():
+    base = _example_dir(backend)
+    if base is None:
         return None
     # An example either carries its own reference or names a problem of the pack (problem.txt).
     if (base / "reference.py").is_file():
@@ -91,10 +99,8 @@ def example(backend: str) -> dict[str, str] | None:
 
 def inline_build_examples(backend: str) -> list[str]:
     """The texts of this backend's example candidates that build with `load_inline` (most candidates copy their flags)."""
-    if not _NAME.match(backend):
-        return []
-    base = _root() / "examples" / backend
-    if not base.is_dir():
+    base = _example_dir(backend)
+    if base is None:
         return []
     texts = [p.read_text() for p in sorted(base.iterdir(), key=lambda p: p.name)
              if p.name.startswith("candidate") and p.name.endswith(".py")]

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge.backends.build.fast_build import mark_used
+
 __all__ = ["CACHES", "KEEP_RECENT_S", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_loaded", "mark_used",
            "prune_caches"]
 
@@ -56,14 +58,6 @@ def _last_used(path: Path) -> float:
                 continue
             newest = max(newest, st.st_mtime)
     return newest
-
-
-def mark_used(path: Path) -> None:
-    """Record that a cache entry was used just now, for least-recently-used pruning."""
-    try:
-        os.utime(path)
-    except OSError:
-        pass  # read-only or gone: pruning then goes by the files' own times
 
 
 def mark_loaded(pid: int, builds: Path) -> None:
@@ -126,7 +120,7 @@ class PruneReport:
 def _header_being_built(entry: Path) -> bool:
     """Whether `entry` holds a header build's marker whose builder is alive (one whose builder is gone is left
     over: a build killed with its server)."""
-    from ..backends.build.fast_build import builder_gone  # (fast_build imports this module)
+    from kforge.backends.build.fast_build import builder_gone
 
     marker = entry / "building"
     return marker.exists() and not builder_gone(marker)

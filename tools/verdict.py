@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .harness.loader import DEVICE_FAULT_MESSAGES, OUT_OF_MEMORY_MESSAGES
+from kforge.backends import OUT_OF_MEMORY_MESSAGES, fault_markers
+
 from .models import Check, TrialReport
 from .static_scan import Finding
 
@@ -64,7 +65,7 @@ def why_not_stored(result: dict[str, Any]) -> str | None:
             return f"the {check.get('name')} check failed, and the environment can fail it"
     for trial in result.get("trials") or []:
         error = str(trial.get("error") or "")
-        if any(m in error.lower() for m in OUT_OF_MEMORY_MESSAGES) or any(m in error for m in DEVICE_FAULT_MESSAGES):
+        if any(m in error.lower() for m in OUT_OF_MEMORY_MESSAGES) or any(m in error for m in fault_markers()):
             return f"trial {trial.get('trial')} ran out of memory or hit a device fault"
     return None
 

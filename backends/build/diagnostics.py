@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge.tools.models import Diagnostic, KernelResources
+from .models import Diagnostic, KernelResources
 
 __all__ = ["SourceMap", "parse_compiler_output", "parse_ptxas_resources"]
 

@@ -34,11 +34,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kforge.tools.disk import mark_used
-from kforge.tools.harness.integrity import process_stat
+from kforge.backends._host import process_stat
 
-__all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "name_builder", "pch_dir_for",
-           "serve_build_request", "toolchain_id"]
+__all__ = ["build_key", "build_pch_now", "claim_pch", "job_cache_env", "lean_cuda_sources", "mark_used", "name_builder",
+           "pch_dir_for", "serve_build_request", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -74,6 +73,14 @@ def toolchain_id(with_cuda: bool) -> str:
             parts.append(_version_text([nvcc, "--version"]))
         _TOOLCHAIN[with_cuda] = " | ".join(parts)
     return _TOOLCHAIN[with_cuda]
+
+
+def mark_used(path: Path) -> None:
+    """Record that a cache entry was used just now, for least-recently-used pruning (`kforge prune`)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # read-only or gone: pruning then goes by the files' own times
 
 
 def _digest(parts: dict[str, Any]) -> str:
@@ -315,7 +322,7 @@ _MAX_PROMOTED_BYTES = 4 * 2**30
 def _promoted_names(name: str) -> tuple[str, ...]:
     """The files of a build that go into the cache, by their exact names (nothing else does: objects,
     ninja's logs, anything a subverted compiler left there)."""
-    from kforge.backends.cpu import VEC_REPORT_FILE
+    from .compiler_report import VEC_REPORT_FILE
 
     return (f"{name}.so", "main.cpp", "cuda.cu", "build.ninja", "kforge-build.log", "kforge-kernels.json", VEC_REPORT_FILE)
 
@@ -366,7 +373,7 @@ def promote_build(cache_dir: Path, name: str, key: str, built: Path, pch_record:
 
 async def serve_build_request(home: Path, limits: Any, scratch: Path | None, request: Any,
                               timeout_s: float) -> dict[str, Any]:
-    """Build what a sandboxed worker asked for (`loader._InlineBuilder._built_by_server`) and promote it.
+    """Build what a sandboxed worker asked for (`inline.InlineBuilder._built_by_server`) and promote it.
 
     The builder is `python -m kforge.backends.build.fast_build --build`, in a sandbox of its own whose only writable
     directory is a fresh staging directory outside the cache (it may read the asking job's directory, for
@@ -488,7 +495,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
 
     from torch.utils import cpp_extension
 
-    from kforge.tools.harness.loader import _BuildError, _InlineBuilder
+    from .inline import BuildError, InlineBuilder
 
     run_ninja = cpp_extension._run_ninja_build
 
@@ -503,7 +510,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
     class _Backend:
         name = request["backend"]
 
-    builder = _InlineBuilder(cpp_extension.load_inline, candidate_text="", cache_dir=Path(request["cache_dir"]),
+    builder = InlineBuilder(cpp_extension.load_inline, candidate_text="", cache_dir=Path(request["cache_dir"]),
                              backend=_Backend(), precompiled_headers=bool(request.get("precompiled_headers")),
                              build_root=out)
     builder.keep_failed_builds = True
@@ -515,7 +522,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
 
     try:
         _, build_dir, how = builder._build(kwargs["name"], kwargs)
-    except _BuildError as exc:
+    except BuildError as exc:
         say({"done": True, "ok": False, "output": exc.output[-_MAX_ANSWER_BYTES // 4:], "mode": builder.last_mode,
              "not_split": builder._pop_not_split(), "generated": generated(),
              "build_dir": builder.last_build_dir.name if builder.last_build_dir else None})

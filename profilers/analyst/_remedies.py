@@ -6,7 +6,11 @@ edit here, not a new branch in the rules.
 
 from __future__ import annotations
 
+import functools
 import re
+
+from kforge.backends import backend_class
+from kforge.profilers.report import ProfileReport
 
 __all__ = ["MATMUL_REMEDIES", "REMEDIES", "REMEDY_TITLES", "SLOWER_THAN_EAGER", "family_of", "is_matmul_like"]
 
@@ -108,6 +112,22 @@ def is_matmul_like(op_name: str) -> bool:
     return bool(_MATMUL_LIKE.search(op_name.rsplit("::", 1)[-1]))
 
 
-def family_of(backend: str, has_device_time: bool) -> str:
-    """'gpu' for cuda/triton/rocm backends or any report with device times, else 'cpu'."""
-    return "gpu" if has_device_time or backend.lower() in {"cuda", "triton", "rocm", "hip"} else "cpu"
+def family_of(report: ProfileReport) -> str:
+    """'gpu' or 'cpu': which remedies fit the profiled device.
+
+    The device's own kind where the report carries it (`DeviceFacts.kind`); else 'gpu' when any op took device
+    time; else the kind its backend declares (`Backend.kind`, read from the registered class), 'cpu' for a name
+    no backend here has."""
+    if report.device is not None and report.device.kind is not None:
+        return report.device.kind
+    if any(r.device_time_us for r in report.ops):
+        return "gpu"
+    return _declared_kind(report.backend.lower())
+
+
+@functools.lru_cache(maxsize=32)
+def _declared_kind(backend: str) -> str:
+    try:
+        return "gpu" if getattr(backend_class(backend), "kind", "cpu") == "gpu" else "cpu"
+    except Exception:  # noqa: BLE001 - unknown here (a profile parsed from text, a plug-in not installed)
+        return "cpu"

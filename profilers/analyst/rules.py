@@ -84,7 +84,7 @@ def _rule_custom_share(report: ProfileReport, out: _Findings) -> None:
     out.evidence.append(ev)
     if share >= CUSTOM_SHARE_MIN or not others:
         return
-    family = family_of(report.backend, any(r.device_time_us for r in report.ops))
+    family = family_of(report)
     if not custom:
         why = f"the candidate calls no kernel of its own: all profiled op time is in framework ops ({_op_list(others)})"
         out.claims.append(_hardware.Claim("framework-bound", _PRIORITY_FRAMEWORK, why, [ev]))
@@ -114,7 +114,7 @@ def _rule_framework_inside(report: ProfileReport, out: _Findings) -> None:
     share = report.custom_share
     if not custom or share is None or share < CUSTOM_SHARE_MIN:
         return
-    if family_of(report.backend, any(r.device_time_us for r in report.ops)) != "cpu":
+    if family_of(report) != "cpu":
         return
     own = sum(r.share for r in custom)
     ev = Evidence(metric="own_code_share", value=round(own, 4),
@@ -161,7 +161,7 @@ def _ops_per_call(ops: list[OpRow], profiled_calls: int) -> tuple[float, bool]:
 def _rule_launch(report: ProfileReport, out: _Findings) -> None:
     """Launch-bound when many short ops per call hold most of the time, or launching kernels takes the
     host longer than the kernels run."""
-    gpu = family_of(report.backend, any(r.device_time_us for r in report.ops)) == "gpu"
+    gpu = family_of(report) == "gpu"
     ops = _counted_ops(report, gpu)
     # On GPU a kernel row's cost is its device time; host-only rows (launch calls) keep their CPU time.
     small = _by_share([r for r in ops if r.calls > 0 and
@@ -301,7 +301,7 @@ def _rule_hot_kernel(report: ProfileReport, bottleneck: Bottleneck, remedy: str,
         return  # the candidate has no kernel to tune; the framework rule speaks
     hot = custom[0] if custom else _by_share(report.ops)[0]
     affected = report.custom_share if custom and report.custom_share is not None else hot.share
-    family = family_of(report.backend, any(r.device_time_us for r in report.ops))
+    family = family_of(report)
     key = remedy if remedy in REMEDIES[family] else bottleneck
     action = REMEDIES[family][key]
     if is_matmul_like(hot.name):
@@ -493,7 +493,7 @@ class RulesAnalyst:
         out = _Findings()
         for rule in (_rule_custom_share, _rule_framework_inside, _rule_launch, _rule_alloc_copy, _rule_host):
             rule(report, out)
-        family = family_of(report.backend, any(r.device_time_us for r in report.ops))
+        family = family_of(report)
         facts = read_source(code) if code else None
         if facts is not None:
             code_findings(report, facts, compiler, family, out)

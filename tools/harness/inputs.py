@@ -29,15 +29,15 @@ VARIANTS: list[tuple[str, Any]] = [
 def build_model(make: Any, seed: int, backend: Any) -> Any:
     """`make()` with its initial weights drawn from `seed` on the backend's device, then moved there.
 
-    On a GPU the weights are made there: a KernelBench GEMM layer of 8192x8192 takes about half a second to
-    initialise on the CPU, milliseconds on the device. The judge and the candidate's process build the same
+    On a device with its own memory (`backend.kind == "gpu"`) the weights are made there: a KernelBench GEMM layer
+    of 8192x8192 takes about half a second to initialise on the CPU, milliseconds on the device. The judge and the candidate's process build the same
     way from the same seed, so their weights agree bit for bit. A constructor that cannot run with a device
     default (a CPU-only call) is built on the CPU instead, from the same seed, in both processes alike.
     """
     import torch
 
     torch.manual_seed(seed)
-    if backend.device != "cpu":
+    if backend.kind == "gpu":
         try:
             with torch.device(backend.device):
                 return backend.to_device(make())
@@ -76,8 +76,9 @@ def to_float64(value: Any) -> Any:
     return value
 
 
-def poison_allocator(sizes_bytes: list[int], device: str) -> None:
-    """Fill memory the allocator will hand out next with NaN, then free it.
+def poison_allocator(sizes_bytes: list[int], backend: Any) -> None:
+    """Fill memory the allocator will hand out next with NaN, then free it (on the backend's device, waiting for
+    the fills to finish there before the blocks go back).
 
     PyTorch's caching allocator (and glibc's malloc for small blocks) returns a freed block to the
     next request of a similar size with its bytes untouched, so an output a kernel never wrote shows
@@ -85,9 +86,16 @@ def poison_allocator(sizes_bytes: list[int], device: str) -> None:
     """
     import torch
 
-    blocks = [torch.full((max(1, n // 4),), float("nan"), dtype=torch.float32, device=device) for n in sizes_bytes]
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    if isinstance(backend, str):  # TEMPORARY: a caller that still passes the device string (candidate_ops, until hooked up)
+        from kforge.backends.base import BackendBase
+
+        device = backend
+        backend = BackendBase()
+        backend.device = device
+        backend.synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)  # type: ignore
+    blocks = [torch.full((max(1, n // 4),), float("nan"), dtype=torch.float32, device=backend.device)
+              for n in sizes_bytes]
+    backend.synchronize()
     del blocks
 
 

@@ -31,14 +31,14 @@ from typing import Any, Callable, Sequence
 
 from kforge.profilers.report import TimingStats, median_interval
 
+from ..rounds import merge_rounds, replay_warning  # noqa: F401 - merge_rounds: its old home
+
 __all__ = ["ReplaySchedule", "Timed", "TimingPolicy", "merge_rounds", "time_model"]
 
 # A host-minus-device gap, beyond what a synchronize costs by itself, above this fraction of the device
 # time (and above the floor) means unseen work; calls on repeated inputs this many times faster mean replay.
 _UNSEEN_WORK_FRACTION = 0.5
 _GAP_FLOOR_S = 5e-6
-_REPLAY_RATIO = 1.5
-_REPLAY_NEIGHBOURS = 3  # repeated calls on either side a fresh call is compared with
 _MAX_BATCH = 100  # calls queued before one synchronize (each holds two events and maybe an output)
 _MAX_TOP_UP = 1000  # warm-up calls queued after the estimate (tiny kernels: the host's queueing is the limit)
 
@@ -113,7 +113,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if hit_budget:
         extra.append(f"time budget of {policy.budget_s:g} s reached before the median's 95% interval narrowed to "
                      f"+-{100 * policy.target_rel_ci:g}%")
-    replay = _replay_warning(samples, [f for _, f in picks], disturbed) if schedule else None
+    replay = replay_warning(samples, [f for _, f in picks], disturbed) if schedule else None
     extra += [replay] if replay else []
     stats = TimingStats.from_samples_s(label, samples, extra_warnings=extra,
                                        host_median_us=host_med * 1e6 if host_med is not None else None,
@@ -290,54 +290,3 @@ class ReplaySchedule:
             self.used.append(index)
             return index, True
         return self.used[secrets.randbelow(len(self.used))], False
-
-
-def _replay_warning(samples: list[float], fresh: list[bool], disturbed: Sequence[bool] = ()) -> str | None:
-    """Calls on inputs seen before must not be much faster than calls on new ones *next to them*.
-
-    Each fresh call is compared with the repeated calls nearest to it in time, and the verdict is
-    the median of those ratios: fresh sets run out partway through sampling, so a global median
-    would blame replay for any drift (a noisy neighbour, an allocator still growing) between the
-    start and the end of the run. A replaying candidate is faster on every repeat, wherever it is. Calls that
-    another process interrupted (`disturbed`, host backends) are left out: on a busy 2-core host a few fresh
-    calls that landed in a burst of other work read as replay.
-    """
-    quiet = [not d for d in disturbed] if len(disturbed) == len(samples) else [True] * len(samples)
-    ratios, fresh_times, repeat_times = [], [], []
-    for i, is_fresh in enumerate(fresh):
-        if not is_fresh or not quiet[i]:
-            continue
-        near = [samples[j] for j in range(max(0, i - _REPLAY_NEIGHBOURS), min(len(samples), i + _REPLAY_NEIGHBOURS + 1))
-                if not fresh[j] and quiet[j]]
-        if near:
-            ratios.append(samples[i] / max(statistics.median(near), 1e-12))
-            fresh_times.append(samples[i])
-            repeat_times.extend(near)
-    if len(ratios) < 3 or statistics.median(ratios) < _REPLAY_RATIO:
-        return None
-    return (f"calls on inputs seen before took {statistics.median(repeat_times) * 1e6:.1f} us, calls on new inputs "
-            f"next to them {statistics.median(fresh_times) * 1e6:.1f} us (median ratio x{statistics.median(ratios):.1f}): "
-            "answers replayed from earlier calls?")
-
-
-def merge_rounds(label: str, replies: Sequence[dict[str, Any]]) -> tuple[TimingStats, list[list[float]]]:
-    """One series' statistics over all its rounds, and its samples (seconds) round by round.
-
-    Replay is judged over the whole series (the fresh sets are spent across rounds), from each sample's
-    fresh/repeat flag; the rounds' other findings carry over.
-    """
-    rounds = [[x / 1e6 for x in r["samples_us"]] for r in replies]
-    every = [s for r in rounds for s in r]
-    fresh = [f for r in replies for f in r.get("fresh", [])]
-    disturbed = [d for r in replies for d in r.get("disturbed") or [False] * len(r["samples_us"])]
-    parts = [TimingStats(**r["timing"]) for r in replies]
-    replay = _replay_warning(every, fresh, disturbed) if len(fresh) == len(every) and any(fresh) else None
-    drop = ("seen before", "only ", "noisy:")  # recomputed over the whole series below
-    warnings = list(dict.fromkeys(w for p in parts for w in p.warnings if not any(d in w for d in drop)))
-    hosts = [p.host_median_us for p in parts if p.host_median_us is not None]
-    stats = TimingStats.from_samples_s(
-        label, every, extra_warnings=warnings + ([replay] if replay else []),
-        host_median_us=statistics.median(hosts) if hosts else None, unseen_work=any(p.unseen_work for p in parts),
-        replay_suspected=bool(replay), input_sets=parts[0].input_sets, threads=parts[0].threads,
-        clock="host" if any(p.clock == "host" for p in parts) else "device", rounds=len(parts))
-    return stats, rounds
