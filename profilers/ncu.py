@@ -10,11 +10,9 @@ ships with ncu under `extras/python`. `NcuProfiler` puts them behind `kforge.pro
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil
-import socket
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -22,7 +20,7 @@ from typing import Iterable
 from .base import ProfilerBase
 from .report import Counter, NcuKernel, hottest_kernel, kernel_base_name
 
-__all__ = ["NcuProfiler", "counters_for", "main", "ncu_command", "ncu_install", "ncu_log_problem", "read_report"]
+__all__ = ["NcuProfiler", "counters_for", "ncu_command", "ncu_install", "ncu_log_problem", "read_report"]
 
 # MemoryWorkloadAnalysis_Tables and SourceCounters carry the access-pattern facts (sectors per request,
 # ncu's uncoalesced-access rules) that tell a strided kernel from a bandwidth-bound one.
@@ -156,30 +154,6 @@ def counters_for(kernels: list[NcuKernel]) -> list[Counter]:
             for name, value in hot.metrics.items()]
 
 
-def main(argv: list[str]) -> None:
-    """`python -m kforge.profilers.ncu CONFINEMENT -- ncu ... python -m kforge.tools.harness.worker`: ncu's front-end and the
-    worker it profiles in one sandbox of their own (`kforge.tools.process.sandbox`), as `kforge.tools.process.sandbox`'s own main
-    runs a command, but with the report sent first on fd 0, the worker's protocol socket, before any candidate code
-    runs: the worker enters no sandbox itself, only Landlock, which it reports. One sandbox, not one each: the
-    front-end finds its target by pid, talks to it through an abstract Unix socket (`@nv_target_process_<pid>`,
-    per network namespace) and FIFOs in /tmp, and ncu's launcher (TreeLauncherSubreaper) sits between them."""
-    from dataclasses import replace
-
-    from kforge.tools.process.sandbox import Confinement, enter, network_state, with_gpu_nodes
-
-    split = argv.index("--")
-    # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.
-    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
-    # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
-    # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
-    report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes
-    line = json.dumps({"sandbox": {"applied": report["applied"], "missing": report["missing"],
-                                   "network": network_state(report)}})
-    with socket.socket(fileno=os.dup(0)) as channel:
-        channel.sendall((line + "\n").encode())
-    os.execvp(argv[split + 1], argv[split + 1:])
-
-
 class NcuProfiler(ProfilerBase):
     """Nsight Compute: the candidate once more under `ncu`, its report read by the judge (NVIDIA backends name it)."""
 
@@ -202,6 +176,3 @@ class NcuProfiler(ProfilerBase):
     def counters(self, kernels: list[NcuKernel]) -> list[Counter]:
         return counters_for(kernels)
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

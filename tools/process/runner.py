@@ -30,7 +30,7 @@ from .channel import Channel, HandedFds, close_all
 from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 from ..disk import mark_loaded
 from kforge.backends.build.fast_build import job_cache_env
-from ..harness.integrity import process_ids, process_stat
+from kforge.backends._host import process_ids, process_stat
 from ..models import Failure
 
 if TYPE_CHECKING:
@@ -423,7 +423,7 @@ class WorkerProcess:
 
     def _command(self) -> list[str]:
         """The worker's command line. Under a profiler (ncu), the profiler's front-end and the worker share one
-        sandbox, entered before the front-end starts (`kforge.profilers.ncu.main`, which sends its report first):
+        sandbox, entered before the front-end starts (`kforge.tools.process.ncu_launch`, which sends its report first):
         they talk through an abstract socket and FIFOs in /tmp, which two sandboxes would part. The worker itself
         then enters none (no `--sandbox`): a second one inside would part it from its profiler. It applies Landlock
         itself (`--landlock`, `sandbox.apply_landlock`): the CUDA driver writes the worker's own /proc/self/task."""
@@ -432,7 +432,7 @@ class WorkerProcess:
             return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
         if (conf := confinement(self.home, self.limits, self.scratch)) is None:
             return [*self._prefix, *worker]
-        return [sys.executable, "-m", "kforge.profilers.ncu", conf.as_arg(), "--", *self._prefix, *worker,
+        return [sys.executable, "-m", "kforge.tools.process.ncu_launch", conf.as_arg(), "--", *self._prefix, *worker,
                 "--landlock", conf.as_arg()]
 
     def _profiled_worker(self) -> int | None:
@@ -538,8 +538,8 @@ class WorkerProcess:
         deadline = time.monotonic() + (timeout_s or self.limits.timeout_s)
         reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         while "build_request" in reply and reply.get("nonce") == nonce and set(reply) <= {"build_request", "nonce"}:
-            # A build the read-only cache lacks, mid-op: built and promoted here (`fast_build.serve_build_request`).
-            from kforge.backends.build.fast_build import serve_build_request
+            # A build the read-only cache lacks, mid-op: built and promoted here (`build_service.serve_build_request`).
+            from .build_service import serve_build_request
 
             close_all(fds)
             built = await serve_build_request(self.home, self.limits, self.scratch, reply["build_request"],

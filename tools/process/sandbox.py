@@ -89,7 +89,7 @@ class Confinement:
 
     def shared_read_only(self) -> list[str]:
         """The data directory's shared build caches: readable by every worker, written only by the server, which
-        promotes into them what its own sandboxed builds produced (`kforge.backends.build.fast_build.serve_build_request`)."""
+        promotes into them what its own sandboxed builds produced (`kforge.tools.process.build_service.serve_build_request`)."""
         return [str(Path(self.home) / "cache")]
 
     def as_arg(self) -> str:
