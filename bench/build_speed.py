@@ -71,6 +71,7 @@ async def main(args) -> dict:
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import compile_kernel, verify_against_reference
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import CompileRequest, ProfileRequest, VerifyRequest
     from kforge.tools.process.runner import WorkerLimits
     from kforge.server.catalog import example
 
@@ -112,13 +113,15 @@ async def main(args) -> dict:
             if form in args.skip_form:
                 continue
             text = variant(form, path.read_text(), 0)
-            res, s = await timed(compile_kernel(ctx, backend, text, use_store=False))
+            res, s = await timed(compile_kernel(ctx, CompileRequest(backend=backend, candidate_code=text,
+                                                                    use_store=False)))
             assert res.ok, str(res)
             first_build_done = first_build_done or time.perf_counter()
             row(f"KForge compile_kernel, new candidate, {form} form", s, build_s=round(res.build_seconds, 3),
                 fast_paths=sorted({p for b in res.builds for p in b.fast_paths}),
                 vs_plain=round(s / plain, 3) if plain else None, **not_split(res))
-            res, s = await timed(compile_kernel(ctx, backend, text, use_store=False))
+            res, s = await timed(compile_kernel(ctx, CompileRequest(backend=backend, candidate_code=text,
+                                                                    use_store=False)))
             row(f"KForge compile_kernel, repeated candidate, {form} form", s, from_cache=res.from_cache,
                 build_s=round(res.build_seconds, 4))
         if backend == "cpu" or args.wait_pch:
@@ -129,7 +132,8 @@ async def main(args) -> dict:
             row("precompiled header ready (built in the background after the first build; once per flag set)",
                 round(time.perf_counter() - first_build_done, 1))
             text = variant("kernelbench", forms["kernelbench"].read_text(), 1)
-            res, s = await timed(compile_kernel(ctx, backend, text, use_store=False))
+            res, s = await timed(compile_kernel(ctx, CompileRequest(backend=backend, candidate_code=text,
+                                                                    use_store=False)))
             assert res.ok, str(res)
             row("KForge compile_kernel, new candidate, KernelBench form, header precompiled", s,
                 build_s=round(res.build_seconds, 3), fast_paths=sorted({p for b in res.builds for p in b.fast_paths}),
@@ -139,12 +143,15 @@ async def main(args) -> dict:
 
         async def turnaround(text: str, label: str) -> dict:
             stages = {}
-            c, stages["compile"] = await timed(compile_kernel(ctx, backend, text, use_store=False))
+            c, stages["compile"] = await timed(compile_kernel(ctx, CompileRequest(backend=backend,
+                    candidate_code=text, use_store=False)))
             assert c.ok, str(c)
-            v, stages["verify"] = await timed(verify_against_reference(ctx, backend, reference, text, use_store=False))
+            v, stages["verify"] = await timed(verify_against_reference(ctx, VerifyRequest(backend=backend,
+                    reference_code=reference, candidate_code=text, use_store=False)))
             assert v.correct, str(v)
-            p, stages["profile"] = await timed(profile_kernel(ctx, backend, reference, text, baselines=("eager",),
-                                                              hardware_counters=False, budget_s=args.budget_s))
+            p, stages["profile"] = await timed(profile_kernel(ctx, ProfileRequest(backend=backend,
+                    reference_code=reference, candidate_code=text, baselines=("eager",), hardware_counters=False,
+                    budget_s=args.budget_s)))
             assert p.ok and p.output_correct, str(p)
             total = round(sum(stages.values()), 2)
             row(f"turnaround compile+verify+profile, {label}, {fast_form} form", total, **stages,
@@ -172,10 +179,12 @@ async def main(args) -> dict:
             async def one(i: int) -> None:
                 b, form, ref = mix[i % len(mix)]  # a mixed set: the backends take turns
                 t = variant(form, FORMS[b][form].read_text(), 100 + i)
-                c = await compile_kernel(ctx, b, t, use_store=False)
-                v = await verify_against_reference(ctx, b, ref, t, use_store=False)
-                p = await profile_kernel(ctx, b, ref, t, baselines=("eager",), hardware_counters=False,
-                                         budget_s=args.budget_s)
+                c = await compile_kernel(ctx, CompileRequest(backend=b, candidate_code=t, use_store=False))
+                v = await verify_against_reference(ctx, VerifyRequest(backend=b, reference_code=ref, candidate_code=t,
+                                                                      use_store=False))
+                p = await profile_kernel(ctx, ProfileRequest(backend=b, reference_code=ref, candidate_code=t,
+                                                             baselines=("eager",), hardware_counters=False,
+                                                             budget_s=args.budget_s))
                 done.append(c.ok and v.correct and p.ok)
 
             t0 = time.perf_counter()

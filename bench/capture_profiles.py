@@ -62,6 +62,7 @@ def _metric_dump(rep: Path, dest: Path) -> None:
 async def capture(cases: list[str], out: Path) -> None:
     from kforge.tools.context import ToolContext
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
 
     from kforge.tools.evaluate import compile_kernel
 
@@ -77,8 +78,10 @@ async def capture(cases: list[str], out: Path) -> None:
             dest = out / case
             dest.mkdir(parents=True, exist_ok=True)
             t = time.perf_counter()
-            prof = await profile_kernel(ctx, "cuda", (src / "reference.py").read_text(),
-                                        (src / "candidate.py").read_text(), budget_s=1.0)
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cuda",
+                                                            reference_code=(src / "reference.py").read_text(),
+                                                            candidate_code=(src / "candidate.py").read_text(),
+                                                            budget_s=1.0))
             print(f"[{case}] profiled in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             (dest / "profile.txt").write_text(str(prof) + "\n")
             if prof.report is not None:

@@ -214,6 +214,7 @@ async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
 
     ctx = ToolContext(home=home)
     avail = await ctx.require_backend("cpu")
@@ -244,8 +245,9 @@ async def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             # drift between them shows (after/before) and touches both sides alike.
             before = outside_all(ext, stmt, modelnew, model, x, threads, args.budget / 2) if ext else None
             load0, busy0 = os.getloadavg()[0], cpu_busy()
-            prof = await profile_kernel(ctx, "cpu", ref_src, cand_src, baselines=baselines, budget_s=args.budget,
-                                        hardware_counters=False)
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=ref_src,
+                                                            candidate_code=cand_src, baselines=baselines,
+                                                            budget_s=args.budget, hardware_counters=False))
             if not prof.ok:
                 raise RuntimeError(f"{name}: profile_kernel failed: {prof.failure}")
             busy1 = cpu_busy()

@@ -44,6 +44,7 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import verify_against_reference
+    from kforge.tools.requests import VerifyRequest
     from kforge.tools.process.runner import WorkerLimits
 
     here = Path(__file__).resolve().parents[1]
@@ -55,8 +56,9 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str
         while not pool.settled() and time.monotonic() < deadline:
             await anyio.sleep(0.05)
         t0 = time.perf_counter()
-        result = await verify_against_reference(ctx, backend, problem_reference("relu"),
-                                                candidate + f"\n# {time.time_ns()}\n")
+        result = await verify_against_reference(ctx, VerifyRequest(backend=backend,
+                                                                   reference_code=problem_reference("relu"),
+                                                                   candidate_code=candidate + f"\n# {time.time_ns()}\n"))
         verify_s = time.perf_counter() - t0
         assert result.correct, result
     lines = [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []

@@ -149,6 +149,7 @@ async def measure(backend: str, rows_wanted: list[tuple[str, str | None, Path]],
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import compile_kernel, verify_against_reference
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import CompileRequest, ProfileRequest, VerifyRequest
 
     ctx = ToolContext(home=home)
     avail = await ctx.require_backend(backend)
@@ -167,20 +168,26 @@ async def measure(backend: str, rows_wanted: list[tuple[str, str | None, Path]],
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             plain = plain_inner = None
             plain_error = str(exc)[-500:]
-        t = time.perf_counter(); cold = await compile_kernel(ctx, backend, cand, use_store=False); cold_s = time.perf_counter() - t
-        t = time.perf_counter(); warm = await compile_kernel(ctx, backend, cand, use_store=False); warm_s = time.perf_counter() - t
-        t = time.perf_counter(); ver = await verify_against_reference(ctx, backend, ref, cand, use_store=False); ver_s = time.perf_counter() - t
+        t = time.perf_counter(); cold = await compile_kernel(ctx, CompileRequest(backend=backend, candidate_code=cand,
+                use_store=False)); cold_s = time.perf_counter() - t
+        t = time.perf_counter(); warm = await compile_kernel(ctx, CompileRequest(backend=backend, candidate_code=cand,
+                use_store=False)); warm_s = time.perf_counter() - t
+        t = time.perf_counter(); ver = await verify_against_reference(ctx, VerifyRequest(backend=backend,
+                reference_code=ref, candidate_code=cand, use_store=False)); ver_s = time.perf_counter() - t
         prof, prof_s, medians, prof_error = None, None, [], None
         if not avail.timing:
             prof_error = f"not timed: {avail.reason}"
         elif not ver.correct:
             prof_error = "not timed: the candidate failed verification"
         else:
-            t = time.perf_counter(); prof = await profile_kernel(ctx, backend, ref, cand, budget_s=1.0); prof_s = time.perf_counter() - t
+            t = time.perf_counter(); prof = await profile_kernel(ctx, ProfileRequest(backend=backend,
+                    reference_code=ref, candidate_code=cand, budget_s=1.0)); prof_s = time.perf_counter() - t
             if prof.failure is not None:
                 prof_error = str(prof.failure)
             for _ in range(noise_runs):
-                p = await profile_kernel(ctx, backend, ref, cand, baselines=("eager",), budget_s=1.0, hardware_counters=False)
+                p = await profile_kernel(ctx, ProfileRequest(backend=backend, reference_code=ref, candidate_code=cand,
+                                                             baselines=("eager",), budget_s=1.0,
+                                                             hardware_counters=False))
                 if (m := _median_us(p)) is not None:
                     medians.append(m)
         noise_median = statistics.median(medians) if medians else None

@@ -38,6 +38,7 @@ async def measure(backend: str, repeats: int, home: Path) -> dict:
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import verify_against_reference
+    from kforge.tools.requests import VerifyRequest
 
     ctx = ToolContext(home=home)
     avail = await ctx.require_backend(backend)
@@ -45,7 +46,8 @@ async def measure(backend: str, repeats: int, home: Path) -> dict:
     for label, problem, cand in CASES[backend]:
         ref = (ROOT / problem).read_text() if problem.endswith(".py") else problem_reference(problem)
         code = (ROOT / cand).read_text()
-        await verify_against_reference(ctx, backend, ref, code, use_store=False)  # warm the build cache
+        await verify_against_reference(ctx, VerifyRequest(backend=backend, reference_code=ref, candidate_code=code,
+                                                          use_store=False))  # warm the build cache
         totals, stages = [], [[] for _ in STAGES]
         for _ in range(repeats):
             marks: list[float] = []
@@ -54,7 +56,8 @@ async def measure(backend: str, repeats: int, home: Path) -> dict:
                 marks.append(time.perf_counter())
 
             t0 = time.perf_counter()
-            result = await verify_against_reference(ctx, backend, ref, code, use_store=False, progress=progress)
+            result = await verify_against_reference(ctx, VerifyRequest(backend=backend, reference_code=ref,
+                    candidate_code=code, use_store=False), progress=progress)
             totals.append(time.perf_counter() - t0)
             assert result.correct, str(result)
             for i in range(min(len(STAGES), len(marks) - 1)):

@@ -13,6 +13,7 @@ import logging
 
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
+from kforge.tools.requests import CompileRequest
 
 from . import catalog
 
@@ -29,7 +30,8 @@ async def prewarm_builds(tools: ToolContext) -> list[str]:
             continue
         for source in catalog.inline_build_examples(avail.backend):
             try:
-                result = await compile_kernel(tools, avail.backend, source, use_store=False)
+                result = await compile_kernel(tools, CompileRequest(backend=avail.backend, candidate_code=source,
+                                                                    use_store=False))
             except Exception as exc:  # noqa: BLE001 - a warm-up must never take the server down
                 logger.warning("prewarm build for %s failed: %s: %s", avail.backend, type(exc).__name__, exc)
                 continue

@@ -15,6 +15,7 @@ from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import verify_against_reference
 from kforge.tools.profile import profile_kernel
+from kforge.tools.requests import ProfileRequest, VerifyRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -80,8 +81,9 @@ CASES = [
 @pytest.mark.parametrize(("name", "problem", "precision", "correct", "expect"), CASES,
                          ids=[f"{c[0]}-{c[2]}" for c in CASES])
 async def test_verdict(ctx, name, problem, precision, correct, expect):
-    result = await verify_against_reference(ctx, "cpu", reference(problem), candidate(name), precision=precision,
-                                            use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference(problem),
+                                                               candidate_code=candidate(name), precision=precision,
+                                                               use_store=False))
     assert result.failure is None, result.failure
     got = checks(result)
     assert result.correct is correct, str(result)
@@ -89,8 +91,10 @@ async def test_verdict(ctx, name, problem, precision, correct, expect):
 
 
 async def test_calibration_says_what_the_norm_adds(ctx):
-    result = await verify_against_reference(ctx, "cpu", reference("softmax_long"), candidate("a3_zeros_softmax_long"),
-                                            trials=2, use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
+                                                               reference_code=reference("softmax_long"),
+                                                               candidate_code=candidate("a3_zeros_softmax_long"),
+                                                               trials=2, use_store=False))
     calibration = next(c for c in result.checks if c.name == "null_calibration")
     rescued = calibration.evidence.split("; ", 1)[1]  # the nulls only the relative-error bound rejects
     assert calibration.status == "pass" and rescued.startswith("zeros") and "element-wise tolerance alone" in rescued
@@ -98,13 +102,16 @@ async def test_calibration_says_what_the_norm_adds(ctx):
 
 
 async def test_fake_result_channel_is_detected(ctx):
-    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate("b4_fake_channel"), use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("relu"),
+                                                               candidate_code=candidate("b4_fake_channel"),
+                                                               use_store=False))
     assert not result.correct and result.failure is not None and result.failure.kind == "tampering", str(result)
 
 
 async def test_precision_policy_is_stated(ctx):
-    result = await verify_against_reference(ctx, "cpu", reference("matmul"), candidate("a5_bf16_matmul"),
-                                            precision="bf16", trials=2, use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("matmul"),
+                                                               candidate_code=candidate("a5_bf16_matmul"),
+                                                               precision="bf16", trials=2, use_store=False))
     [tol] = result.tolerances
     assert tol.precision == "bf16" and tol.rel_error_bound == pytest.approx(8 * 2 ** -8)
     assert "bf16" in tol.why and result.trials[0].outputs[0].rel_error < tol.rel_error_bound
@@ -119,12 +126,15 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
     for name, check in (("a11_phase_switch", "timed_outputs"), ("a15_replay_shape", "timed_outputs"),
                         ("a14_replay_fingerprint", "fresh_inputs"), ("a16_memo_probe", "probe_memo"),
                         ("a17_memo_checksum", "probe_memo")):
-        prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate(name), baselines=("eager",), budget_s=1.0)
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference("relu"),
+                                                        candidate_code=candidate(name), baselines=("eager",),
+                                                        budget_s=1.0))
         got = checks(prof)
         assert got[check] == "fail" and prof.speedup_trusted is False, f"{name}: {prof}"
     # A larger budget for the honest one: on a busy 2-core machine a short run is honestly too noisy to rank.
-    honest = await profile_kernel(ctx, "cpu", reference("relu"), candidate("relu_python"), baselines=("eager",),
-                                  budget_s=3.0)
+    honest = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference("relu"),
+                                                      candidate_code=candidate("relu_python"), baselines=("eager",),
+                                                      budget_s=3.0))
     got = checks(honest)
     # No cheat check fires on it. On a busy 2-core machine its speedup interval can be honestly too wide to
     # rank (stable_timing fails, so it is not trusted); that is the only reason allowed.
@@ -138,8 +148,9 @@ async def test_timing_rejects_replay_and_phase_switching(ctx):
 async def test_a_thread_left_running_is_seen_by_the_server_in_a_profile_too(ctx):
     """The server looks at the worker's threads once, after the candidate's last timed round (not after each
     round): a thread out of Python's sight, spinning since the first call, still fails the profile."""
-    prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate("b2_native_thread"), baselines=("eager",),
-                                budget_s=1.0)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference("relu"),
+                                                    candidate_code=candidate("b2_native_thread"),
+                                                    baselines=("eager",), budget_s=1.0))
     assert checks(prof)["no_background_work"] == "fail" and prof.speedup_trusted is False, str(prof)
 
 
@@ -148,8 +159,9 @@ async def test_a_timer_rescaled_inside_the_candidate_is_caught_by_the_servers_cl
     faster; the server times the calls itself, from outside the candidate's process (issue 17). A compute-bound
     problem: there a call back to back runs as fast as a timed one (on a small memory-bound problem a flushed
     call is 2-4x slower than back-to-back ones, and only larger lies are caught)."""
-    prof = await profile_kernel(ctx, "cpu", reference("matmul"), candidate("b3_timer_rescale"), baselines=("eager",),
-                                budget_s=1.0)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference("matmul"),
+                                                    candidate_code=candidate("b3_timer_rescale"),
+                                                    baselines=("eager",), budget_s=1.0))
     [anchor] = [c for c in prof.checks if c.name == "wall_clock_anchor"]
     if anchor.status == "skip":
         pytest.skip(f"the host was too busy for the server's clock: {anchor.evidence}")
@@ -162,8 +174,9 @@ async def test_leftover_processes_are_named(ctx):
     # An orphan is reparented to the nearest reaper: in the worker's own PID namespace that is the worker
     # (PID 1), so it is named as a child there; without one, as a process of the worker's session.
     for name, said in (("b2_process", ("child process",)), ("b2_orphan", ("of its session", "child process"))):
-        result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate(name), trials=1,
-                                                use_store=False)
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("relu"),
+                                                                   candidate_code=candidate(name), trials=1,
+                                                                   use_store=False))
         [check] = [c for c in result.checks if c.name == "no_background_work"]
         assert check.status == "fail" and any(s in check.evidence for s in said), str(result)
         assert "(sleep)" in check.evidence, str(result)
@@ -172,8 +185,9 @@ async def test_leftover_processes_are_named(ctx):
 async def test_a_leftover_process_is_seen_from_outside_when_the_check_inside_is_blinded(ctx):
     """The check in the candidate's process can be patched there; the server counts the worker's PID namespace
     itself (issue 17: trust anchors outside the candidate's process)."""
-    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate("b2_hidden_process"), trials=1,
-                                            use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("relu"),
+                                                               candidate_code=candidate("b2_hidden_process"),
+                                                               trials=1, use_store=False))
     [check] = [c for c in result.checks if c.name == "no_background_work"]
     assert check.status == "fail" and "(sleep), seen by the server" in check.evidence, str(result)
     assert not result.correct
@@ -181,8 +195,9 @@ async def test_a_leftover_process_is_seen_from_outside_when_the_check_inside_is_
 
 async def test_a_reused_output_buffer_is_revalidated_as_returned(ctx):
     """The last timed output is held by reference: no call (cross-check, decoy) may run before it is saved."""
-    prof = await profile_kernel(ctx, "cpu", reference("relu"), candidate("honest_reused_output"), baselines=("eager",),
-                                budget_s=1.0)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference("relu"),
+                                                    candidate_code=candidate("honest_reused_output"),
+                                                    baselines=("eager",), budget_s=1.0))
     got = checks(prof)
     assert got["timed_outputs"] == "pass" and got["probe_memo"] == "pass", str(prof)
 
@@ -205,7 +220,8 @@ async def test_a_large_problems_repeat_runs_apart_with_the_same_verdicts(ctx, mo
         ops.append(op)
         return await call(self, op, **kw)
     monkeypatch.setattr(WorkerProcess, "call", recorded)
-    result = await verify_against_reference(ctx, "cpu", reference("relu"), candidate(name), use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("relu"),
+                                                               candidate_code=candidate(name), use_store=False))
     assert result.failure is None and result.correct is correct, str(result)
     if deterministic is not None:
         assert checks(result)["deterministic"] == deterministic, str(result)

@@ -15,6 +15,7 @@ import pytest
 from kforge.server.prewarm import prewarm_builds
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
+from kforge.tools.requests import CompileRequest, VerifyRequest
 from kforge.backends.build.fast_build import build_key, lean_cuda_sources
 from kforge.tools.harness.loader import sweep_abandoned_builds
 from kforge.tools.process.runner import WorkerLimits, kill_group
@@ -60,7 +61,7 @@ def include_dir(tmp_path) -> Path:
 
 
 async def build(ctx: ToolContext, code: str):
-    result = await compile_kernel(ctx, "cpu", code, use_store=False)
+    result = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=code, use_store=False))
     assert result.ok, str(result)
     [info] = result.builds
     return info
@@ -85,7 +86,7 @@ async def test_concurrent_builders_publish_one_build(ctx, include_dir):
     results = []
 
     async def one() -> None:
-        results.append(await compile_kernel(ctx, "cpu", code, use_store=False))
+        results.append(await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=code, use_store=False)))
 
     async with anyio.create_task_group() as tg:
         for _ in range(2):
@@ -99,7 +100,7 @@ async def test_concurrent_builders_publish_one_build(ctx, include_dir):
 
 async def test_failed_build_is_reported_and_not_cached(ctx, include_dir):
     code = tiny(include_dir, body="a * SCALE + OFFSET + undefined_name")
-    result = await compile_kernel(ctx, "cpu", code, use_store=False)
+    result = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=code, use_store=False))
     assert not result.ok and result.failure.kind == "build_error"
     assert "undefined_name" in result.failure.message and result.failure.line == 6, str(result)
     assert not list((ctx.home / "cache" / "builds").iterdir())
@@ -144,7 +145,7 @@ async def test_the_first_new_candidate_after_start_uses_the_precompiled_header(t
         while not list((ctx.home / "cache" / "pch").glob("*/torch/extension.h.gch")):
             await anyio.sleep(1)
     new = cpu_example["candidate"].replace("#include <torch/extension.h>", "#include <torch/extension.h>\n// new", 1)
-    result = await compile_kernel(ctx, "cpu", new, use_store=False)
+    result = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=new, use_store=False))
     assert result.ok, str(result)
     [build] = result.builds
     assert not build.from_cache and "precompiled header" in build.fast_paths, build
@@ -214,8 +215,10 @@ async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:  # both kinds are wanted once the probe is in
         await _pool_ready(pool, 2)
-        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate("chatty"), trials=1,
-                                                use_store=False)
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
+                                                                   reference_code=cpu_example["reference"],
+                                                                   candidate_code=candidate("chatty"), trials=1,
+                                                                   use_store=False))
         assert result.correct, str(result)
         assert pool.served == 2  # the judge and the candidate both came warm
         # Each take left its kind short of two idle workers (a profile's takes): the pool keeps two of each now,
@@ -245,8 +248,10 @@ async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_ex
         for warm in taken:
             await kill_group(warm.proc)
             await warm.proc.aclose()
-        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate("chatty"), trials=1,
-                                                use_store=False)
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
+                                                                   reference_code=cpu_example["reference"],
+                                                                   candidate_code=candidate("chatty"), trials=1,
+                                                                   use_store=False))
         assert result.correct, str(result)
         assert pool.served == 4  # the judge and the candidate waited for forks instead of starting cold
 
@@ -257,8 +262,10 @@ async def test_forked_worker_death_is_reported_as_for_a_cold_one(tmp_path, cpu_e
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
         await _pool_ready(pool, 2)
-        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], candidate(name), trials=1,
-                                                use_store=False)
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
+                                                                   reference_code=cpu_example["reference"],
+                                                                   candidate_code=candidate(name), trials=1,
+                                                                   use_store=False))
         assert pool.served == 2
         assert result.failure is not None and result.failure.kind == kind, str(result)
         assert says in result.failure.message

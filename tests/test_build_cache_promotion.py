@@ -14,6 +14,7 @@ import pytest
 
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
+from kforge.tools.requests import CompileRequest
 from kforge.backends.build.fast_build import promote_build
 from kforge.tools.process.runner import WorkerLimits
 
@@ -73,7 +74,7 @@ def _require_sandbox(ctx: ToolContext) -> None:
 
 async def test_a_second_job_hits_the_build_the_server_promoted(ctx):
     _require_sandbox(ctx)
-    first = await compile_kernel(ctx, "cpu", _code(3), use_store=False)
+    first = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(3), use_store=False))
     assert first.ok, str(first)
     [built] = first.builds
     assert not built.from_cache
@@ -84,7 +85,7 @@ async def test_a_second_job_hits_the_build_the_server_promoted(ctx):
     assert {p.name for p in entry.iterdir()} <= {"kf_promoted.so", "main.cpp", "build.ninja", "kforge-build.log",
                                                  "kforge-pch.json", "kforge-kernels.json", "kforge-vec.txt"}
     assert not list((ctx.home / "staging").iterdir())
-    again = await compile_kernel(ctx, "cpu", _code(3), use_store=False)  # a new job, a new worker
+    again = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(3), use_store=False))  # a new job, a new worker
     assert again.ok, str(again)
     [hit] = again.builds
     assert hit.from_cache and hit.seconds < 1.0, hit
@@ -92,7 +93,7 @@ async def test_a_second_job_hits_the_build_the_server_promoted(ctx):
 
 async def test_a_candidate_cannot_write_the_shared_cache_nor_change_its_build(ctx):
     _require_sandbox(ctx)
-    result = await compile_kernel(ctx, "cpu", _code(7, _ATTACK), use_store=False)
+    result = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(7, _ATTACK), use_store=False))
     assert not result.ok
     message = result.failure.message
     assert "CACHE-REPORT " in message, message
@@ -106,7 +107,7 @@ async def test_a_candidate_cannot_write_the_shared_cache_nor_change_its_build(ct
     assert b"poison" not in library.read_bytes()[:16]
     assert not list(ctx.home.joinpath("cache").rglob("*note*"))
     digest = hashlib.sha256(library.read_bytes()).hexdigest()
-    honest = await compile_kernel(ctx, "cpu", _code(7), use_store=False)  # same build: a hit, still correct
+    honest = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(7), use_store=False))  # same build: a hit, still correct
     assert honest.ok and honest.builds[0].from_cache, str(honest)
     assert hashlib.sha256(library.read_bytes()).hexdigest() == digest
 

@@ -251,13 +251,16 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
     from kforge.server.catalog import problem_reference
     from kforge.tools.context import ToolContext
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
 
     reference = problem_reference("rmsnorm")
     candidate = (HERE / "candidates" / "cpu_omp_rmsnorm.py").read_text()
     ctx = ToolContext(home=tmp_path)
 
     async def kforge() -> tuple[Any, Any]:
-        prof = await profile_kernel(ctx, "cpu", reference, candidate, baselines=("eager",), hardware_counters=False)
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference,
+                                                        candidate_code=candidate, baselines=("eager",), budget_s=2.0,
+                                                        hardware_counters=False))
         assert prof.ok and prof.output_correct, prof.failure
         return prof.report.candidate, prof.report.baselines[0].timing
 

@@ -60,11 +60,13 @@ _PROFILES: dict[tuple[str, str], object] = {}  # (home, candidate) -> its profil
 
 async def _profiled(ctx, name: str):
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
 
     key = (str(ctx.home), name)
     if key not in _PROFILES:
-        prof = await profile_kernel(ctx, "cpu", _reference(CASES[name][0]), (CANDIDATES / f"{name}.py").read_text(),
-                                    baselines=("eager",), budget_s=0.6, hardware_counters=False)
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=_reference(CASES[name][0]),
+                                                        candidate_code=(CANDIDATES / f"{name}.py").read_text(),
+                                                        baselines=("eager",), budget_s=0.6, hardware_counters=False))
         assert prof.ok and prof.output_correct, prof.failure
         _PROFILES[key] = prof
     return _PROFILES[key]

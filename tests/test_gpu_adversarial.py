@@ -10,6 +10,7 @@ from .test_adversarial import candidate, checks, ctx, reference  # noqa: F401 - 
 
 from kforge.tools.evaluate import verify_against_reference
 from kforge.tools.profile import profile_kernel
+from kforge.tools.requests import ProfileRequest, VerifyRequest
 
 pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
 
@@ -36,8 +37,9 @@ def _example(name: str) -> str:
 @pytest.mark.parametrize(("backend", "name", "problem", "precision", "correct", "expect"), VERIFY,
                          ids=[f"{v[1]}-{v[3]}" for v in VERIFY])
 async def test_gpu_verdict(ctx, backend, name, problem, precision, correct, expect):  # noqa: F811
-    result = await verify_against_reference(ctx, backend, reference(problem), _example(name), precision=precision,
-                                            use_store=False)
+    result = await verify_against_reference(ctx, VerifyRequest(backend=backend, reference_code=reference(problem),
+                                                               candidate_code=_example(name), precision=precision,
+                                                               use_store=False))
     assert result.correct is correct, str(result)
     got = checks(result)
     assert {k: got.get(k) for k in expect} == expect, str(result)
@@ -45,15 +47,17 @@ async def test_gpu_verdict(ctx, backend, name, problem, precision, correct, expe
 
 @pytest.mark.parametrize(("backend", "name"), [("cuda", "cuda_side_stream"), ("triton", "triton_side_stream")])
 async def test_side_stream_is_timed_on_the_host_clock(ctx, backend, name):  # noqa: F811
-    prof = await profile_kernel(ctx, backend, reference("relu"), candidate(name), baselines=("eager",), budget_s=0.5)
+    prof = await profile_kernel(ctx, ProfileRequest(backend=backend, reference_code=reference("relu"),
+                                                    candidate_code=candidate(name), baselines=("eager",), budget_s=0.5))
     stats = prof.report.candidate
     assert checks(prof)["visible_work"] == "warn" and stats.unseen_work, str(prof)
     assert stats.clock == "host"  # its samples are host-clock times of synced calls: speedups use the honest time
 
 
 async def test_persisting_l2_is_rejected_when_timed(ctx):  # noqa: F811
-    prof = await profile_kernel(ctx, "cuda", reference("relu"), candidate("cuda_l2_persist"), baselines=("eager",),
-                                budget_s=0.5)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference("relu"),
+                                                    candidate_code=candidate("cuda_l2_persist"), baselines=("eager",),
+                                                    budget_s=0.5))
     assert checks(prof)["static_scan"] == "fail" and prof.speedup_trusted is False, str(prof)
 
 
@@ -61,15 +65,18 @@ async def test_honest_gpu_profile_is_trusted(ctx):  # noqa: F811
     # 64M elements: the kernel (~0.2 ms) outlasts the Python launch of torch.cuda._compile_kernel (~0.08 ms on
     # these hosts), so the GPU, not the host's jitter, sets the time. (The 1M-element relu is launch-bound.)
     bigger = reference("relu").replace("def get_inputs():", "def get_inputs():  # 64M elements\n    return [torch.randn(1 << 26)]\n\n\ndef _small_inputs():")
-    prof = await profile_kernel(ctx, "cuda", bigger, _example("example_cuda"), baselines=("eager",), budget_s=2.0)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=bigger,
+                                                    candidate_code=_example("example_cuda"), baselines=("eager",),
+                                                    budget_s=2.0))
     got = checks(prof)
     assert prof.speedup_trusted, str(prof)
     assert got["timed_outputs"] == "pass" and got["plausible_speed"] == "pass" and got["visible_work"] == "pass"
 
 
 async def test_probe_keyed_memo_loses_its_speedup(ctx):  # noqa: F811
-    prof = await profile_kernel(ctx, "cuda", reference("relu"), candidate("a16_memo_probe"), baselines=("eager",),
-                                budget_s=0.5)
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference("relu"),
+                                                    candidate_code=candidate("a16_memo_probe"), baselines=("eager",),
+                                                    budget_s=0.5))
     assert checks(prof)["probe_memo"] == "fail" and prof.speedup_trusted is False, str(prof)
 
 
@@ -118,10 +125,12 @@ async def test_a_multi_gb_problem_is_judged_in_place(ctx):  # noqa: F811
     ctx.keep_scratch = True
     try:
         with _PeakGpuMemory() as verify_mem:
-            verdict = await verify_against_reference(ctx, "cuda", _LARGE_RELU, honest, use_store=False)
+            verdict = await verify_against_reference(ctx, VerifyRequest(backend="cuda", reference_code=_LARGE_RELU,
+                    candidate_code=honest, use_store=False))
         with _PeakGpuMemory() as profile_mem:
-            prof = await profile_kernel(ctx, "cuda", _LARGE_RELU, honest, baselines=("eager",), budget_s=0.5,
-                                        hardware_counters=False)
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=_LARGE_RELU,
+                                                            candidate_code=honest, baselines=("eager",), budget_s=0.5,
+                                                            hardware_counters=False))
     finally:
         ctx.keep_scratch = keep
     assert verdict.correct, str(verdict)

@@ -28,11 +28,13 @@ def ctx(tmp_path_factory):
 
 async def _profile_and_summarize(ctx, backend: str, candidate: str, reference: str):
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
     from kforge.tools.summarize import summarize_profile
 
-    prof = await profile_kernel(ctx, backend, (CANDIDATES / f"{reference}.py").read_text(),
-                                (CANDIDATES / f"{candidate}.py").read_text(), baselines=("eager",), budget_s=1.0,
-                                hardware_counters=False)
+    prof = await profile_kernel(ctx, ProfileRequest(backend=backend,
+                                                    reference_code=(CANDIDATES / f"{reference}.py").read_text(),
+                                                    candidate_code=(CANDIDATES / f"{candidate}.py").read_text(),
+                                                    baselines=("eager",), budget_s=1.0, hardware_counters=False))
     assert prof.ok and prof.output_correct, prof.failure or prof.output_check
     summary = await summarize_profile(ctx, profile_id=prof.profile_id)
     return prof, summary.analysis

@@ -22,6 +22,7 @@ from kforge.profilers.ncu import ncu_install
 from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
 from kforge.tools.profile import profile_kernel
+from kforge.tools.requests import ProfileRequest
 from kforge.tools.process.runner import WorkerLimits, WorkerProcess, confinement, worker_env
 
 from .conftest import EXAMPLES
@@ -87,8 +88,9 @@ async def test_ncu_collects_counters_in_the_sandbox_and_the_candidate_reaches_no
     candidate = (EXAMPLES / backend / "candidate.py").read_text() + _PROBE.format(
         server_pid=os.getpid(), store=str(ctx.home / "kforge.db"), port=listener.getsockname()[1])
     try:
-        result = await profile_kernel(ctx, backend, problem_reference("relu"), candidate, baselines=("eager",),
-                                      budget_s=0.5, hardware_counters=True)
+        result = await profile_kernel(ctx, ProfileRequest(backend=backend, reference_code=problem_reference("relu"),
+                                                          candidate_code=candidate, baselines=("eager",),
+                                                          budget_s=0.5, hardware_counters=True))
     finally:
         listener.close()
     assert result.ok, result.failure

@@ -15,6 +15,7 @@ import pytest
 from kforge.tools.context import ToolContext
 from kforge.tools.disk import mark_loaded, prune_caches
 from kforge.tools.evaluate import compile_kernel
+from kforge.tools.requests import CompileRequest
 from kforge.backends.build.fast_build import promote_build
 from kforge.tools.process.runner import WorkerLimits
 
@@ -87,13 +88,13 @@ async def test_a_hit_in_a_sandboxed_worker_keeps_its_entry_from_pruning(tmp_path
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits())
     if not ctx.limits.sandbox or sys.platform != "linux":
         pytest.skip("the sandbox is off")
-    first = await compile_kernel(ctx, "cpu", _code(5), use_store=False)
+    first = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(5), use_store=False))
     assert first.ok, str(first)
     builds = ctx.home / "cache" / "builds"
     [entry] = builds.iterdir()
     _age(entry, 3 * _DAY)  # built long ago: without the hit, the first to go
     _cold_entry(builds, _DAY)
-    again = await compile_kernel(ctx, "cpu", _code(5), use_store=False)  # a new job, a new sandboxed worker
+    again = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(5), use_store=False))  # a new job, a new sandboxed worker
     assert again.ok and again.builds[0].from_cache, str(again)
     assert _prune_one(ctx.home) == ["cache/builds/cold-0"]
     assert entry.is_dir()

@@ -17,6 +17,7 @@ import pytest
 
 from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
+from kforge.tools.requests import CompileRequest
 from kforge.tools.harness.integrity import process_stat
 from kforge.tools.process.protocol import LoadRequest
 from kforge.tools.process.runner import WorkerLimits, WorkerProcess, _sandboxed_worker
@@ -152,7 +153,7 @@ async def test_a_cache_hit_under_a_profiler_is_marked_used(tmp_path, fake_ncu):
     """The server marks the build-cache entries the worker mapped (`disk.mark_loaded`): under ncu, the worker's own
     process, not the front-end's, which maps none."""
     ctx = ToolContext(home=tmp_path / "home", limits=_limits(fake_ncu))
-    first = await compile_kernel(ctx, "cpu", _code(5), use_store=False)
+    first = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=_code(5), use_store=False))
     assert first.ok, str(first)
     builds = ctx.home / "cache" / "builds"
     [entry] = builds.iterdir()

@@ -176,10 +176,12 @@ async def test_the_next_job_waits_for_killed_workers_only_when_they_held_much_de
 async def test_a_candidate_that_dies_in_the_profilers_window_is_reported_as_exited(tmp_path, cpu_example, candidate):
     """The charts are drawn beside the profile's last steps: a worker's death there is still the candidate's."""
     from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import ProfileRequest
 
     ctx = ToolContext(home=tmp_path / "home")
-    result = await profile_kernel(ctx, "cpu", cpu_example["reference"], candidate("exits_when_profiled"),
-                                  baselines=("eager",), budget_s=0.3, hardware_counters=False)
+    result = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=cpu_example["reference"],
+                                                      candidate_code=candidate("exits_when_profiled"),
+                                                      baselines=("eager",), budget_s=0.3, hardware_counters=False))
     assert not result.ok and result.failure is not None, str(result)
     assert result.failure.kind == "exited" and "code 3" in result.failure.message, result.failure
 
@@ -188,6 +190,7 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
     """A warm worker's sandbox predates its job: it writes only the directory the pool made for it, which the
     job links as its role's scratch; the job's end removes both, the pool's end the idle workers' own."""
     from kforge.tools.evaluate import verify_against_reference
+    from kforge.tools.requests import VerifyRequest
 
     ctx = ToolContext(home=tmp_path / "home")
     jobs = ctx.home / "jobs"
@@ -195,8 +198,10 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
         await _ready(pool, 2)
         idle = {w.scratch for kind in list(pool._idle.values()) for w in kind}
         assert idle and all(d.parent == jobs and d.name.startswith("w-") and d.is_dir() for d in idle)
-        result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], cpu_example["candidate"],
-                                                trials=1, use_store=False)
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
+                                                                   reference_code=cpu_example["reference"],
+                                                                   candidate_code=cpu_example["candidate"], trials=1,
+                                                                   use_store=False))
         assert result.correct, str(result)
         left = [p for p in jobs.iterdir() if any(p.iterdir())]
         assert not left, f"a job's files stayed behind: {[(p, list(p.iterdir())) for p in left]}"
@@ -230,6 +235,7 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
     """A verify holds the pool's forks (lightly): with enough idle workers the refills its takes ask for start
     once it is done, so nothing readies a device (or takes a core) beside its trials; then the pool fills up."""
     from kforge.tools.evaluate import verify_against_reference
+    from kforge.tools.requests import VerifyRequest
 
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(3) as pool:
@@ -247,8 +253,9 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
-            result = await verify_against_reference(ctx, "cpu", cpu_example["reference"], cpu_example["candidate"],
-                                                    trials=2, use_store=False)
+            result = await verify_against_reference(ctx, VerifyRequest(
+                backend="cpu", reference_code=cpu_example["reference"], candidate_code=cpu_example["candidate"],
+                trials=2, use_store=False))
             done.set()
         assert result.correct, str(result)
         assert len(seen) > 5 and max(seen) == 0, f"forks under way beside the verify: {seen}"

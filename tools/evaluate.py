@@ -12,10 +12,9 @@ import time
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .harness.compare import PRECISIONS
-from .context import SYNC_LAUNCHES, Progress, RequestError, ToolContext, no_progress
+from .context import SYNC_LAUNCHES, Progress, ToolContext, no_progress
 from .gpus import current as current_gpu, on_one_gpu
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
@@ -25,6 +24,9 @@ from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
 from .trials import as_reference_failure, concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
+
+if TYPE_CHECKING:  # the requests call these functions: their models are the one definition of the inputs
+    from .requests import CompileRequest, VerifyRequest
 
 __all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
 
@@ -124,13 +126,13 @@ def with_jit_kernels(compiled: CompileResult, run: EvidenceReply) -> CompileResu
     return compiled.model_copy(update={"jit_kernels": list(run.jit_kernels)})
 
 
-@on_one_gpu  # gpu=: its workers start the device, and a reference's launch runs there
-async def compile_kernel(ctx: ToolContext, backend: str, candidate_code: str, *, reference_code: str | None = None,
-                         use_store: bool = True, progress: Progress = no_progress) -> CompileResult:
+@on_one_gpu  # request.gpu: its workers start the device, and a reference's launch runs there
+async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Progress = no_progress) -> CompileResult:
     """Build the candidate; with a reference, also launch it once on the reference's inputs so kernels
     compiled at first launch (Triton) are built and their resources reported. Correctness is not judged."""
+    backend, candidate_code, reference_code = request.backend, request.candidate_code, request.reference_code
     spec = await _spec(ctx, "compile_kernel", backend, candidate_code, reference_code, {})
-    if use_store and (hit := ctx.store.get_result(spec.key)):
+    if request.use_store and (hit := ctx.store.get_result(spec.key)):
         return CompileResult(**{**hit, "from_store": True})
     steps = 2.0 if reference_code is not None else 1.0
     await progress(0, steps, "building the candidate in a worker")
@@ -174,17 +176,15 @@ async def launch_once(worker: WorkerProcess, inputs: SetupRequest, timeout_s: fl
     return await worker.call(EvidenceRequest(custom_work=False), stage="forward")
 
 
-@on_one_gpu  # gpu=
-async def verify_against_reference(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
-                                   trials: int = 5, atol: float | None = None, rtol: float | None = None,
-                                   precision: str = "strict", use_store: bool = True,
+@on_one_gpu  # request.gpu
+async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
                                    progress: Progress = no_progress) -> VerifyResult:
     """Judge the candidate against the reference; see `kforge.tools.verdict` for every check."""
-    if precision not in PRECISIONS:
-        raise RequestError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
+    trials, atol, rtol, precision = request.trials, request.atol, request.rtol, request.precision
     options = {"trials": trials, "atol": atol, "rtol": rtol, "precision": precision}
     spec = await _spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
-    if use_store and (hit := ctx.store.get_result(spec.key)):
+    if request.use_store and (hit := ctx.store.get_result(spec.key)):
         return VerifyResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
     scan = static_check(scan_candidate(candidate_code))

@@ -134,12 +134,12 @@ def describe_gpu(gpu: GpuInfo) -> str:
 
 
 def on_one_gpu(tool: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """A tool function `tool(ctx, backend, ...)` that takes `gpu=` (an index; None: the least loaded GPU) and runs
-    on that GPU (`ToolContext.on_gpu`); a backend without GPUs runs as before. A decorator rather than an argument
+    """A tool function `tool(ctx, request, ...)` that runs on the GPU its request names (`request.gpu`, an index;
+    None: the least loaded GPU) (`ToolContext.on_gpu`); a backend without GPUs runs as before. A decorator rather than an argument
     threaded through every helper: what the placement changes (the workers' pin, the device lock, the ceilings,
     the baselines' key) is read where it is used."""
     @functools.wraps(tool)
-    async def run(ctx: Any, backend: str, *args: Any, gpu: int | None = None, **kwargs: Any) -> R:
-        async with ctx.on_gpu(backend, gpu):
-            return await tool(ctx, backend, *args, **kwargs)
+    async def run(ctx: Any, request: Any, *args: Any, **kwargs: Any) -> R:
+        async with ctx.on_gpu(request.backend, request.gpu):
+            return await tool(ctx, request, *args, **kwargs)
     return run

@@ -19,7 +19,7 @@ import uuid
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.chart_processes import PendingCharts
@@ -41,6 +41,9 @@ from .static_scan import scan_candidate
 from .harness.timing import merge_rounds
 from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
+
+if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
+    from . import requests as job
 
 __all__ = ["BASELINES", "profile_kernel"]
 
@@ -69,11 +72,11 @@ _ANCHOR_MAX_CALLS = 5000
 BASELINE_REUSE_S = 600.0
 
 
-@on_one_gpu  # gpu=
-async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, candidate_code: str, *,
-                         baselines: tuple[str, ...] = BASELINES, budget_s: float = 2.0, precision: str = "strict",
-                         hardware_counters: bool = True, use_store: bool = False, fresh_baselines: bool = False,
-                         progress: Progress = no_progress) -> ProfileResult:
+@on_one_gpu  # request.gpu
+async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress: Progress = no_progress) -> ProfileResult:
+    backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
+    baselines, budget_s, precision = request.baselines, request.budget_s, request.precision
+    hardware_counters, fresh_baselines = request.hardware_counters, request.fresh_baselines
     avail = await ctx.require_backend(backend)
     if not avail.timing:
         raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
@@ -82,7 +85,7 @@ async def profile_kernel(ctx: ToolContext, backend: str, reference_code: str, ca
     options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision,
                "hardware_counters": hardware_counters}
     spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
-    if use_store and (hit := ctx.store.latest_profile_for(spec.key)):
+    if request.use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
     # Measured by the server's own worker, once per device (before this job takes its workers and the device).

@@ -43,8 +43,7 @@ class CompileRequest(_Request):
     use_store: bool = Field(default=True, description=_USE_STORE)
 
     async def run(self, ctx: ToolContext, progress: Progress) -> CompileResult:
-        return await compile_kernel(ctx, self.backend, self.candidate_code, reference_code=self.reference_code,
-                                    use_store=self.use_store, gpu=self.gpu, progress=progress)
+        return await compile_kernel(ctx, self, progress)
 
 
 class VerifyRequest(_Request):
@@ -58,10 +57,7 @@ class VerifyRequest(_Request):
     use_store: bool = Field(default=True, description=_USE_STORE)
 
     async def run(self, ctx: ToolContext, progress: Progress) -> VerifyResult:
-        return await verify_against_reference(ctx, self.backend, self.reference_code, self.candidate_code,
-                                              trials=self.trials, atol=self.atol, rtol=self.rtol,
-                                              precision=self.precision, use_store=self.use_store, gpu=self.gpu,
-                                              progress=progress)
+        return await verify_against_reference(ctx, self, progress)
 
 
 class ProfileRequest(_Request):
@@ -81,10 +77,7 @@ class ProfileRequest(_Request):
     fresh_baselines: bool = Field(default=False, description="Time every baseline in this run, reusing none.")
 
     async def run(self, ctx: ToolContext, progress: Progress) -> ProfileResult:
-        return await profile_kernel(ctx, self.backend, self.reference_code, self.candidate_code,
-                                    baselines=self.baselines, budget_s=self.budget_s, precision=self.precision,
-                                    hardware_counters=self.hardware_counters, use_store=self.use_store,
-                                    fresh_baselines=self.fresh_baselines, gpu=self.gpu, progress=progress)
+        return await profile_kernel(ctx, self, progress)
 
 
 JobRequest = Annotated[Union[CompileRequest, VerifyRequest, ProfileRequest], Field(discriminator="tool")]
