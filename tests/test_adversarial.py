@@ -216,9 +216,9 @@ async def test_a_large_problems_repeat_runs_apart_with_the_same_verdicts(ctx, mo
     ops: list[str] = []
     call = WorkerProcess.call
 
-    async def recorded(self, op, **kw):
-        ops.append(op)
-        return await call(self, op, **kw)
+    async def recorded(self, request, **kw):
+        ops.append(request.op)
+        return await call(self, request, **kw)
     monkeypatch.setattr(WorkerProcess, "call", recorded)
     result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference("relu"),
                                                                candidate_code=candidate(name), use_store=False))

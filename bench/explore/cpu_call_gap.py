@@ -98,7 +98,7 @@ def make_loops(model: Any, x: Any, flush: Callable[[], None], calls: int) -> dic
     from torch.utils import benchmark
 
     from kforge.backends.cpu import CpuBackend
-    from kforge.tools.harness.candidate_ops import _REVALIDATED_CALLS, _Reservoir
+    from kforge.tools.harness.bench import _REVALIDATED_CALLS, _Reservoir
     from kforge.tools.harness.timing import ReplaySchedule, TimingPolicy, time_model
 
     backend = CpuBackend()
