@@ -9,6 +9,7 @@ added to a model shows up in the tool without touching the server.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 from mcp import Client
@@ -126,3 +127,16 @@ def test_takes_builds_the_signature_and_refuses_a_second_definition():
         takes(Inputs)(lambda n, **arguments: None)  # a parameter that is a model's field too: a second definition
     with pytest.raises(TypeError, match="none of its inputs"):
         takes(Inputs, defaults={"m": 1})(lambda **arguments: None)
+
+
+def test_the_precision_policy_is_defined_once():
+    """The harness's comparison, the requests and the tools all take the one Literal of tool_inputs."""
+    from kforge.tools.harness import compare
+
+    assert compare.PRECISIONS is PRECISIONS
+    for model in (VerifyRequest, ProfileRequest):
+        assert model.model_json_schema()["properties"]["precision"]["enum"] == list(PRECISIONS)
+    here = Path(__file__).resolve().parents[1]
+    spelled = [p.relative_to(here) for folder in ("server", "tools") for p in (here / folder).rglob("*.py")
+               if '"strict", "tf32", "fp16", "bf16"' in p.read_text()]
+    assert spelled == [Path("tools/tool_inputs.py")]

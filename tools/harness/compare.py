@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import Mismatch, OutputCheck, TensorInfo, Tolerance
+from ..tool_inputs import PRECISIONS  # the one definition of the precision policies (torch-free)
 
 __all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
 
 _FIRST_MISMATCHES = 5
 
-PRECISIONS = ("strict", "tf32", "fp16", "bf16")
 
 # dtype -> (atol, rtol, why). fp32 follows KernelBench's current default with the reference
 # computed with TF32 off; half types follow KernelBench/TritonBench; integers must match exactly.
