@@ -49,7 +49,7 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str
 
     here = Path(__file__).resolve().parents[1]
     candidate = (here / "tests" / "candidates" / "relu_python.py").read_text()
-    ctx = ToolContext(home=home, limits=WorkerLimits(sandbox=sandbox))
+    ctx = ToolContext(home=home, limits=WorkerLimits(sandbox=sandbox, trace_file=str(trace)))
     async with ctx.warm_workers(1) as pool:
         await ctx.availability()
         deadline = time.monotonic() + 300
@@ -77,10 +77,6 @@ def main() -> None:
     parser.add_argument("--backend", default="cpu", help="the workers' backend: cpu, cuda or triton")
     args = parser.parse_args()
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
-    os.environ["KFORGE_TRACE"] = str(trace)
-    import kforge.tools.process.runner as runner
-
-    runner._TRACE = str(trace)
     rows: dict[str, dict[str, list[float]]] = {"on": {}, "off": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -179,7 +179,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
             why = "" if timing_here or found is None else found.reason
             return _result(model, text=model.summary(timing_here=timing_here, why_not_timed=why))
         if isinstance(model, ProfileResult):  # drawing takes a few hundred ms of CPU: off the event loop
-            with traced("server", "pictures"):
+            with traced("server", "pictures", to=tools.limits.trace_file):
                 model, images = await anyio.to_thread.run_sync(profile_pictures, tools.store, model)
             return _result(model, images=images)
         return _result(model)
@@ -193,7 +193,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
 
     async def run_job(ctx: Context, request: JobRequest, wait_s: float) -> CallToolResult:
         with _request_errors():
-            with traced("server", request.tool):
+            with traced("server", request.tool, to=tools.limits.trace_file):
                 job = await jobs.submit(request, _client_key(ctx))
                 if isinstance(job, JobStatus):  # busy
                     return _result(job)

@@ -14,6 +14,7 @@ import difflib
 import os
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -239,7 +240,8 @@ def tool_context(settings: Settings) -> ToolContext:
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
                                            read_paths=tuple(str(p.expanduser().resolve()) for p in settings.worker_read_paths),
                                            precompiled_headers=settings.precompiled_headers,
-                                           max_tasks=settings.worker_max_tasks))
+                                           max_tasks=settings.worker_max_tasks,
+                                           trace_file=str(settings.trace) if settings.trace else None))
 
 
 def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
@@ -247,6 +249,8 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     worker limits; their data directory is `ray_node_home`, else their own default (not this server's)."""
     if not settings.ray:
         return None
-    node = NodeConfig(limits=tools.limits, home=str(settings.ray_node_home) if settings.ray_node_home else None,
+    # The trace file is a path of this host: the nodes write none.
+    node = NodeConfig(limits=replace(tools.limits, trace_file=None),
+                      home=str(settings.ray_node_home) if settings.ray_node_home else None,
                       keep_scratch=settings.keep_scratch)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

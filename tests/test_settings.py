@@ -110,6 +110,18 @@ def _reads_kforge_variables(path: Path) -> list[int]:
     return sorted({u.lineno for u in units if reads_environment(u) and names_kforge(u)})
 
 
+def test_only_the_settings_read_kforge_variables_from_the_environment():
+    """Every KFORGE_* setting is read by the settings and passed down; a module that reads one itself would
+    bypass the config file, the validation and the misspelling warnings."""
+    package = Path(__file__).resolve().parents[1]
+    settings_module = package / "server" / "settings.py"
+    found = {str(p.relative_to(package)): lines for folder in ("server", "tools", "backends", "profilers")
+             for p in sorted((package / folder).rglob("*.py")) if p != settings_module
+             if (lines := _reads_kforge_variables(p))}
+    assert found == {}, f"read KFORGE_* variables from the environment outside server/settings.py: {found}"
+    assert _reads_kforge_variables(settings_module)  # the one place that does, seen by the check
+
+
 def test_the_environment_check_sees_the_usual_spellings(tmp_path):
     for line in ('x = os.environ.get("KFORGE_TRACE")', 'x = os.getenv("KFORGE_X", "")', 'x = os.environ["KFORGE_Y"]',
                  'def f():\n    wanted = {"KFORGE_A"}\n    return {k: v for k, v in os.environ.items() if k in wanted}',
@@ -120,3 +132,11 @@ def test_the_environment_check_sees_the_usual_spellings(tmp_path):
     fine = tmp_path / "fine.py"
     fine.write_text('import os\nHELP = "set KFORGE_TOKEN"\n\ndef f():\n    return os.environ.get("CUDA_HOME")\n')
     assert not _reads_kforge_variables(fine)
+
+
+def test_the_trace_file_reaches_the_workers_through_the_tool_context(tmp_path):
+    from kforge.server.settings import Settings, tool_context
+
+    trace = tmp_path / "trace.jsonl"
+    assert tool_context(Settings(home=tmp_path, trace=trace)).limits.trace_file == str(trace)
+    assert tool_context(Settings(home=tmp_path)).limits.trace_file is None

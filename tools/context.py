@@ -156,7 +156,7 @@ class ToolContext:
     async def warm_workers(self, size: int) -> AsyncIterator[WorkerPool]:
         """Keep `size` warm workers per available backend while the block runs (a server's lifetime)."""
         pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network,
-                          sandbox=sandbox_args(self.home, self.limits))
+                          sandbox=sandbox_args(self.home, self.limits), trace_file=self.limits.trace_file)
 
         async def want_available() -> None:
             try:
@@ -207,7 +207,7 @@ class ToolContext:
             yield path
         finally:
             if not self.keep_scratch:
-                with traced("server", f"{tool}.scratch_removed"):
+                with traced("server", f"{tool}.scratch_removed", to=self.limits.trace_file):
                     remove_scratch(path, self.home / "jobs")
 
     async def availability(self) -> list[Availability]:

@@ -193,13 +193,14 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     await step("reading the device's ceilings (measured once per device)")
                     charts = charts or PendingCharts(timed)
                     revalidated, prof, ncu_kernels, ncu_note = await last_steps()
-                    with traced("server", "profile.charts"):  # what is left of their drawing (0.1-0.3 s each)
+                    # What is left of their drawing (0.1-0.3 s each).
+                    with traced("server", "profile.charts", to=ctx.limits.trace_file):
                         await charts.keep(artifacts)
                 except WorkerDied as died:
                     return failed(died.failure)
                 if prof.failure is not None:
                     return failed(prof.failure)
-            with traced("server", "profile.artifacts"):
+            with traced("server", "profile.artifacts", to=ctx.limits.trace_file):
                 _keep_artifacts(scratch, artifacts, candidate_code, prof.trace)
 
     result_started = time.perf_counter()
@@ -239,7 +240,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                              candidate_sha256=spec.candidate_sha256, tool=spec.tool, correct=output_correct,
                              speedup_eager=speedups.get("eager"), speedup_compile=speedups.get("torch.compile"),
                              median_us=candidate_stats.median_us, trusted=trusted, profile_id=profile_id)
-    trace("server", "profile.result", True, result_started)
+    trace("server", "profile.result", True, result_started, to=ctx.limits.trace_file)
     await progress(steps, steps, "done")
     return result
 

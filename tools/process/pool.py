@@ -238,9 +238,10 @@ class _Zygote:
 
 class WorkerPool:
     def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
-                 sandbox: list[str] | None = None) -> None:
+                 sandbox: list[str] | None = None, trace_file: str | None = None) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
         self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`runner.sandbox_args`)
+        self.trace_file = trace_file  # `WorkerLimits.trace_file`: where its forks are traced
         # A kind asked for while none was idle keeps one more ready from then on, up to max_size: the pool
         # grows to the concurrency it sees (4 candidates at once want ~4 of each kind) instead of starving.
         self.max_size = max(size, max_size if max_size is not None else 4 * size)
@@ -479,7 +480,8 @@ class WorkerPool:
             zygote = await self._zygote(backend)
             own.mkdir(mode=0o700, parents=True)
             warm = await zygote.fork(dict(env), own, under_way) if isinstance(zygote, _Zygote) else zygote
-            trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started)
+            trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started,
+                  to=self.trace_file)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         finally:

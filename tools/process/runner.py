@@ -51,7 +51,6 @@ _ENV_ALLOWLIST = (
     "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME",
     "KMP_AFFINITY",
 )
-_TRACE = os.environ.get("KFORGE_TRACE")  # a file: one JSON line per worker start and call (where time goes)
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _TAIL_LINES = 30
 # Descriptors workers sent (a candidate's CPU outputs), held until a call hands them to another worker.
@@ -89,6 +88,9 @@ class WorkerLimits:
     # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
     hang_factor: float = 20.0
     hang_floor_s: float = 30.0
+    # Not a limit, but every worker and the pool carry these: the file (the settings' `trace`, KFORGE_TRACE) that
+    # gets one JSON line per worker start, call and server span (`trace`); None: no trace.
+    trace_file: str | None = None
 
     def hang_deadline(self, reference_call_s: float | None, calls: int) -> tuple[float | None, str]:
         """The deadline of `calls` calls of a candidate, and the words that say where it came from."""
@@ -342,16 +344,16 @@ async def kill_group(proc: Any) -> None:
 
 
 def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None,
-          seconds: float | None = None) -> None:
-    """One line of KFORGE_TRACE (when set): who did what, warm or cold, since `started` (perf_counter) for
-    `seconds` (default: until now), and the worker's peaks of reserved and of allocated device memory during
-    the op where it has them."""
-    if _TRACE:
+          seconds: float | None = None, *, to: str | None) -> None:
+    """One line of the trace file `to` (`WorkerLimits.trace_file`; None: none): who did what, warm or cold, since
+    `started` (perf_counter) for `seconds` (default: until now), and the worker's peaks of reserved and of allocated
+    device memory during the op where it has them."""
+    if to:
         took = time.perf_counter() - started if seconds is None else seconds
         line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(took, 3)}
         if peak_bytes:
             line["peak_gb"], line["peak_allocated_gb"] = (round(b / 1e9, 3) for b in peak_bytes)
-        with open(_TRACE, "a") as f:
+        with open(to, "a") as f:
             f.write(json.dumps(line) + "\n")
 
 
@@ -389,13 +391,13 @@ class WorkerGroup:
 
 
 @contextmanager
-def traced(role: str, op: str) -> Iterator[None]:
-    """KFORGE_TRACE a span of the server's own work (an op of no worker): where a call's time goes between ops."""
+def traced(role: str, op: str, *, to: str | None) -> Iterator[None]:
+    """Trace a span of the server's own work (an op of no worker) to `to`: where a call's time goes between ops."""
     started = time.perf_counter()
     try:
         yield
     finally:
-        trace(role, op, True, started)
+        trace(role, op, True, started, to=to)
 
 
 class WorkerProcess:
@@ -456,7 +458,7 @@ class WorkerProcess:
         return None
 
     def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
-        trace(self.role, op, self.warm, started, peak_bytes)
+        trace(self.role, op, self.warm, started, peak_bytes, to=self.limits.trace_file)
 
     async def __aenter__(self) -> WorkerProcess:
         started = time.perf_counter()
@@ -560,7 +562,7 @@ class WorkerProcess:
                 output_tail=_tail(self.log)))
         self._handed += HANDED.take_in(reply, fds)
         for part, seconds in parts.items():
-            trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds)
+            trace(self.role, f"{op}/{part}", self.warm, started, seconds=seconds, to=self.limits.trace_file)
         if peaks:  # only from a reply that carried the secret: the pool waits on it (`WorkerPool.reaped`)
             self.device_bytes = max(self.device_bytes, peaks[0])
         if "fatal" in reply:
