@@ -144,3 +144,16 @@ async def test_a_reply_that_does_not_fit_its_model_is_a_protocol_violation_namin
         with pytest.raises(ProtocolViolation, match=r"worker op 'release' sent a malformed reply \(StricterReply\): "
                                                     r"weights: Field required"):
             await w.call(p.ReleaseRequest(), stage="forward")
+
+
+def test_nan_in_an_open_payload_crosses_as_nan_not_as_null():
+    """A wrong output's NaN is evidence: `dict[str, Any]` payloads keep it (pydantic's JSON mode would write None)."""
+    import json
+    import math
+
+    reply = p.CheckReply(trial={"checks": [{"first_mismatches": [{"got": math.nan, "expected": 1.0}]}]})
+    wire = json.loads(json.dumps(reply.model_dump(mode="json")))  # as the channel writes and reads it
+    got = p.parse_reply(p.CheckRequest(i=0, record=p.TrialReply(outputs=[])), wire)
+    assert math.isnan(got.trial["checks"][0]["first_mismatches"][0]["got"])
+    request = p.CheckRequest(i=0, record=p.TrialReply(outputs=[{"non_tensor": "float", "x": math.inf}]))
+    assert math.isinf(p.parse_request(json.loads(json.dumps(request.model_dump(mode="json")))).record.outputs[0]["x"])

@@ -25,6 +25,11 @@ from kforge.tools.models import (BuildInfo, Counter, Diagnostic, Failure, Kernel
 __all__ = ["REQUESTS", "OpReply", "ProtocolError", "Request", "WorkerInit", "WorkerRole", "parse_reply", "parse_request"]
 
 
+# Unknown fields are refused; NaN and infinities cross as themselves (a candidate's NaN output is evidence), not
+# as null, in open payloads too (`dict[str, Any]`: pydantic's JSON mode would make them None).
+_STRICT = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
 class ProtocolError(ValueError):
     """A message that is not what the protocol says: an unknown op, a request or reply that does not validate."""
 
@@ -40,7 +45,7 @@ def on_success(default: Any = None, *, factory: Any = None) -> Any:
 class OpReply(BaseModel):
     """What every reply may carry: the op's failure (the candidate's or the reference's fault, located)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     failure: Failure | None = None
 
@@ -63,7 +68,7 @@ REQUESTS: dict[str, type[Request[Any]]] = {}
 class Request(BaseModel, Generic[R]):
     """One op's request. A subclass names its op (`op: Literal[...]`) and its reply (`Request[XReply]`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     reply: ClassVar[type[OpReply]] = OpReply
 
@@ -101,7 +106,7 @@ WorkerRole = Literal["judge", "candidate", "ncu", "probe", "ceilings"]
 class WorkerInit(BaseModel):
     """The first message a worker gets: its job's role, backend, directories and limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     role: WorkerRole
     backend: str
@@ -313,7 +318,7 @@ class CheckDecoyRequest(Judging, Request[CheckDecoyReply]):
 
 class KeptOutputs(BaseModel):
     """Outputs of one timed call (`call`, on timing set `set`) kept for the judge; a decoy's names its shift."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     call: int
     set: int
