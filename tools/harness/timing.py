@@ -33,6 +33,8 @@ from kforge.profilers.report import TimingStats, median_interval
 
 from ..rounds import merge_rounds, replay_warning  # noqa: F401 - merge_rounds: its old home
 
+_replay_warning = replay_warning  # its old name (tests/test_timing.py)
+
 __all__ = ["ReplaySchedule", "Timed", "TimingPolicy", "merge_rounds", "time_model"]
 
 # A host-minus-device gap, beyond what a synchronize costs by itself, above this fraction of the device
