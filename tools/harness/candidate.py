@@ -103,7 +103,7 @@ class Candidate:
         from .compare import flatten_outputs
         from .inputs import poison_allocator
 
-        poison_allocator(self._output_sizes, self.backend.device)
+        poison_allocator(self._output_sizes, self.backend)
         again = flatten_outputs(self.model(*self.sets.fresh(i)))
         self.backend.synchronize()
         return again

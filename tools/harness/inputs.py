@@ -86,13 +86,6 @@ def poison_allocator(sizes_bytes: list[int], backend: Any) -> None:
     """
     import torch
 
-    if isinstance(backend, str):  # TEMPORARY: a caller that still passes the device string (candidate_ops, until hooked up)
-        from kforge.backends.base import BackendBase
-
-        device = backend
-        backend = BackendBase()
-        backend.device = device
-        backend.synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)  # type: ignore
     blocks = [torch.full((max(1, n // 4),), float("nan"), dtype=torch.float32, device=backend.device)
               for n in sizes_bytes]
     backend.synchronize()

@@ -24,27 +24,6 @@ from .session import Session
 __all__ = ["Judge"]
 
 
-def _reference_numerics() -> None:
-    """The reference is the truth: no TF32 and no reduced-precision reductions, whatever the defaults."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-
-
-def _memory_capacity(device: str) -> int:
-    """Bytes of memory on `device`: the GPU's, or the host's for the CPU."""
-    import os
-
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _tensor_bytes(values: list[Any]) -> int:
     """Bytes held by the tensors among `values`."""
     import torch
@@ -137,7 +116,7 @@ class Judge:
         from .compare import tensor_info
         from .inputs import SeededSets, build_model
 
-        _reference_numerics()
+        self.backend.strict_numerics()  # the reference is the truth: no TF32, no reduced-precision reductions
         seeds, module = req.seeds, self.session.module
         try:
             torch.manual_seed(req.init_seed)
@@ -159,7 +138,7 @@ class Judge:
                               note=first.note, exact=first.exact, exact_note=first.exact_note,
                               reference_call_s=min(cold, first.seconds),
                               footprint_bytes=self.input_bytes + _tensor_bytes(self.expected),
-                              capacity_bytes=_memory_capacity(self.backend.device))
+                              capacity_bytes=self.backend.memory_capacity())
 
     def expect(self, req: p.ExpectRequest) -> p.ExpectReply:
         """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""
@@ -225,7 +204,7 @@ class Judge:
         outputs = _tensor_bytes(self.expected)
         # Inputs and outputs in float64 (up to twice their float32 size), and the reference's copies of them.
         as64 = 2 * 2 * (self.input_bytes + outputs)
-        capacity = _memory_capacity(self.backend.device)
+        capacity = self.backend.memory_capacity()
         limit = min(_EXACT_MEMORY_SHARE * capacity, _EXACT_MAX_BYTES)
         if as64 > limit:
             return (f"not run: in float64 the problem would take {as64 / 2**30:.1f} GiB, over the "

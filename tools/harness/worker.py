@@ -181,7 +181,7 @@ def _preload(backend_name: str) -> None:
     """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
     harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
     include. Nothing here may start the device: CUDA does not survive a fork."""
-    from kforge.backends import import_backend_module
+    from kforge.backends import backend_class, import_backend_module
 
     import_backend_module(backend_name)
     import torch._dynamo  # noqa: F401 - ~1 s, pulled in by FlopCounterMode and torch.compile
@@ -190,12 +190,9 @@ def _preload(backend_name: str) -> None:
     from kforge.profilers import torch_profiler  # noqa: F401
 
     from . import compare, inputs, integrity, output_contract, timing  # noqa: F401
-    from kforge.backends.build.fast_build import toolchain_id
     from .loader import load_user_module  # noqa: F401
 
-    toolchain_id(False)
-    if backend_name == "cuda":
-        toolchain_id(True)
+    backend_class(backend_name).preload()  # the compilers' identities that its builds' keys include
     if _cuda_driver_started():
         raise RuntimeError("the CUDA driver was initialized while preloading; forked workers could not use the GPU")
 
@@ -237,9 +234,9 @@ def _warm_device(backend: Any) -> None:
 def _warm_libraries(backend: Any) -> None:
     """First uses that a job would otherwise pay inside its verify or profile, measured on an H100 after
     `_warm_device` (bench/explore/first_use.py): the judge's first output comparison 0.29-0.45 s (its kernels,
-    float64 among them), cuDNN's start 0.44 s (any convolution), cuBLAS's bfloat16, float16 and float64 paths
-    0.14 s each (the bfloat16 null candidate, the float64 exact outputs). Paid here, before the job, on
-    inputs of a size whose kernels the comparison also uses on large outputs."""
+    float64 among them), and the device's math libraries (`Backend.warm_libraries`: on a GPU cuDNN's start 0.44 s,
+    cuBLAS's bfloat16, float16 and float64 paths 0.14 s each). Paid here, before the job, on inputs of a size whose
+    kernels the comparison also uses on large outputs."""
     import torch
 
     from .compare import compare_outputs
@@ -249,14 +246,7 @@ def _warm_libraries(backend: Any) -> None:
     got = expected + 1e-6
     for exact in ([expected.double()], None):
         compare_outputs([expected], [got], exact=exact, device=dev)
-    if not dev.startswith("cuda"):
-        return
-    m = expected[: 256 * 256].view(256, 256)
-    for dtype in (torch.bfloat16, torch.float16, torch.float64):
-        torch.nn.functional.linear(m.to(dtype), m.to(dtype), m[0].to(dtype))
-    x = expected[: 2 * 8 * 16 * 16].view(2, 8, 16, 16)
-    torch.nn.functional.conv2d(x, x[:8, :8, :3, :3])
-    backend.synchronize()
+    backend.warm_libraries()
 
 
 def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callable[[socket.socket], None]:
@@ -334,7 +324,7 @@ def _confinement(flag: str = "--sandbox") -> Any:
 
 def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -> dict[str, Any]:
     """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
-    with ncu's front-end was entered before ncu started, and reported by it (`kforge.profilers.ncu.main`)."""
+    with ncu's front-end was entered before ncu started, and reported by it (`kforge.tools.process.ncu_launch`)."""
     from ..process.sandbox import apply_landlock, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
