@@ -452,7 +452,8 @@ def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
     """The NVIDIA device nodes a worker of `backend` whose CUDA_VISIBLE_DEVICES is `visible` may open, and, where a
     pin could not be matched to a node, why every node stays open to it (else "").
 
-    No node (()) for the CPU backend or an empty pin: CUDA in it sees no GPU, and neither may code run there. Every node
+    No node (()) for a backend of a CPU-like device (`Backend.kind`) or an empty pin: CUDA in it sees no GPU, and neither
+    may code run there. Every node
     (None) for a worker pinned to none (the probe, a host of one GPU) and for a pin not found here (an MIG instance,
     a GPU the driver does not list): as before, said in the report. Else the pinned GPUs' own nodes and the control
     nodes; the kernel lets a process reach a GPU through /dev/nvidiactl only once it has opened that GPU's node."""
@@ -461,7 +462,7 @@ def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
             return (), ""  # no NVIDIA GPU here
     except OSError:
         return (), ""
-    if backend == "cpu" or (visible is not None and not visible.strip()):
+    if _cpu_like(backend) or (visible is not None and not visible.strip()):
         return (), ""
     if visible is None:
         return None, ""
@@ -481,6 +482,19 @@ def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
         minors.append(found[0]["minor"])
     nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
     return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
+
+
+def _cpu_like(backend: str | None) -> bool:
+    """Whether `backend` declares a CPU-like device (its class's `kind`); False for none (the probe) or a name no
+    backend here has, which keep the nodes their pin gives them."""
+    if not backend:
+        return False
+    from kforge.backends import backend_class
+
+    try:
+        return getattr(backend_class(backend), "kind", "gpu") == "cpu"
+    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
+        return False
 
 
 def with_gpu_nodes(confinement: Confinement, backend: str | None, visible: str | None) -> tuple[Confinement, str]:
