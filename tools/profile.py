@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.chart_processes import PendingCharts
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
-from kforge.profilers.ncu import counters_for, ncu_command, ncu_install, ncu_log_problem
+from kforge.profilers import profiler_for
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import (Baseline, NcuKernel, ProfileReport, compare_words,
                                      speedup_interval)
@@ -37,8 +37,8 @@ from .process.protocol import (AnchorRequest, KeptOutputs, LoadRequest, ProblemS
                                ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
                                TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
+from .rounds import merge_rounds
 from .static_scan import scan_candidate
-from .harness.timing import merge_rounds
 from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
 
@@ -78,6 +78,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     baselines, budget_s, precision = request.baselines, request.budget_s, request.precision
     hardware_counters, fresh_baselines = request.hardware_counters, request.fresh_baselines
     avail = await ctx.require_backend(backend)
+    counter_profiler = profiler_for(avail)  # the device's hardware counters: perf in the worker, ncu in a rerun, or none
     if not avail.timing:
         raise RequestError(f"backend {backend!r} cannot be timed on this host: {avail.reason}. "
                            "verify_against_reference works; profile on a host where the backend has a device.")
@@ -180,13 +181,16 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     revalidated = await _revalidate(judge, worker, cand["revalidation"], precision,
                                                     ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
                     await step("profiling the candidate")
+                    in_worker = counter_profiler is not None and counter_profiler.where == "worker"
                     prof = await worker.call(ProfileRequest(artifacts=str(worker.scratch), calls=_PROFILED_CALLS,
-                                                            perf=avail.hardware_profiler == "perf"), stage="profile")
-                    if prof.failure is not None or avail.hardware_profiler != "ncu" or not hardware_counters:
+                                                            counters=counter_profiler.name if in_worker else None),
+                                             stage="profile")
+                    if prof.failure is not None or counter_profiler is None or counter_profiler.where != "rerun" \
+                            or not hardware_counters:
                         return revalidated, prof, [], None
-                    await step("collecting Nsight Compute metrics of the candidate's kernels")
-                    return revalidated, prof, *await _ncu_pass(ctx, backend, scratch, candidate_code, judge,
-                                                               worker.kernel_names, artifacts, problem["inputs"],
+                    await step(f"collecting {counter_profiler.title} metrics of the candidate's kernels")
+                    return revalidated, prof, *await _ncu_pass(ctx, counter_profiler, backend, scratch, candidate_code,
+                                                               judge, worker.kernel_names, artifacts, problem["inputs"],
                                                                ncu_warnings)
 
                 try:
@@ -209,8 +213,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     report = timed.model_copy(update=dict(
         collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
         custom_share=custom_share(rows, prof.total_us, prof.basis),
-        counters=tuple(prof.counters) + tuple(counters_for(ncu_kernels)),
-        counters_note=_counters_note(avail.hardware_profiler, prof.counters_note, ncu_kernels, ncu_note),
+        counters=tuple(prof.counters) + tuple(counter_profiler.counters(ncu_kernels) if counter_profiler else ()),
+        counters_note=_counters_note(counter_profiler, prof.counters_note, ncu_kernels, ncu_note),
         ncu=tuple(ncu_kernels),
         notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
@@ -468,23 +472,25 @@ def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: TimeRep
     return order[:1] + redo + order[1:], keep
 
 
-async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_code: str, judge: WorkerProcess,
-                    kernel_names: list[str], artifacts: Path, inputs: SetupRequest,
+async def _ncu_pass(ctx: ToolContext, profiler: Any, backend: str, scratch: Path, candidate_code: str,
+                    judge: WorkerProcess, kernel_names: list[str], artifacts: Path, inputs: SetupRequest,
                     warnings: list[str]) -> tuple[list[NcuKernel], str | None]:
-    """Run the candidate once more under Nsight Compute, ncu and the candidate in one sandbox of their own
+    """Run the candidate once more under a rerun profiler (`profiler.where == "rerun"`: Nsight Compute), the profiler
+    and the candidate in one sandbox of their own
     (`WorkerProcess._command`); the judge reads the report. What of that sandbox this host refused beyond what every
     worker lacks (`ToolContext.sandbox_warnings`) goes to `warnings`."""
     where = scratch / "ncu"
     where.mkdir(parents=True, exist_ok=True)
     report, log = where / "profile", where / "nsight.log"
-    prefix = ncu_command(report, log, kernel_names, launches=_NCU_LAUNCHES)
+    prefix = profiler.command(report, log, kernel_names, launches=_NCU_LAUNCHES)
     if prefix is None:
-        return [], "ncu not found on PATH: install Nsight Compute for hardware metrics (timing and torch.profiler are unaffected)"
+        return [], (f"{profiler.name} not found on PATH: install {profiler.title} for hardware metrics (timing and "
+                    "torch.profiler are unaffected)")
     problem = None
     try:
         # ncu's install stays readable in the sandbox wherever it lies (not only under /usr or /opt); HOME: ncu
         # deploys its section files under it, and the server's is out of the sandbox's reach.
-        limits = replace(ctx.limits, read_paths=(*ctx.limits.read_paths, ncu_install(prefix[0])))
+        limits = replace(ctx.limits, read_paths=(*ctx.limits.read_paths, profiler.install_dir(prefix[0])))
         async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=limits, role="ncu",
                                  prefix=prefix, extra_env={**pin_env(current_gpu()), "HOME": str(where)}) as w:
             if missing := [m for m in w.isolation["missing"] if m not in ctx.worker_isolation.get("missing", [])]:
@@ -500,7 +506,7 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
     if log_text:
         shutil.copy(log, artifacts / "nsight.log")
     if not rep.exists():
-        return [], ncu_log_problem(log_text) or problem or "ncu wrote no report (see artifact nsight.log)"
+        return [], profiler.log_problem(log_text) or problem or f"{profiler.name} wrote no report (see artifact nsight.log)"
     shutil.copy(rep, artifacts / "profile.ncu-rep")
     readable = judge.scratch / "profile.ncu-rep"  # the judge's sandbox shows it only its own directory
     shutil.copy(rep, readable)
@@ -508,8 +514,10 @@ async def _ncu_pass(ctx: ToolContext, backend: str, scratch: Path, candidate_cod
     return list(reply.kernels), reply.note
 
 
-def _counters_note(profiler: str | None, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:
-    """Why hardware counters are missing, for the device's own profiler (perf on CPUs, ncu on GPUs)."""
-    if profiler == "ncu":
-        return None if ncu_kernels else (ncu_note or "Nsight Compute was not run (hardware_counters=False) or collected no kernels")
+def _counters_note(profiler: Any, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:
+    """Why hardware counters are missing, for the device's own profiler (perf in the worker on CPUs, ncu in a rerun
+    on NVIDIA GPUs)."""
+    if profiler is not None and profiler.where == "rerun":
+        return None if ncu_kernels else (ncu_note or f"{profiler.title} was not run (hardware_counters=False) or "
+                                         "collected no kernels")
     return perf_note

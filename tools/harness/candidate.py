@@ -257,7 +257,7 @@ class Candidate:
     def profile(self, req: p.ProfileRequest) -> p.ProfileReply:
         import torch
 
-        from kforge.profilers.perf_counters import PerfStat
+        from kforge.profilers import load_profiler
         from kforge.profilers.torch_profiler import collect_op_table, label_extension_functions
 
         trace = Path(req.artifacts) / "trace.json"
@@ -267,8 +267,8 @@ class Candidate:
                                                          calls=req.calls, trace_path=trace,
                                                          custom_kernels=self.session.kernel_names)
             perf, i = None, 0
-            if req.perf:  # only where perf is the device's counter profiler (CPUs)
-                with torch.no_grad(), PerfStat() as perf:
+            if req.counters:  # the device's counter profiler where it collects in the worker (perf on CPUs)
+                with torch.no_grad(), load_profiler(req.counters).collect() as perf:
                     t_end = time.perf_counter() + req.perf_seconds
                     while time.perf_counter() < t_end:
                         self.model(*self.bench.timing_args(i))

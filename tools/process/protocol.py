@@ -438,11 +438,12 @@ class ProfileReply(OpReply):
 
 
 class ProfileRequest(Request[ProfileReply]):
-    """torch.profiler (and perf, on CPUs) over the candidate's calls on the timing sets."""
+    """torch.profiler over the candidate's calls on the timing sets, and the device's in-worker counter profiler
+    (`counters`, a name in `kforge.profilers`' registry: perf on CPUs) where it has one."""
     op: Literal["profile"] = "profile"
     artifacts: str
     calls: int
-    perf: bool = False
+    counters: str | None = None
     perf_seconds: float = 0.5
 
 
