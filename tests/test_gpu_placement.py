@@ -31,7 +31,8 @@ def fake_gpus(n: int) -> list[GpuInfo]:
 
 
 def fake_cuda(n: int) -> Availability:
-    return Availability(backend="cuda", ok=True, reason="test", device_name="Fake GPU", gpus=fake_gpus(n))
+    return Availability(backend="cuda", ok=True, reason="test", device_name="Fake GPU", gpus=fake_gpus(n), kind="gpu",
+                        sync_launch_env=SYNC_LAUNCHES)
 
 
 def context_with(tmp_path, n_gpus: int) -> ToolContext:
@@ -99,7 +100,8 @@ def test_workers_are_pinned_to_their_gpu_only_where_there_are_several(tmp_path):
                                {"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake", **SYNC_LAUNCHES},
                                {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"},
                                {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake", **SYNC_LAUNCHES}]
-    assert warm_kinds(one) == warm_kinds(CPU) == [{}, SYNC_LAUNCHES]  # as before
+    assert warm_kinds(one) == [{}, SYNC_LAUNCHES]  # as before
+    assert warm_kinds(CPU) == [{}]  # calls on a CPU are synchronous already: one kind (`Availability.sync_launch_env`)
 
 
 def test_without_a_uuid_the_pin_is_the_index_within_the_servers_own_visible_devices(monkeypatch):

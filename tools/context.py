@@ -34,8 +34,9 @@ __all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progr
 
 log = logging.getLogger("kforge.context")
 
-# Verify's candidate launches synchronously, so a device fault is raised at the line that launched it.
-# The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool.
+# Verify's candidate launches synchronously, so a device fault is raised at the line that launched it: each backend
+# says how (`Availability.sync_launch_env`, read by `warm_kinds` and verify). This is NVIDIA's, which the CUDA runtime
+# reads once, at start-up (such workers are a kind of their own in the pool); kept for callers that name it.
 SYNC_LAUNCHES = {"CUDA_LAUNCH_BLOCKING": "1"}
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
@@ -287,8 +288,14 @@ class ToolContext:
 
 def warm_kinds(avail: Availability) -> list[dict[str, str]]:
     """The extra environments of the warm workers a server keeps for an available backend: plain and verify's
-    synchronous launches, for each GPU of a multi-GPU host (pinned to it), else once (`kforge.tools.gpus`)."""
-    return [env for p in gpus.placements(avail) or [None] for env in (gpus.pin_env(p), {**gpus.pin_env(p), **SYNC_LAUNCHES})]
+    synchronous launches (the backend's `sync_launch_env`, where it has one), for each GPU of a multi-GPU host
+    (pinned to it), else once (`kforge.tools.gpus`)."""
+    kinds: list[dict[str, str]] = []
+    for p in gpus.placements(avail) or [None]:
+        for env in (gpus.pin_env(p), {**gpus.pin_env(p), **avail.sync_launch_env}):
+            if env not in kinds:
+                kinds.append(env)
+    return kinds
 
 
 def _gpu_pin() -> str | None:

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .context import SYNC_LAUNCHES, Progress, ToolContext, no_progress
+from .context import Progress, ToolContext, no_progress
 from .gpus import current as current_gpu, on_one_gpu
 from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
                      VerifyResult, WeightSync, sha256_text)
@@ -199,10 +199,11 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
             stack.callback(ctx.hold_forks(light=True))
             await progress(0, steps, "running the reference in the judge worker while the candidate builds")
             # Synchronous launches: a device fault is raised at the candidate line that launched it.
+            sync_env = (await ctx.require_backend(backend)).sync_launch_env
             (judge, failure, prepared), (worker, compiled, setup, cand_failure) = await concurrently(
                 lambda: _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
                 lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
-                                         _candidate_inputs(reference_code, seeds, init_seed), extra_env=SYNC_LAUNCHES))
+                                         _candidate_inputs(reference_code, seeds, init_seed), extra_env=sync_env))
             ctx.pause_forks(light=True)
             if failure is not None:
                 return done(failure=failure, checks=[scan])
