@@ -1,0 +1,104 @@
+"""The house's arrows point down only (design.md, "The house"), read from every module's imports.
+
+backends import nothing above them; profilers import only backends (and resources' data); tools never import the
+server. Function-level imports count too: a lazy import is still an arrow. Server-side modules (tools/*.py, tools/process/,
+server/) never import torch at module level (the server process never starts a device, and starts fast), nor the
+harness, which runs in workers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+LAYERS = ("backends", "profilers", "tools", "server", "resources")
+# What each layer must not import.
+FORBIDDEN = {
+    "backends": {"profilers", "tools", "server"},
+    "profilers": {"tools", "server"},
+    "tools": {"server"},
+    "resources": {"backends", "profilers", "tools", "server"},
+}
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted(p for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _dotted(path: Path) -> list[str]:
+    """kforge.<layer>.<...> of a file, as parts (a package's __init__ is the package)."""
+    parts = ["kforge", *path.relative_to(ROOT).with_suffix("").parts]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _imports(path: Path, package: list[str] | None = None) -> list[tuple[str, int, bool]]:
+    """(absolute module imported, line, at module level) for every import in `path` (of package `package`, by
+    default the one its place in the repository says)."""
+    tree = ast.parse(path.read_text(), str(path))
+    if package is None:
+        package = _dotted(path) if path.name == "__init__.py" else _dotted(path)[:-1]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno, top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package[: len(package) - child.level + 1]
+                    module = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    module = child.module or ""
+                # `from . import sandbox` imports the package's sandbox; `from ..models import X`, models
+                names = [f"{module}.{alias.name}" for alias in child.names] if not child.module else [module]
+                found.extend((name, child.lineno, top) for name in names)
+            visit(child, inner)
+
+    visit(tree, True)
+    return found
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "kforge" and parts[1] in LAYERS else None
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_arrow_points_up(layer):
+    wrong = []
+    for path in _modules(layer):
+        for module, line, _ in _imports(path):
+            if _layer_of(module) in FORBIDDEN[layer]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, "arrows pointing up:\n" + "\n".join(wrong)
+
+
+def _server_side() -> list[Path]:
+    tools = [p for p in (ROOT / "tools").glob("*.py")]
+    return sorted(tools + _modules("tools/process") + _modules("server"))
+
+
+def test_server_side_modules_import_neither_torch_nor_the_harness_at_module_level():
+    wrong = []
+    for path in _server_side():
+        for module, line, top in _imports(path):
+            if not top:
+                continue
+            if module == "torch" or module.startswith("torch.") or module.startswith("kforge.tools.harness"):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} at module level")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_reader_sees_relative_and_lazy_imports(tmp_path):
+    """The reader itself: relative imports resolve against their package, and an import in a function is an arrow
+    too, though not one at module level."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import torch\nfrom ..models import Failure\nfrom . import sandbox\n"
+                      "from kforge.server import app\n\n\ndef later():\n    from kforge.tools.harness import worker\n")
+    found = _imports(sample, ["kforge", "tools", "process"])
+    assert found == [("torch", 1, True), ("kforge.tools.models", 2, True), ("kforge.tools.process.sandbox", 3, True),
+                     ("kforge.server", 4, True), ("kforge.tools.harness", 8, False)]
