@@ -194,7 +194,9 @@ class RayFleet:
         return self._ray
 
     def _takes_gpu(self, backend: str) -> bool:
-        return self._gpus and backend != "cpu"
+        from kforge.backends import backend_class  # the backend's facts, without starting its device
+
+        return self._gpus and getattr(backend_class(backend), "kind", "gpu") == "gpu"
 
     def _resources(self, request: JobRequest) -> dict[str, float]:
         if self._takes_gpu(request.backend):

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kforge.backends._host import process_ids, process_stat  # noqa: F401 - re-exported for the harness
+
 __all__ = ["HarnessSnapshot", "child_processes", "process_ids", "process_stat", "session_processes"]
 
 # (module path, attribute path): functions the harness calls; rebinding any of them is tampering.
@@ -44,25 +46,6 @@ def _resolve(module: str, path: str) -> Any:
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def process_ids() -> list[str]:
-    """Every process this process can see in /proc ([] where there is none)."""
-    try:
-        return [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        return []
-
-
-def process_stat(pid: int | str) -> tuple[str, str, int, int] | None:
-    """(name, state, parent, session) of a process, from /proc/<pid>/stat; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-        return stat[stat.index("(") + 1:stat.rindex(")")], fields[0], int(fields[1]), int(fields[3])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def child_processes() -> list[int]:
