@@ -235,7 +235,7 @@ class BackendBase:
         return None
 
     def timer(self) -> Timer:
-        from ._host import WallTimer
+        from .host import WallTimer
 
         return WallTimer()
 
@@ -243,12 +243,12 @@ class BackendBase:
         return None
 
     def facts(self) -> DeviceFacts:
-        from ._host import cpu_name
+        from .host import cpu_name
 
         return DeviceFacts(backend=self.name, device_name=cpu_name(), kind=self.kind)
 
     def measure_ceilings(self) -> dict[str, Any]:
-        from ._host import measure_cpu_ceilings
+        from .host import measure_cpu_ceilings
 
         return measure_cpu_ceilings()
 

@@ -44,7 +44,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ._host import WallTimer, cpu_name, llc_bytes, llc_layout, measure_cpu_ceilings
+from .host import WallTimer, cpu_name, llc_bytes, llc_layout, measure_cpu_ceilings
 from .base import Availability, BackendBase, DeviceFacts
 from .build.compiler_report import VEC_REPORT_FILE
 

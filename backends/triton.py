@@ -12,7 +12,7 @@ import os
 import platform
 from typing import Any
 
-from ._host import WallTimer, cpu_name, measure_cpu_ceilings
+from .host import WallTimer, cpu_name, measure_cpu_ceilings
 from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts

@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kforge.backends._host import process_stat
+from kforge.backends.host import process_stat
 
 __all__ = ["ARCH_PATTERN", "MAX_ANSWER_BYTES", "NAME_PATTERN", "build_key", "build_pch_now", "claim_pch", "job_cache_env",
            "lean_cuda_sources", "mark_used", "name_builder", "pch_dir_for", "promote_build", "toolchain_id"]

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kforge.backends._host import process_ids, process_stat  # noqa: F401 - re-exported for the harness
+from kforge.backends.host import process_ids, process_stat  # noqa: F401 - re-exported for the harness
 
 __all__ = ["HarnessSnapshot", "child_processes", "process_ids", "process_stat", "session_processes"]
 

@@ -30,7 +30,7 @@ from .channel import Channel, HandedFds, close_all
 from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 from ..disk import mark_loaded
 from kforge.backends.build.fast_build import job_cache_env
-from kforge.backends._host import process_ids, process_stat
+from kforge.backends.host import process_ids, process_stat
 from ..models import Failure
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ class ToyCpuBackend(BackendBase):
     kind = "cpu"
 
     def probe(self) -> Availability:
-        from kforge.backends._host import cpu_name
+        from kforge.backends.host import cpu_name
 
         try:
             import torch

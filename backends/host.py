@@ -1,5 +1,5 @@
 """Host-side helpers: the wall-clock timer, CPU facts, and /proc's process table (the build machinery and the
-server's process plumbing read it, so it lives in the lowest part that needs it)."""
+server's process plumbing read it, so it lives in the lowest part that needs it, public to the packages above)."""
 
 from __future__ import annotations
 
