@@ -1,0 +1,6 @@
+"""The server's side of the worker processes: starting them (`runner`), keeping warm ones (`pool`), the sandbox,
+the typed protocol and its channel, builds for sandboxed workers, ncu's launcher. Torch-free. Its surface is its
+modules; nothing is imported here.
+"""
+
+__all__ = ["build_service", "channel", "ncu_launch", "pool", "protocol", "runner", "sandbox"]
