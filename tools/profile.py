@@ -430,7 +430,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     # baselines were timed (a noisy host): those are timed now after all, in rounds of their own.
     eager_rounds = replies.get("eager") or []
     if stored and eager_rounds and "eager" not in failures:
-        eager_all = merge_rounds("eager", eager_rounds)[0].median_us
+        eager_all = merge_rounds("eager", [r.model_dump(mode="json") for r in eager_rounds])[0].median_us
         for name in [n for n, v in stored.items() if abs(eager_all / v[1]["eager_median_us"] - 1) > _CANARY_TOLERANCE]:
             del stored[name]
             replies[name] = []
