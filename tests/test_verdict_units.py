@@ -132,3 +132,23 @@ def test_the_servers_clock_fails_a_median_faster_than_the_calls_ran_and_skips_a_
     busy = wall_anchor_check(stats, {**anchor, "tried": 40, "batches": 0, "per_call_us": None})
     assert busy.status == "skip" and "preempted more than twice" in busy.evidence and "(40 pairs)" in busy.evidence
     assert wall_anchor_check(stats, None).status == "skip"
+
+
+def test_the_servers_clock_allows_the_hosts_launch_pace_on_a_device_and_still_fails_a_device_bound_lie():
+    """A launch-bound kernel's back-to-back calls go at the host's pace (4-17 us per call against a 7.1 us ReLU, H100
+    2026-11-25): with the judge's launch floor measured in the same rounds, the honest one passes and the evidence
+    says the clock cannot check its median; a device-bound kernel whose timer reads 20x short still fails."""
+    from kforge.tools.verdict import wall_anchor_check
+
+    anchor = {"calls": 140, "batches": 3, "tried": 3, "fixed_us": 40.0}
+    relu = SimpleNamespace(median_us=7.1)
+    without_floor = wall_anchor_check(relu, {**anchor, "per_call_us": 13.2, "floor_us": None})
+    assert without_floor.status == "fail"  # the old rule: 13.2 us > 1.3 x 7.1 us
+    launch_bound = wall_anchor_check(relu, {**anchor, "per_call_us": 13.2, "floor_us": 11.0})
+    assert launch_bound.status == "pass", launch_bound.evidence
+    assert "11.0 us per call" in launch_bound.evidence and "cannot check a median this short" in launch_bound.evidence
+    gemm = SimpleNamespace(median_us=50.0)  # reported; the calls really take 1 ms each
+    lie = wall_anchor_check(gemm, {**{**anchor, "calls": 3}, "per_call_us": 1000.0, "floor_us": 11.0})
+    assert lie.status == "fail" and "faster than the calls really ran" in lie.evidence
+    honest = wall_anchor_check(SimpleNamespace(median_us=1000.0), {**anchor, "per_call_us": 1010.0, "floor_us": 11.0})
+    assert honest.status == "pass" and "no less than 765.9 us" in honest.evidence

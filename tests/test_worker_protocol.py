@@ -19,6 +19,7 @@ _OPS = {
     "load": "judge+candidate", "timing_sets": "judge+candidate", "time": "judge+candidate",
     "prepare": "judge", "expect": "judge", "check": "judge", "check_repeat": "judge", "calibrate": "judge",
     "problem_size": "judge", "check_decoy": "judge", "revalidate": "judge", "read_ncu": "judge",
+    "launch_floor": "judge",
     "setup": "candidate", "trial": "candidate", "repeat": "candidate", "decoy": "candidate", "release": "candidate",
     "evidence": "candidate", "anchor": "candidate", "timing_decoy": "candidate", "profile": "candidate",
 }
@@ -157,3 +158,28 @@ def test_nan_in_an_open_payload_crosses_as_nan_not_as_null():
     assert math.isnan(got.trial["checks"][0]["first_mismatches"][0]["got"])
     request = p.CheckRequest(i=0, record=p.TrialReply(outputs=[{"non_tensor": "float", "x": math.inf}]))
     assert math.isinf(p.parse_request(json.loads(json.dumps(request.model_dump(mode="json")))).record.outputs[0]["x"])
+
+
+async def test_the_servers_clock_times_a_candidate_and_the_judges_launch_floor_in_the_same_rounds(tmp_path):
+    """`profile._wall_anchor` with a judge (what a device clock gets): the candidate's back-to-back calls and the
+    judge's one-element launches, each timed by the server's clock from outside both processes."""
+    from types import SimpleNamespace
+
+    from kforge.tools.profile import _wall_anchor
+
+    async with _worker(tmp_path, "candidate") as cand, _worker(tmp_path, "judge") as judge:
+        await cand.call(p.LoadRequest(role="candidate", source=_CANDIDATE), stage="load")
+        await cand.call(p.SetupRequest(reference_source=_REFERENCE, init_seed=3, seeds=[5]), stage="init")
+        made = await cand.call(p.TimingSetsRequest(seeds=[7, 8], reference_source=_REFERENCE), stage="timing")
+        assert made.failure is None and made.count == 2
+        floor = await judge.call(p.LaunchFloorRequest(calls=50), stage="timing")
+        assert floor.failure is None and floor.calls == 50
+        limits = SimpleNamespace(hang_deadline=lambda call_s, n: (60.0, "a test's deadline"))
+        anchor = await _wall_anchor(cand, 20.0, None, limits, judge)
+        plain = await _wall_anchor(cand, 20.0, None, limits)
+    assert anchor is not None and plain is not None and plain["floor_us"] is None
+    if anchor["per_call_us"] is None or anchor["floor_us"] is None:
+        pytest.skip(f"the host was too busy for the server's clock ({anchor['tried']} pairs tried)")
+    # A Python call of a one-element op costs microseconds, not nothing and not milliseconds.
+    assert 0.2 < anchor["floor_us"] < 2000, anchor
+    assert anchor["per_call_us"] > 0 and anchor["batches"] >= 3, anchor

@@ -33,8 +33,8 @@ from .context import Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
-from .process.protocol import (AnchorRequest, KeptOutputs, LoadRequest, ProblemSizeRequest, ProfileRequest,
-                               ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
+from .process.protocol import (AnchorRequest, KeptOutputs, LaunchFloorRequest, LoadRequest, ProblemSizeRequest,
+                               ProfileRequest, ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
                                TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
 from .rounds import merge_rounds
@@ -66,6 +66,7 @@ _ANCHOR_SWITCHES_TOLERATED = 2  # ... this often wanted (on an idle 2-core VM a 
 _ANCHOR_WAIT_TOLERATED = 0.05  # ... nor kept waiting for a core for more than this share of the op's wall time
 _ANCHOR_MAX_BATCHES = 40  # ... among at most this many pairs (~0.2 s in all)
 _ANCHOR_MAX_CALLS = 5000
+_FLOOR_CALLS = 200  # the judge's launch floor (`LaunchFloorRequest`): calls of 4-20 us, ops of about 1-4 ms
 # The reference's baselines do not change between candidates: one timed on this device, with these
 # versions and this budget, is reused for this long (an agent's loop profiles one problem many times;
 # torch.compile's alone costs seconds to minutes per run). KernelBench ships precomputed baselines.
@@ -166,9 +167,10 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     timed = _timing_report(backend, device, series, series["candidate"], baselines, problem)
                     # On a device clock the charts start now, in processes of their own, beside the server's clock
                     # and the last steps; a host clock would feel their CPU, so there they wait for the anchor.
-                    charts = PendingCharts(timed) if series["candidate"]["stats"].clock == "device" else None
+                    on_device = series["candidate"]["stats"].clock == "device"
+                    charts = PendingCharts(timed) if on_device else None
                     anchor = await _wall_anchor(worker, series["candidate"]["stats"].median_us,
-                                                problem["reference_call_s"], ctx.limits)
+                                                problem["reference_call_s"], ctx.limits, judge if on_device else None)
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
                 except WorkerDied as died:
@@ -250,7 +252,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
 
 
 async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s: float | None,
-                       limits: Any) -> dict[str, Any] | None:
+                       limits: Any, judge: WorkerProcess | None = None) -> dict[str, Any] | None:
     """The candidate's calls timed by the server's clock, outside the candidate's process (issue 17): ops of N and
     of 2N back-to-back calls through the timing sets, and the calls' time the difference of the two (least of
     each). What an op costs besides its calls cancels out: the round trip, and the first call's allocation of
@@ -258,31 +260,55 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
     than timed, H100 2026-11-24). Only ops in which the worker's threads were preempted at most twice, and waited
     for a core for at most 5% of the op, count (the server reads both in /proc): on a busy host an op's wall
     time is the other processes' too.
-    None without a median."""
+
+    With `judge` (a device clock), the judge's launch floor is timed the same way in the same rounds: back to back,
+    a launch-bound kernel's calls go at the host's pace of launching, not at the kernel's, and that pace ranged
+    4-17 us per call on an idle or loaded H100 host against a 7.1 us ReLU (H100 2026-11-25). None without a median."""
     if not median_us or median_us <= 0:
         return None
     calls = max(3, min(_ANCHOR_MAX_CALLS, math.ceil(_ANCHOR_BATCH_S / (median_us * 1e-6))))
-    walls: dict[int, list[float]] = {calls: [], 2 * calls: []}
+    series: dict[str, tuple[WorkerProcess, Any, int]] = {"candidate": (worker, AnchorRequest, calls)}
+    if judge is not None:
+        series["floor"] = (judge, LaunchFloorRequest, _FLOOR_CALLS)
+    walls = {name: {n: [] for n in (c, 2 * c)} for name, (_, _, c) in series.items()}
     tried = 0
-    while tried < _ANCHOR_MAX_BATCHES and min(len(w) for w in walls.values()) < _ANCHOR_BATCHES:
+
+    def short_of_batches() -> bool:
+        return min(len(w) for lengths in walls.values() for w in lengths.values()) < _ANCHOR_BATCHES
+
+    while tried < _ANCHOR_MAX_BATCHES and short_of_batches():
         tried += 1
-        for n in walls:
-            before = worker.preemptions()
-            started = time.perf_counter()
-            reply = await worker.call(AnchorRequest(calls=n), stage="timing",
-                                      timeout_s=limits.hang_deadline(reference_call_s, n)[0])
-            wall = time.perf_counter() - started
-            if reply.failure is not None:
-                raise _TimingFailed(reply.failure)
-            after = worker.preemptions()
-            if before is not None and after is not None \
-                    and after.switches - before.switches <= _ANCHOR_SWITCHES_TOLERATED \
-                    and after.waited_s - before.waited_s <= _ANCHOR_WAIT_TOLERATED * wall:
-                walls[n].append(wall)
-    short, long = walls[calls], walls[2 * calls]
-    per_call_us = max(0.0, min(long) - min(short)) / calls * 1e6 if short and long else None
-    return {"calls": calls, "batches": min(len(short), len(long)), "tried": tried, "per_call_us": per_call_us,
-            "fixed_us": max(0.0, 2 * min(short) - min(long)) * 1e6 if short and long else None}
+        for name, (proc, request, _) in list(series.items()):
+            for n in walls[name]:
+                before = proc.preemptions()
+                started = time.perf_counter()
+                reply = await proc.call(request(calls=n), stage="timing",
+                                        timeout_s=limits.hang_deadline(reference_call_s, n)[0])
+                wall = time.perf_counter() - started
+                if reply.failure is not None and name == "floor":
+                    del series[name], walls[name]  # the judge's own op: no floor, and no fault of the candidate
+                    break
+                if reply.failure is not None:
+                    raise _TimingFailed(reply.failure)
+                after = proc.preemptions()
+                if before is not None and after is not None \
+                        and after.switches - before.switches <= _ANCHOR_SWITCHES_TOLERATED \
+                        and after.waited_s - before.waited_s <= _ANCHOR_WAIT_TOLERATED * wall:
+                    walls[name][n].append(wall)
+
+    def per_call_us(name: str) -> tuple[float | None, float | None]:
+        if name not in walls:
+            return None, None
+        c = series[name][2]
+        short, long = walls[name][c], walls[name][2 * c]
+        if not short or not long:
+            return None, None
+        return max(0.0, min(long) - min(short)) / c * 1e6, max(0.0, 2 * min(short) - min(long)) * 1e6
+
+    cand_us, fixed_us = per_call_us("candidate")
+    short, long = walls["candidate"][calls], walls["candidate"][2 * calls]
+    return {"calls": calls, "batches": min(len(short), len(long)), "tried": tried, "per_call_us": cand_us,
+            "fixed_us": fixed_us, "floor_us": per_call_us("floor")[0]}
 
 
 async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[KeptOutputs],

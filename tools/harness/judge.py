@@ -78,6 +78,7 @@ class Judge:
         self._model_bf16: Any = None  # ... and in bfloat16 (a null candidate)
         self._first_digests: list[Any] = []  # digests of a trial's first outputs (`check_repeat`)
         self._weights: Any = None  # ... and their secret weights, drawn once
+        self._floor: Any = None  # the module and one-element input of `launch_floor`
 
     @property
     def backend(self) -> Any:
@@ -88,7 +89,7 @@ class Judge:
                 p.CheckRequest: self.check, p.CheckRepeatRequest: self.check_repeat, p.CalibrateRequest: self.calibrate,
                 p.ProblemSizeRequest: self.problem_size, p.CheckDecoyRequest: self.check_decoy,
                 p.RevalidateRequest: self.revalidate, p.TimingSetsRequest: self.timing_sets, p.TimeRequest: self.time,
-                p.ReadNcuRequest: self.read_ncu}
+                p.LaunchFloorRequest: self.launch_floor, p.ReadNcuRequest: self.read_ncu}
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
@@ -445,6 +446,21 @@ class Judge:
     def time(self, req: p.TimeRequest) -> p.TimeReply:
         """One round of a baseline: the reference, eager or through torch.compile."""
         return self.bench.time(req, self.model)
+
+    def launch_floor(self, req: p.LaunchFloorRequest) -> p.LaunchFloorReply:
+        """`calls` calls of a module doing one op on a one-element tensor (a fresh output each, as a model's call
+        makes), back to back, then a device sync: timed by the server, the host's own pace of Python calls and
+        launches, which a launch-bound candidate's back-to-back calls cannot beat whatever its kernel's time."""
+        import torch
+
+        if self._floor is None:
+            self._floor = (torch.nn.ReLU(), torch.zeros(1, device=self.backend.device))
+        module, x = self._floor
+        with torch.no_grad():
+            for _ in range(req.calls):
+                module(x)
+            self.backend.synchronize()
+        return p.LaunchFloorReply(calls=req.calls)
 
     def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
         """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""

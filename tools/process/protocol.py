@@ -416,6 +416,17 @@ class AnchorRequest(Request[AnchorReply]):
     calls: int
 
 
+class LaunchFloorReply(OpReply):
+    calls: int = on_success(0)
+
+
+class LaunchFloorRequest(Request[LaunchFloorReply]):
+    """`calls` calls of a one-element op back to back in the judge, timed by the server's clock: the host's own
+    pace of launching (`kforge.tools.profile._wall_anchor`)."""
+    op: Literal["launch_floor"] = "launch_floor"
+    calls: int
+
+
 class TimingDecoyReply(DecoyReply):
     call: int = -1
     set: int = 0
