@@ -139,3 +139,27 @@ async def test_a_multi_gb_problem_is_judged_in_place(ctx):  # noqa: F811
     assert profile_mem.peak_bytes < 3.3 * footprint, (profile_mem.peak_bytes / footprint, str(prof))
     big = [p for p in ctx.home.rglob("*") if p.is_file() and p.stat().st_size > 2**26]
     assert not big, big
+
+
+def _anchor(prof):
+    [anchor] = [c for c in prof.checks if c.name == "wall_clock_anchor"]
+    return anchor
+
+
+async def test_a_rescaled_device_timer_fails_the_anchor_and_a_launch_bound_honest_kernel_passes(ctx):  # noqa: F811
+    """The judge's launch floor is allowed on top of the median (a 1M-element ReLU's calls go at the host's pace,
+    4-17 us, against its 7.1 us kernel): the honest launch-bound candidate passes the server's clock, and a
+    device-bound matmul (2048^2 fp32, ~0.3 ms) whose event timer reads 3x short still fails it."""
+    honest = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference("relu"),
+                                                      candidate_code=candidate("relu_python"), baselines=("eager",),
+                                                      budget_s=1.0))
+    assert _anchor(honest).status in ("pass", "skip"), str(honest)  # skip: the host was busy
+    assert "the host's own pace" in _anchor(honest).evidence or _anchor(honest).status == "skip", str(honest)
+    device_bound = reference("matmul").replace("256, 256", "2048, 2048")
+    lie = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=device_bound,
+                                                   candidate_code=candidate("cuda_timer_rescale"),
+                                                   baselines=("eager",), budget_s=1.0))
+    if _anchor(lie).status == "skip":
+        pytest.skip(f"the host was too busy for the server's clock: {_anchor(lie).evidence}")
+    assert _anchor(lie).status == "fail" and "faster than the calls really ran" in _anchor(lie).evidence, str(lie)
+    assert lie.speedup_trusted is False
