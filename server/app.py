@@ -148,6 +148,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
     fleet = ray_fleet(settings, tools)  # None: jobs run on this host
     offered = fleet.availability if fleet else tools.availability  # the backends where jobs run
     jobs = JobManager(tools, parallel=settings.ray_max_jobs if fleet else settings.parallel_jobs,
+                      host_parallel=settings.ray_max_jobs if fleet else None,  # a fleet's jobs use its nodes' cores
                       queue_limit=settings.queue_limit, max_wait_s=settings.job_max_wait_s, executor=fleet)
 
     @asynccontextmanager

@@ -115,7 +115,9 @@ class Settings(BaseSettings):
                               "a job handle (the tools' default wait_s).")
     job_max_wait_s: float = Field(default=600.0, gt=0, description="The longest wait_s a client may ask for.")
     parallel_jobs: int = Field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)), ge=1,
-                               description="Jobs running at once (builds in parallel; timing stays one per device).")
+                               description="Jobs running at once on each device, each GPU of a host "
+                               "its own (builds in parallel; timing stays one per device); at most the host's cores "
+                               "in all.")
     precompiled_headers: bool = Field(default=True, description="After a C++ build, precompile torch/extension.h "
                                       "for its flags in the background, so later builds with those flags skip parsing it.")
     warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "

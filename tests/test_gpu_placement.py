@@ -199,3 +199,33 @@ def test_the_texts_name_the_gpu_a_job_ran_on():
     head = verdict(GpuInfo(index=1, name="NVIDIA H200", uuid="GPU-1")).splitlines()[0]
     assert head.startswith("CORRECT: 1/1 trials passed on GPU 1 (NVIDIA H200) ("), head
     assert "on GPU" not in verdict(None)  # a CPU backend's text names no GPU
+
+
+async def test_each_gpu_has_its_own_parallel_slots_and_the_host_caps_them_all(tmp_path):
+    """`parallel` counts per device: with one slot each, a job on GPU 1 starts while GPU 0 runs one (a global
+    count of slots held a 2-GPU H200 host to 1.23x one GPU's throughput, 2026-11-27), a second job on GPU 0
+    waits for the first, and `host_parallel` bounds the jobs on the whole host."""
+
+    class Slow(TimedRequest):
+        tool: str = "compile_kernel"  # holds no device lock: only the job slots keep two jobs apart
+
+        async def run(self, ctx: ToolContext, progress) -> CompileResult:
+            start = time.monotonic()
+            await anyio.sleep(self.seconds)
+            RAN.append((self.gpu, start, time.monotonic()))
+            spec = JobSpec(tool="compile", backend="cuda", candidate_sha256=self.candidate_code)
+            return CompileResult(spec=spec, ok=True, build_seconds=0.0, load_seconds=0.0, from_cache=False)
+
+    RAN: list[tuple[int | None, float, float]] = []
+    for host_parallel, overlap in ((4, True), (1, False)):
+        RAN.clear()
+        manager = JobManager(context_with(tmp_path / str(host_parallel), 2), parallel=1, host_parallel=host_parallel)
+        async with manager.running():
+            jobs = [await manager.submit(Slow(candidate_code=f"c{i}", gpu=g), "a") for i, g in enumerate((0, 0, 1))]
+            for j in jobs:
+                await manager.wait(j, 10, _no_progress)
+        spans = {g: sorted((s, e) for gg, s, e in RAN if gg == g) for g in (0, 1)}
+        (a, b), (c, d) = spans[0]
+        assert c >= b - 0.01  # one slot on GPU 0: its second job waited for its first
+        (s1, e1) = spans[1][0]
+        assert (s1 < b and a < e1) is overlap, (host_parallel, spans)  # GPU 1's job beside GPU 0's first, or not
