@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from kforge.server.prewarm import prewarm_builds
-from kforge.tools.context import SYNC_LAUNCHES, ToolContext
+from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.requests import CompileRequest, VerifyRequest
 from kforge.backends.build.fast_build import build_key, lean_cuda_sources
@@ -205,7 +205,8 @@ async def test_a_background_header_build_does_not_fail_an_honest_candidate(tmp_p
 
 
 async def _pool_ready(pool, n: int) -> None:
-    """Wait until n warm cpu workers are idle (the judge's kind and verify's candidate kind, one each)."""
+    """Wait until n warm cpu workers are idle (one kind on a CPU: its calls are synchronous already, so verify's
+    candidate needs no worker of its own kind, `Availability.sync_launch_env`)."""
     with anyio.fail_after(180):
         while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
             await anyio.sleep(0.2)
@@ -213,38 +214,38 @@ async def _pool_ready(pool, n: int) -> None:
 
 async def test_warm_workers_serve_jobs(tmp_path, cpu_example, candidate):
     ctx = ToolContext(home=tmp_path / "home")
-    async with ctx.warm_workers(1) as pool:  # both kinds are wanted once the probe is in
-        await _pool_ready(pool, 2)
+    async with ctx.warm_workers(1) as pool:  # the cpu kind is wanted once the probe is in
+        await _pool_ready(pool, 1)
         result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
                                                                    reference_code=cpu_example["reference"],
                                                                    candidate_code=candidate("chatty"), trials=1,
                                                                    use_store=False))
         assert result.correct, str(result)
-        assert pool.served == 2  # the judge and the candidate both came warm
-        # Each take left its kind short of two idle workers (a profile's takes): the pool keeps two of each now,
-        # and refilled behind the job.
-        plain, sync = ("cpu", ()), ("cpu", tuple(SYNC_LAUNCHES.items()))
-        assert pool._target[plain] == 2 and pool._target[sync] == 2
-        await _pool_ready(pool, 4)
-        # Three jobs at once find two workers of a kind: the miss keeps one more of it (up to 4x the size; a
-        # take that leaves it short raises it no further than one over the size).
-        taken = [pool.take("cpu"), pool.take("cpu")]
-        assert all(taken) and pool._target[plain] == 2
-        assert pool.take("cpu") is None and pool._target[plain] == 3 and pool.max_size == 4
+        assert pool.served == 2  # the judge and the candidate both came warm (the second waited for a fork)
+        # The judge's take left the kind short of two idle workers (a profile's takes), the candidate's missed: the
+        # pool keeps three now, and refilled behind the job.
+        plain = ("cpu", ())
+        assert pool._target[plain] == 3 and all(not env for b, env in pool._target if b == "cpu")
+        await _pool_ready(pool, 3)
+        # Four jobs at once find three workers: the miss keeps one more (up to 4x the size; a take that leaves it
+        # short raises it no further than one over the size).
+        taken = [pool.take("cpu") for _ in range(3)]
+        assert all(taken) and pool._target[plain] == 3
+        assert pool.take("cpu") is None and pool._target[plain] == 4 and pool.max_size == 4
         for warm in taken:
             await kill_group(warm.proc)
             await warm.proc.aclose()
-        await _pool_ready(pool, 5)
-        assert len(pool._idle[plain]) == 3
+        await _pool_ready(pool, 4)
+        assert len(pool._idle[plain]) == 4
 
 
 async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_example, candidate):
     """A fork is ready sooner than a cold worker and has paid its first-use costs: jobs wait for one."""
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
-        await _pool_ready(pool, 2)
-        taken = [pool.take("cpu"), pool.take("cpu", SYNC_LAUNCHES)]  # nothing idle now
-        assert all(taken) and pool.served == 2
+        await _pool_ready(pool, 1)
+        taken = [pool.take("cpu")]  # nothing idle now
+        assert all(taken) and pool.served == 1
         for warm in taken:
             await kill_group(warm.proc)
             await warm.proc.aclose()
@@ -253,7 +254,7 @@ async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_ex
                                                                    candidate_code=candidate("chatty"), trials=1,
                                                                    use_store=False))
         assert result.correct, str(result)
-        assert pool.served == 4  # the judge and the candidate waited for forks instead of starting cold
+        assert pool.served == 3  # the judge and the candidate waited for forks instead of starting cold
 
 
 @pytest.mark.parametrize("name, kind, says", [("segfault", "crashed", "SIGSEGV"), ("hard_exit", "exited", "code 3")])
