@@ -20,10 +20,17 @@ def _idle(pool, *kind) -> int:
 
 
 async def _ready(pool, n: int) -> None:
-    """Wait until n warm cpu workers are idle, over both kinds."""
+    """Wait until n warm cpu workers are idle, over its kinds (one of its own on a CPU, whose calls are synchronous
+    already; `_two_cpu_kinds` asks for a second)."""
     with anyio.fail_after(180):
         while sum(len(v) for (b, _), v in pool._idle.items() if b == "cpu") < n:
             await anyio.sleep(0.1)
+
+
+def _two_cpu_kinds(pool) -> None:
+    """A second cpu kind, as a GPU's pool keeps a synchronous-launch kind beside the plain one: for the tests of how
+    the pool treats kinds apart (a cpu pool keeps one kind, `Availability.sync_launch_env`)."""
+    pool.want("cpu", SYNC_LAUNCHES)
 
 
 def _gone(pid: int) -> bool:
@@ -36,7 +43,7 @@ def _gone(pid: int) -> bool:
 async def test_held_forks_start_after_the_release_but_a_waiting_job_still_gets_one(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
-        await _ready(pool, 2)
+        await _ready(pool, 1)
         release = ctx.hold_forks()
         taken = pool.take("cpu")
         assert taken is not None
@@ -95,13 +102,14 @@ async def test_a_timing_stops_the_forks_under_way_and_they_go_on_after_it(tmp_pa
         release()
         assert forks[0].scope is None or forks[0].scope.deadline >= deadline + 1.5  # the pause does not count
         with anyio.fail_after(120):
-            await _ready(pool, 2)
+            await _ready(pool, 1)
         assert pool.started >= started + len(forks) and not pool.problems
 
 
 async def test_a_job_waiting_for_a_worker_lets_a_stopped_fork_of_its_kind_go_on(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
+        _two_cpu_kinds(pool)
         forks = await _under_way_with_pid(pool)
         release = ctx.hold_forks()
         ctx.pause_forks()
@@ -121,6 +129,7 @@ async def test_a_job_waiting_for_a_worker_lets_a_stopped_fork_of_its_kind_go_on(
 async def test_a_jobs_workers_are_killed_at_once_and_collected_in_the_background(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
+        _two_cpu_kinds(pool)
         await _ready(pool, 2)
         scratch = ctx.home / "jobs" / "job"  # where warm workers can write (their sandbox predates the job)
         async with WorkerGroup(pool) as group:
@@ -195,7 +204,7 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
     ctx = ToolContext(home=tmp_path / "home")
     jobs = ctx.home / "jobs"
     async with ctx.warm_workers(1) as pool:
-        await _ready(pool, 2)
+        await _ready(pool, 1)
         idle = {w.scratch for kind in list(pool._idle.values()) for w in kind}
         assert idle and all(d.parent == jobs and d.name.startswith("w-") and d.is_dir() for d in idle)
         result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
@@ -238,8 +247,8 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
     from kforge.tools.requests import VerifyRequest
 
     ctx = ToolContext(home=tmp_path / "home")
-    async with ctx.warm_workers(3) as pool:
-        await _ready(pool, 6)
+    async with ctx.warm_workers(4) as pool:  # one cpu kind: its two takes leave two idle, so it is not short
+        await _ready(pool, 4)
         with anyio.fail_after(120):
             while pool._under_way:  # every first fork done
                 await anyio.sleep(0.05)
@@ -261,7 +270,7 @@ async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_
         assert len(seen) > 5 and max(seen) == 0, f"forks under way beside the verify: {seen}"
         assert pool._quiet == 0
         with anyio.fail_after(120):  # the refills came after it
-            await _ready(pool, 6)
+            await _ready(pool, 4)
 
 
 async def test_a_take_that_leaves_a_kind_short_keeps_more_of_it(tmp_path):
