@@ -12,7 +12,7 @@ from kforge.tools.harness.judge import _EXACT_MAX_BYTES, Judge
 
 def _judge(input_bytes: int, output_bytes: int) -> SimpleNamespace:
     return SimpleNamespace(expected=[torch.empty(output_bytes // 4, device="meta")], input_bytes=input_bytes,
-                           backend=SimpleNamespace(device="cpu"))
+                           backend=SimpleNamespace(device="cpu", memory_capacity=lambda: 80 * 2**30))  # an 80 GB GPU
 
 
 def test_a_small_problem_gets_its_float64_outputs():
