@@ -42,7 +42,7 @@ PACKAGES: dict[str, list[str]] = {
     "kforge.server": ["app", "auth", "catalog", "cli", "clients", "compact", "http", "jsonrpc_errors", "kernelbench",
                       "pictures", "prewarm", "settings", "tool_params"],
     "kforge.tools": ["context", "device_use", "disk", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs",
-                     "models", "process", "profile", "requests", "rounds", "static_scan", "store", "summarize",
+                     "models", "process", "profile", "requests", "rounds", "static_scan", "steps", "store", "summarize",
                      "tool_inputs", "trials", "verdict"],
     "kforge.tools.harness": ["bench", "candidate", "compare", "cuda_share", "forkserver", "handoff", "inputs",
                              "integrity", "judge", "loader", "output_contract", "session", "timing", "worker"],

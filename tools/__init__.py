@@ -5,5 +5,5 @@ Its surface is its modules; nothing is imported here, so importing one tool neve
 """
 
 __all__ = ["context", "device_use", "disk", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs", "models",
-           "process", "profile", "requests", "rounds", "static_scan", "store", "summarize", "tool_inputs", "trials",
-           "verdict"]
+           "process", "profile", "requests", "rounds", "static_scan", "steps", "store", "summarize", "tool_inputs",
+           "trials", "verdict"]

@@ -15,115 +15,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .context import Progress, ToolContext, no_progress
-from .gpus import current as current_gpu, on_one_gpu
-from .models import (BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, OutputCheck, TrialReport,
-                     VerifyResult, WeightSync, sha256_text)
-from .process.protocol import (EvidenceReply, EvidenceRequest, LoadReply, LoadRequest, PrepareReply, PrepareRequest,
-                               SetupReply, SetupRequest, TrialRequest)
+from .gpus import on_one_gpu
+from .models import CompileResult, JobSpec, OutputCheck, TrialReport, VerifyResult, WeightSync
+from .process.protocol import EvidenceRequest
 from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
-from .trials import as_reference_failure, concurrently, judge_trials
+from .steps import (candidate_inputs, fresh_seeds, job_spec, launch_once, load_candidate, prepare_judge,
+                    ready_candidate, with_jit_kernels)
+from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
 
 if TYPE_CHECKING:  # the requests call these functions: their models are the one definition of the inputs
     from .requests import CompileRequest, VerifyRequest
 
-__all__ = ["compile_kernel", "verify_against_reference", "with_jit_kernels"]
-
-
-async def _spec(ctx: ToolContext, tool: str, backend: str, candidate: str, reference: str | None,
-                options: dict[str, Any]) -> JobSpec:
-    return JobSpec(tool=tool, backend=backend, candidate_sha256=sha256_text(candidate),
-                   reference_sha256=sha256_text(reference) if reference is not None else None,
-                   options=options, environment=await ctx.environment(backend),
-                   gpu=placement.gpu if (placement := current_gpu()) else None)
-
-
-def _compile_result(spec: JobSpec, reply: LoadReply | None, failure: Failure | None) -> CompileResult:
-    reply = reply or LoadReply(failure=failure)
-    builds: list[BuildInfo] = list(reply.builds)
-    diagnostics: list[Diagnostic] = list(reply.diagnostics)
-    failure = failure or reply.failure
-    if failure is not None and failure.diagnostics:
-        known = {(d.message, d.origin) for d in diagnostics}
-        diagnostics = [d for d in failure.diagnostics if (d.message, d.origin) not in known] + diagnostics
-    diagnostics.sort(key=lambda d: d.severity != "error")
-    return CompileResult(spec=spec, ok=failure is None, build_seconds=round(sum(b.seconds for b in builds), 3),
-                         load_seconds=round(reply.seconds, 3),
-                         from_cache=bool(builds) and all(b.from_cache for b in builds), builds=builds,
-                         diagnostics=diagnostics, failure=failure)
-
-
-async def _start(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, role: str,
-                 extra_env: dict[str, str] | None = None) -> WorkerProcess:
-    return await workers.start(ctx.worker(backend, scratch / role, role, extra_env=extra_env))
-
-
-async def _load_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
-                          code: str, *, extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess | None, CompileResult]:
-    try:
-        worker = await _start(workers, ctx, backend, scratch, "candidate", extra_env)
-        reply = await worker.call(LoadRequest(role="candidate", source=code), stage="load")
-    except WorkerDied as died:
-        return None, _compile_result(spec, None, died.failure)
-    result = _compile_result(spec, reply, None)
-    worker.kernel_names = reply.kernel_names  # the candidate's own kernels, for profilers
-    return (worker if result.ok else None), result
-
-
-async def _ready_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
-                           code: str, inputs: SetupRequest, *, extra_env: dict[str, str] | None = None,
-                           ) -> tuple[WorkerProcess | None, CompileResult, SetupReply | None, Failure | None]:
-    """Build the candidate, then its ModelNew with the reference's initial weights (`setup`): the worker, the
-    build, the setup's reply, and the failure that stopped it. `inputs` are seeds and the reference's source,
-    known before the judge ran anything, so this runs beside the judge's preparation; the seeds reach the
-    candidate's process only after its module was imported."""
-    worker, compiled = await _load_candidate(workers, ctx, backend, scratch, spec, code, extra_env=extra_env)
-    if worker is None:
-        return None, compiled, None, compiled.failure
-    try:
-        setup = await worker.call(inputs, stage="init")
-    except WorkerDied as died:
-        return None, compiled, None, died.failure
-    if setup.failure is not None:
-        return None, compiled, setup, setup.failure
-    return worker, compiled, setup, None
-
-
-async def _prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, reference: str,
-                         seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
-                         ) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
-    """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
-    prepared, or the reference's failure."""
-    try:
-        judge = await _start(workers, ctx, backend, scratch, "judge")
-        loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
-        if loaded.failure is not None:
-            return None, as_reference_failure(loaded.failure), None
-        prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=exact, variants=variants),
-                                    stage="reference")
-        if prepared.failure is not None:
-            return None, as_reference_failure(prepared.failure), None
-    except WorkerDied as died:
-        return None, as_reference_failure(died.failure), None
-    return judge, None, prepared
-
-
-def _candidate_inputs(reference: str, seeds: list[int], init_seed: int) -> SetupRequest:
-    """What a candidate's process needs to make the judge's inputs and initial weights itself (see `setup`)."""
-    return SetupRequest(reference_source=reference, init_seed=init_seed, seeds=seeds)
-
-
-def _fresh_seeds(n: int) -> tuple[int, list[int]]:
-    """Secret seeds: drawn by the server per request, unknown to the candidate until it has run."""
-    return secrets.randbits(31), [secrets.randbits(31) for _ in range(n)]
-
-
-def with_jit_kernels(compiled: CompileResult, run: EvidenceReply) -> CompileResult:
-    """The compile result plus the kernels compiled at first launch during `run` (Triton)."""
-    if not run.jit_kernels:
-        return compiled
-    return compiled.model_copy(update={"jit_kernels": list(run.jit_kernels)})
+__all__ = ["compile_kernel", "verify_against_reference"]
 
 
 @on_one_gpu  # request.gpu: its workers start the device, and a reference's launch runs there
@@ -131,14 +36,14 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
     """Build the candidate; with a reference, also launch it once on the reference's inputs so kernels
     compiled at first launch (Triton) are built and their resources reported. Correctness is not judged."""
     backend, candidate_code, reference_code = request.backend, request.candidate_code, request.reference_code
-    spec = await _spec(ctx, "compile_kernel", backend, candidate_code, reference_code, {})
+    spec = await job_spec(ctx, "compile_kernel", backend, candidate_code, reference_code, {})
     if request.use_store and (hit := ctx.store.get_result(spec.key)):
         return CompileResult(**{**hit, "from_store": True})
     steps = 2.0 if reference_code is not None else 1.0
     await progress(0, steps, "building the candidate in a worker")
     with ctx.scratch("compile") as scratch:
         async with WorkerGroup(ctx.pool) as workers:
-            worker, result = await _load_candidate(workers, ctx, backend, scratch, spec, candidate_code)
+            worker, result = await load_candidate(workers, ctx, backend, scratch, spec, candidate_code)
             if worker is not None and reference_code is not None:
                 await progress(1, steps, "launching the candidate once on the reference's inputs")
                 result = await _launch_once(workers, ctx, backend, scratch, worker, result, reference_code)
@@ -150,30 +55,18 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
 
 async def _launch_once(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
-    init_seed, seeds = _fresh_seeds(1)
-    _, failure, _ = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
+    init_seed, seeds = fresh_seeds(1)
+    _, failure, _ = await prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
                                          exact=False)
     if failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
     try:
-        run = await launch_once(worker, _candidate_inputs(reference_code, seeds, init_seed))
+        run = await launch_once(worker, candidate_inputs(reference_code, seeds, init_seed))
     except WorkerDied as died:
         return compiled.model_copy(update={"ok": False, "failure": died.failure})
     if run.failure is not None:
         return compiled.model_copy(update={"ok": False, "failure": run.failure})
     return with_jit_kernels(compiled, run)
-
-
-async def launch_once(worker: WorkerProcess, inputs: SetupRequest, timeout_s: float | None = None) -> EvidenceReply:
-    """Build ModelNew with the reference's weights and run it once on trial 0's inputs, keeping nothing: its
-    first-launch kernels get compiled (and profiled, under ncu). The reply: a failure, or `jit_kernels`."""
-    setup = await worker.call(inputs, stage="init", timeout_s=timeout_s)
-    if setup.failure is not None:
-        return EvidenceReply(failure=setup.failure)
-    trial = await worker.call(TrialRequest(i=0, repeat=False, share=False), stage="forward", timeout_s=timeout_s)
-    if trial.failure is not None:
-        return EvidenceReply(failure=trial.failure)
-    return await worker.call(EvidenceRequest(custom_work=False), stage="forward")
 
 
 @on_one_gpu  # request.gpu
@@ -183,13 +76,13 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
     backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
     trials, atol, rtol, precision = request.trials, request.atol, request.rtol, request.precision
     options = {"trials": trials, "atol": atol, "rtol": rtol, "precision": precision}
-    spec = await _spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
+    spec = await job_spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
     if request.use_store and (hit := ctx.store.get_result(spec.key)):
         return VerifyResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
     scan = static_check(scan_candidate(candidate_code))
     done = partial(_finish_verify, ctx, spec, t0, precision=precision)
-    init_seed, seeds = _fresh_seeds(trials)
+    init_seed, seeds = fresh_seeds(trials)
     steps = 4.0
     judging = {"atol": atol, "rtol": rtol, "precision": precision}
     with ctx.scratch("verify") as scratch:
@@ -201,9 +94,9 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
             # Synchronous launches: a device fault is raised at the candidate line that launched it.
             sync_env = (await ctx.require_backend(backend)).sync_launch_env
             (judge, failure, prepared), (worker, compiled, setup, cand_failure) = await concurrently(
-                lambda: _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
-                lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
-                                         _candidate_inputs(reference_code, seeds, init_seed), extra_env=sync_env))
+                lambda: prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
+                lambda: ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
+                                         candidate_inputs(reference_code, seeds, init_seed), extra_env=sync_env))
             ctx.pause_forks(light=True)
             if failure is not None:
                 return done(failure=failure, checks=[scan])
@@ -235,7 +128,7 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
             await progress(3, steps, "gathered the evidence beside the outputs")
     reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
     tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
-    assert setup is not None and setup.weights is not None  # a candidate that was set up (`_ready_candidate`)
+    assert setup is not None and setup.weights is not None  # a candidate that was set up (`steps.ready_candidate`)
     weights = setup.weights
     judged = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
     checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.custom_work,

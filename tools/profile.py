@@ -31,7 +31,7 @@ from kforge.profilers.report import (Baseline, NcuKernel, ProfileReport, compare
 
 from .context import Progress, RequestError, ToolContext, no_progress
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
-from .evaluate import _candidate_inputs, _fresh_seeds, _prepare_judge, _ready_candidate, _spec, launch_once, with_jit_kernels
+from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, KeptOutputs, LaunchFloorRequest, LoadRequest, ProblemSizeRequest,
                                ProfileRequest, ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
@@ -86,14 +86,14 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     use = ctx.device_use(ctx.device_key(avail))  # its trials and its timing (`DeviceUse`)
     options = {"baselines": list(baselines), "budget_s": budget_s, "precision": precision,
                "hardware_counters": hardware_counters}
-    spec = await _spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
+    spec = await job_spec(ctx, "profile_kernel", backend, candidate_code, reference_code, options)
     if request.use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
     # Measured by the server's own worker, once per device (before this job takes its workers and the device).
     device = await ctx.device_facts(backend)
     profile_id = uuid.uuid4().hex[:12]
-    init_seed, seeds = _fresh_seeds(_INPUT_SETS)
+    init_seed, seeds = fresh_seeds(_INPUT_SETS)
     steps = 6.0 + len(baselines)
     done = 0.0
 
@@ -114,18 +114,18 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
             await step("running the reference in the judge worker while the candidate builds")
 
             async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
-                judge, failure, prepared = await _prepare_judge(workers, ctx, backend, scratch, reference_code, seeds,
+                judge, failure, prepared = await prepare_judge(workers, ctx, backend, scratch, reference_code, seeds,
                                                                 init_seed, exact=False)
                 if judge is None or prepared is None:
                     return judge, failure, {}
                 size = await judge.call(ProblemSizeRequest(), stage="reference")
                 return judge, None, {"problem_bytes": size.problem_bytes, "problem_flops": size.problem_flops,
                                      "dtype": size.dtype, "reference_call_s": prepared.reference_call_s,
-                                     "inputs": _candidate_inputs(reference_code, seeds, init_seed), "prepared": prepared}
+                                     "inputs": candidate_inputs(reference_code, seeds, init_seed), "prepared": prepared}
 
             (judge, failure, problem), (worker, compiled, _, cand_failure) = await concurrently(
-                judge_side, lambda: _ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
-                                                     _candidate_inputs(reference_code, seeds, init_seed)))
+                judge_side, lambda: ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
+                                                     candidate_inputs(reference_code, seeds, init_seed)))
             ctx.pause_forks(light=True)  # as in a verify: the checks before the timing run without forks beside
             if failure is not None:
                 return failed(failure)
@@ -135,7 +135,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
             # Fresh inputs for (nearly) every timed call, drawn after the candidate loaded: answers cannot
             # be replayed from earlier calls, nor computed ahead at import. Each process makes them on its
             # device from the same secret seeds.
-            timing_seeds = _fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
+            timing_seeds = fresh_seeds(_timing_set_count(problem["problem_bytes"]))[1]
             deadline, why = ctx.limits.hang_deadline(problem["reference_call_s"], 1)
             # Its trials run beside other jobs' runs, never beside a timing on the device (`DeviceUse`).
             async with use.run():
