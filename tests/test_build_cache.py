@@ -261,7 +261,7 @@ async def test_a_job_that_finds_no_idle_worker_waits_for_a_fork(tmp_path, cpu_ex
 async def test_forked_worker_death_is_reported_as_for_a_cold_one(tmp_path, cpu_example, candidate, name, kind, says):
     """A warm worker is forked by the zygote, not started by the server: how it ended still reaches the result."""
     ctx = ToolContext(home=tmp_path / "home")
-    async with ctx.warm_workers(1) as pool:
+    async with ctx.warm_workers(2) as pool:  # one cpu kind: two idle serve the judge and the candidate
         await _pool_ready(pool, 2)
         result = await verify_against_reference(ctx, VerifyRequest(backend="cpu",
                                                                    reference_code=cpu_example["reference"],
