@@ -3,6 +3,8 @@ background without leaving anything for the next job to share the device with.""
 
 from __future__ import annotations
 
+import math
+
 import os
 from pathlib import Path
 
@@ -91,16 +93,17 @@ async def test_a_timing_stops_the_forks_under_way_and_they_go_on_after_it(tmp_pa
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
         forks = await _under_way_with_pid(pool)  # the server's first refills, still readying
+        deadline = forks[0].scope.deadline
         release = ctx.hold_forks()
         ctx.pause_forks()
         for fork in forks:
             assert await _stopped(fork.pid), "a fork under way kept running beside the timing"
-        deadline = forks[0].scope.deadline
         await anyio.sleep(1.5)
         assert all(_state(f.pid) == "T" for f in forks)
+        assert forks[0].scope.deadline == math.inf  # the wait for its answer does not run while it is stopped
         started = pool.started
         release()
-        assert forks[0].scope is None or forks[0].scope.deadline >= deadline + 1.5  # the pause does not count
+        assert forks[0].scope.deadline >= deadline + 1.5  # the pause does not count
         with anyio.fail_after(120):
             await _ready(pool, 1)
         assert pool.started >= started + len(forks) and not pool.problems
@@ -320,3 +323,33 @@ async def test_a_hold_on_one_gpu_leaves_another_gpus_refills_alone(tmp_path):
             assert warm is not None
             await kill_group(warm.proc)
             await warm.proc.aclose()
+
+
+async def test_a_fork_kept_stopped_past_its_deadline_does_not_time_out(tmp_path):
+    """A fork's wait for its answer stops with the fork: one kept stopped through a timing longer than the wait (a
+    torch.compile baseline, a whole profile) used to read as a fork that could not start its device, and the pool
+    gave its kind up for the server's life (seen in CI: both cpu kinds' forks, kept stopped by a test's hold)."""
+    import subprocess
+    import sys
+
+    from kforge.tools.process.pool import _Fork
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        fork = _Fork(("cpu", ()))
+        fork.forked(sleeper.pid)
+        with anyio.move_on_after(0.5) as scope:  # the wait, much shorter than the stop below
+            fork.timed_by(scope)
+            fork.stop()
+            assert await _stopped(sleeper.pid) and scope.deadline == math.inf
+            await anyio.sleep(1.0)  # past the wait's first deadline, still stopped
+            fork.go_on()
+            assert anyio.current_time() < scope.deadline <= anyio.current_time() + 0.5  # what was left of it
+            with anyio.fail_after(1):  # SIGCONT reaches it
+                while _state(sleeper.pid) == "T":
+                    await anyio.sleep(0.01)
+            await anyio.sleep(5)
+        assert scope.cancel_called  # the wait's clock ran again once the fork went on
+    finally:
+        sleeper.kill()
+        sleeper.wait()

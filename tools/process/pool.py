@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -107,9 +108,23 @@ class _Fork:
     def __init__(self, kind: _Kind) -> None:
         self.kind = kind
         self.pid: int | None = None  # from the zygote's "forked" line
-        self.scope: anyio.CancelScope | None = None  # the wait for its answer: its deadline moves by the pause
+        self.scope: anyio.CancelScope | None = None  # the wait for its answer: its clock stops with the fork
         self._stopped_at: float | None = None
+        self._left_s: float | None = None  # while stopped: what was left of the wait's deadline
         self._want_stopped = False
+
+    def timed_by(self, scope: anyio.CancelScope) -> None:
+        """The wait for this fork's answer. Its deadline does not run while the fork is stopped: a fork kept stopped
+        through a long timing (a torch.compile baseline, or a job's whole profile) past the deadline read as one
+        that could not start its device, and the pool gave the kind up for the server's life."""
+        self.scope = scope
+        if self._stopped_at is not None:
+            self._freeze()
+
+    def _freeze(self) -> None:
+        if self.scope is not None and self._left_s is None:
+            self._left_s = self.scope.deadline - anyio.current_time()
+            self.scope.deadline = math.inf
 
     def forked(self, pid: int) -> None:
         self.pid = pid
@@ -140,10 +155,11 @@ class _Fork:
             return
         if sig == signal.SIGSTOP and self._stopped_at is None:
             self._stopped_at = anyio.current_time()
+            self._freeze()
         elif sig == signal.SIGCONT and self._stopped_at is not None:
-            if self.scope is not None:
-                self.scope.deadline += anyio.current_time() - self._stopped_at
-            self._stopped_at = None
+            if self.scope is not None and self._left_s is not None:
+                self.scope.deadline = anyio.current_time() + self._left_s
+            self._stopped_at, self._left_s = None, None
 
 
 class _Zygote:
@@ -217,7 +233,8 @@ class _Zygote:
         channel = await Channel.from_socket(ours)
         try:
             await channel.send((json.dumps({"env": extra_env, "scratch": str(scratch)}) + "\n").encode())
-            with anyio.fail_after(_FORK_TIMEOUT_S) as under_way.scope:
+            with anyio.fail_after(_FORK_TIMEOUT_S) as scope:
+                under_way.timed_by(scope)
                 reply = json.loads((await channel.receive_line(1 << 16))[0])
         except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
                 ValueError) as exc:
