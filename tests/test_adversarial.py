@@ -166,6 +166,7 @@ async def test_a_timer_rescaled_inside_the_candidate_is_caught_by_the_servers_cl
     if anchor.status == "skip":
         pytest.skip(f"the host was too busy for the server's clock: {anchor.evidence}")
     assert anchor.status == "fail" and "faster than the calls really ran" in anchor.evidence, str(prof)
+    assert "the host's own pace" not in anchor.evidence  # a CPU's calls run as made: no launch floor allowed
     assert prof.speedup_trusted is False
 
 

@@ -169,8 +169,11 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     # and the last steps; a host clock would feel their CPU, so there they wait for the anchor.
                     on_device = series["candidate"]["stats"].clock == "device"
                     charts = PendingCharts(timed) if on_device else None
+                    # Only where calls are queued to a device of its own can the host's launch pace hide a kernel's
+                    # time (a CPU backend's timer reads "device" too, but its calls run as they are made).
+                    queued = on_device and avail.kind == "gpu"
                     anchor = await _wall_anchor(worker, series["candidate"]["stats"].median_us,
-                                                problem["reference_call_s"], ctx.limits, judge if on_device else None)
+                                                problem["reference_call_s"], ctx.limits, judge if queued else None)
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
                 except WorkerDied as died:
