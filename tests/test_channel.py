@@ -36,3 +36,33 @@ def test_a_descriptor_travels_with_its_line_and_is_handed_on_once():
         os.close(f)
     ours.close()
     theirs.close()
+
+
+@pytest.mark.anyio
+async def test_a_read_cancelled_in_the_loop_round_its_bytes_arrive_leaves_no_error_and_the_bytes_for_the_next_read():
+    """anyio's socket stream set a cancelled future's result there ("Exception in callback ... InvalidStateError", which
+    failed CI as a test's pool shut down, 2026-11-27); the cancel must land in the round after the bytes came, which
+    `call_soon` arranges: the loop runs it before it polls the socket again."""
+    import asyncio
+
+    import anyio
+
+    from kforge.tools.process.channel import Channel
+
+    ours, peer = socket.socketpair()
+    channel = await Channel.from_socket(ours)
+    errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+    for i in range(10):
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(channel.receive_line, 100)
+                await anyio.sleep(0.01)
+                peer.sendall(f"line {i}\n".encode())
+                asyncio.get_running_loop().call_soon(scope.cancel)
+                await anyio.sleep(0.01)
+        with anyio.fail_after(5):  # the line a cancelled read left is the next read's
+            assert (await channel.receive_line(100))[0] == f"line {i}".encode()
+    assert not errors, errors
+    await channel.aclose()
+    peer.close()

@@ -253,19 +253,19 @@ async def test_a_live_servers_jobs_are_not_taken(tmp_path, monkeypatch):
 
 def test_killing_a_worker_reaches_compilers_in_process_groups_of_their_own():
     """Ninja starts each build command in a new process group: a killed build must not leave them running."""
-    from kforge.tools.process.runner import _session_members, killpg
+    from kforge.tools.process.runner import session_members, killpg
 
     worker = subprocess.Popen([sys.executable, "-c", "import subprocess, time\n"
                                "subprocess.Popen(['sleep', '300'], process_group=0)\ntime.sleep(300)"],
                               start_new_session=True)
     deadline = time.monotonic() + 30
-    while len(_session_members(worker.pid)) < 2 and time.monotonic() < deadline:
+    while len(session_members(worker.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    [child] = [m for m in _session_members(worker.pid) if m != worker.pid]
+    [child] = [m for m in session_members(worker.pid) if m != worker.pid]
     assert os.getpgid(child) != worker.pid  # in a group of its own, as ninja's compilers are
     killpg(worker.pid)
     assert worker.wait(timeout=10) == -9
     deadline = time.monotonic() + 10
-    while _session_members(worker.pid) and time.monotonic() < deadline:
+    while session_members(worker.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _session_members(worker.pid) == []
+    assert session_members(worker.pid) == []

@@ -4,6 +4,7 @@ background without leaving anything for the next job to share the device with.""
 from __future__ import annotations
 
 import math
+import re
 
 import os
 from pathlib import Path
@@ -353,3 +354,37 @@ async def test_a_fork_kept_stopped_past_its_deadline_does_not_time_out(tmp_path)
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+async def test_a_fork_that_gives_no_answer_is_killed_and_its_kind_tried_again_before_the_pool_gives_it_up(
+        tmp_path, monkeypatch):
+    """A fork past its deadline (a busy machine's, or one stuck) is killed and reported with what its processes were
+    doing; the kind is given up only after `_FORK_TRIES` such forks in a row."""
+    from kforge.tools.process import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 0.2)  # no fork readies its device this fast
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        kind = ("cpu", ())
+        with anyio.fail_after(180):
+            while not pool._failed[kind] and not pool._idle[kind]:
+                await anyio.sleep(0.01)
+        assert pool._failed[kind] == 1 and kind in pool._wanted and not pool.problems  # tried again, not given up
+        monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 60.0)
+        with anyio.fail_after(180):
+            await _ready(pool, 1)
+        assert pool._failed[kind] == 0 and not pool.problems
+    ctx = ToolContext(home=tmp_path / "home2")
+    monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 0.2)
+    async with ctx.warm_workers(1) as pool:
+        with anyio.fail_after(180):
+            while not any(p.startswith("cpu") for p in pool.problems):
+                await anyio.sleep(0.05)
+        assert pool._failed[kind] == pool_module._FORK_TRIES and kind not in pool._wanted
+        problem = next(p for p in pool.problems if p.startswith("cpu"))
+        assert "no answer in 0 s of running" in problem and "python" in problem, problem
+        forked = [int(p) for p in re.findall(r"(\d+) python", problem)]
+        with anyio.move_on_after(10):  # (a signal is delivered asynchronously)
+            while not all(_gone(p) for p in forked):
+                await anyio.sleep(0.05)
+        assert forked and all(_gone(p) for p in forked), problem  # killed, not left readying

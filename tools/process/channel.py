@@ -21,9 +21,10 @@ from typing import Any
 
 import anyio
 from anyio.abc import ByteReceiveStream, UNIXSocketStream
+from anyio.lowlevel import checkpoint
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-__all__ = ["Channel", "HandedFds", "WorkerChannel", "FD_KIND"]
+__all__ = ["Channel", "HandedFds", "SocketBytes", "WorkerChannel", "FD_KIND", "close_socket_stream"]
 
 FD_KIND = "fd"  # an output descriptor's kind when its bytes are in a passed file descriptor
 _MAX_FDS_PER_MESSAGE = 250  # the kernel's SCM_MAX_FD is 253
@@ -57,34 +58,62 @@ class WorkerChannel:
         self.sock.sendall(data)
 
 
-class _CollectFds(ByteReceiveStream):
-    """A socket's bytes, keeping the descriptors that arrive with them."""
+class SocketBytes(ByteReceiveStream):
+    """A socket's bytes, keeping the descriptors that arrive with them (closed at once where nobody keeps them).
 
-    def __init__(self, stream: UNIXSocketStream, received: deque[int]) -> None:
-        self._stream, self._received = stream, received
+    It waits with `anyio.wait_readable`, not through anyio's socket stream: that stream's receive sets a future's
+    result from the event loop's reader callback, and where a cancellation reached the waiting task in the same loop
+    round as the bytes, asyncio reported "Exception in callback ... InvalidStateError" (anyio 4.16 on Python 3.11;
+    CI's test_build_cache failed on it as a test's pool shut down, 2026-11-27). `wait_readable` allows for that."""
+
+    def __init__(self, sock: socket.socket, received: deque[int] | None = None) -> None:
+        self._sock, self._received = sock, received
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        data, fds = await self._stream.receive_fds(max_bytes, _MAX_FDS_PER_MESSAGE)
-        self._received.extend(fds)
+        await checkpoint()
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._sock, max_bytes, _MAX_FDS_PER_MESSAGE)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as exc:
+                raise (anyio.ClosedResourceError() if self._sock.fileno() < 0 else anyio.BrokenResourceError()) from exc
+            break
+        if self._received is not None:
+            self._received.extend(fds)
+        else:
+            for fd in fds:
+                _close(fd)
         if not data:
             raise anyio.EndOfStream
         return data
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        await close_socket_stream(self._sock, None)
+
+
+async def close_socket_stream(sock: socket.socket, stream: UNIXSocketStream | None) -> None:
+    """Close a socket that `SocketBytes` may be waiting on: the wait ends (ClosedResourceError) before the close."""
+    if sock.fileno() >= 0:
+        anyio.notify_closing(sock)
+    if stream is not None:
+        await stream.aclose()
+    else:
+        sock.close()
 
 
 class Channel:
     """The server's end of a worker's socket."""
 
-    def __init__(self, stream: UNIXSocketStream) -> None:
-        self.stream = stream
+    def __init__(self, stream: UNIXSocketStream, sock: socket.socket) -> None:
+        self.stream, self._sock = stream, sock  # sends go through the stream, receives through `SocketBytes`
         self._received: deque[int] = deque()
-        self.lines = BufferedByteReceiveStream(_CollectFds(stream, self._received))
+        self.lines = BufferedByteReceiveStream(SocketBytes(sock, self._received))
 
     @classmethod
     async def from_socket(cls, sock: socket.socket) -> Channel:
-        return cls(await UNIXSocketStream.from_socket(sock))
+        return cls(await UNIXSocketStream.from_socket(sock), sock)
 
     async def send(self, data: bytes, fds: list[int] | None = None) -> None:
         if fds:
@@ -105,7 +134,7 @@ class Channel:
         for fd in self._received:
             _close(fd)
         self._received.clear()
-        await self.stream.aclose()
+        await close_socket_stream(self._sock, self.stream)
 
 
 class HandedFds:

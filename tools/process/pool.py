@@ -38,8 +38,10 @@ import anyio
 from anyio.abc import UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .channel import Channel
-from .runner import close_together, kill_group, killpg, scratch_name, trace
+from kforge.backends.host import process_stat
+
+from .channel import Channel, SocketBytes, close_socket_stream
+from .runner import close_together, kill_group, killpg, scratch_name, session_members, trace
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 _ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _FORK_TIMEOUT_S = 60.0  # a fork and a device start
 _REAP_BEFORE_NEXT_BYTES = 4 * 2**30  # killed workers that held more device memory are gone before the next job
+_FORK_TRIES = 3  # forks of a kind that fail in a row before the pool gives the kind up for the server's life
 _WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
 _LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refill: a profile takes two
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
@@ -112,6 +115,7 @@ class _Fork:
         self._stopped_at: float | None = None
         self._left_s: float | None = None  # while stopped: what was left of the wait's deadline
         self._want_stopped = False
+        self.stopped_s = 0.0  # how long it was kept stopped, in all
 
     def timed_by(self, scope: anyio.CancelScope) -> None:
         """The wait for this fork's answer. Its deadline does not run while the fork is stopped: a fork kept stopped
@@ -157,17 +161,35 @@ class _Fork:
             self._stopped_at = anyio.current_time()
             self._freeze()
         elif sig == signal.SIGCONT and self._stopped_at is not None:
+            self.stopped_s += anyio.current_time() - self._stopped_at
             if self.scope is not None and self._left_s is not None:
                 self.scope.deadline = anyio.current_time() + self._left_s
             self._stopped_at, self._left_s = None, None
 
 
+def _doing(pid: int | None) -> str:
+    """What a fork that gave no answer was doing: each process of its session, its state and where in the kernel it
+    waits (for the pool's problem report: a fork that hangs must say where)."""
+    def one(member: int) -> str:
+        stat = process_stat(member)
+        if stat is None:
+            return f"{member} gone"
+        try:
+            wchan = Path(f"/proc/{member}/wchan").read_text().strip() or "-"
+        except OSError:
+            wchan = "?"
+        return f"{member} {stat[0]} {stat[1]} {wchan}"
+    if pid is None:
+        return "not forked yet"
+    return ", ".join(one(m) for m in sorted(set(session_members(pid)) | {pid}))
+
+
 class _Zygote:
     """One backend's fork server: started once, then forks warm workers on request."""
 
-    def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream) -> None:
-        self.proc, self.ctl = proc, ctl
-        self.lines = BufferedByteReceiveStream(ctl)  # the zygote's JSON lines: ready, then exit codes
+    def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream, sock: socket.socket) -> None:
+        self.proc, self.ctl, self._sock = proc, ctl, sock
+        self.lines = BufferedByteReceiveStream(SocketBytes(sock))  # the zygote's JSON lines: ready, then exit codes
         self.children: dict[int, ForkedProcess] = {}
         self._requested: deque[_Fork] = deque()  # forks asked for whose pid the zygote has not named yet
         self._asking = anyio.Lock()  # one request at a time: the "forked" lines come in the order of the requests
@@ -183,7 +205,7 @@ class _Zygote:
         finally:
             theirs.close()
         ctl = await UNIXSocketStream.from_socket(ours)
-        zygote = cls(proc, ctl)
+        zygote = cls(proc, ctl, ours)
         try:
             with anyio.fail_after(_ZYGOTE_TIMEOUT_S):
                 reply = json.loads(await zygote.lines.receive_until(b"\n", 1 << 16))
@@ -233,21 +255,25 @@ class _Zygote:
         channel = await Channel.from_socket(ours)
         try:
             await channel.send((json.dumps({"env": extra_env, "scratch": str(scratch)}) + "\n").encode())
-            with anyio.fail_after(_FORK_TIMEOUT_S) as scope:
+            with anyio.fail_after(timeout_s := _FORK_TIMEOUT_S) as scope:
                 under_way.timed_by(scope)
                 reply = json.loads((await channel.receive_line(1 << 16))[0])
-        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError,
-                ValueError) as exc:
+        except TimeoutError:
+            reply = {"why": f"no answer in {timeout_s:.0f} s of running (and {under_way.stopped_s:.1f} s kept "
+                            f"stopped); its processes (pid name state kernel-wait): {_doing(under_way.pid)}"}
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError, ValueError) as exc:
             reply = {"why": f"no answer ({type(exc).__name__})"}
         if not reply.get("warm"):
             await channel.aclose()  # the worker reads EOF and exits
+            if under_way.pid is not None:
+                killpg(under_way.pid)  # and one that hangs goes too
             return f"a forked worker could not start its device: {reply.get('why', 'no reason given')}"
         proc = ForkedProcess(int(reply["pid"]), channel)
         self.children[proc.pid] = proc
         return WarmProcess(proc, channel, scratch)
 
     async def close(self) -> None:
-        await self.ctl.aclose()  # EOF: the zygote kills the workers it still has and exits
+        await close_socket_stream(self._sock, self.ctl)  # EOF: the zygote kills the workers it still has and exits
         with anyio.move_on_after(5):
             await self.proc.wait()
         await kill_group(self.proc)
@@ -268,6 +294,7 @@ class WorkerPool:
         self._wanted: set[_Kind] = set()
         self._zygotes: dict[str, _Zygote | str] = {}  # a str: why it could not start; workers start cold
         self.problems: list[str] = []  # why warm workers of some kind are not offered (also logged)
+        self._failed: Counter[_Kind] = Counter()  # forks of a kind that failed in a row (`_FORK_TRIES`)
         self._zygote_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._waiting: dict[_Kind, int] = defaultdict(int)  # jobs waiting for a fork of this kind
         self._changed: dict[_Kind, anyio.Event] = defaultdict(anyio.Event)  # a worker arrived, or the kind was dropped
@@ -505,13 +532,22 @@ class WorkerPool:
             self._under_way.discard(under_way)
             under_way.go_on()  # (a fork that failed while stopped must not stay stopped)
             self._starting[kind] -= 1
-        if isinstance(warm, str):  # stop trying; cold workers report the problem properly
+        if isinstance(warm, str):
             shutil.rmtree(own, ignore_errors=True)
+            self._failed[kind] += 1
+            if self._failed[kind] < _FORK_TRIES and kind in self._wanted:
+                # One slow or stuck fork (a busy 2-core CI machine's) must not cost the server its warm workers.
+                logger.warning("a warm worker for %s %s failed (%d of %d tries in a row): %s", backend,
+                               dict(env) or "", self._failed[kind], _FORK_TRIES, warm)
+                self._wake.set()
+                return
+            # stop trying; cold workers report the problem properly
             self._wanted.discard(kind)
             self.problems.append(f"{backend} {dict(env) or ''}: {warm}")
             logger.warning("no warm workers for %s %s, workers start cold: %s", backend, dict(env) or "", warm)
             self._changed_now(kind)
             return
+        self._failed[kind] = 0
         self._idle[kind].append(warm)
         self.started += 1
         self._changed_now(kind)

@@ -197,7 +197,7 @@ def _describe_exit(code: int) -> tuple[str, str]:
     return "exited", f"the process exited with code {code} before answering (os._exit, exit() in native code, or abort handling)"
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """The processes of session `sid`, from /proc (Linux; elsewhere none are found)."""
     return [int(pid) for pid in process_ids() if (st := process_stat(pid)) is not None and st[3] == sid]
 
@@ -325,7 +325,7 @@ def killpg(pid: int) -> None:
     group, so killing the group alone left compilers of a timed-out build running.
     """
     _quietly(os.killpg, pid, signal.SIGKILL)
-    for member in _session_members(pid):
+    for member in session_members(pid):
         _quietly(os.kill, member, signal.SIGKILL)
 
 
