@@ -72,7 +72,7 @@ async def main(args) -> dict:
     from kforge.tools.evaluate import compile_kernel, verify_against_reference
     from kforge.tools.profile import profile_kernel
     from kforge.tools.requests import CompileRequest, ProfileRequest, VerifyRequest
-    from kforge.tools.process.runner import WorkerLimits
+    from kforge.tools.process.limits import WorkerLimits
     from kforge.server.catalog import example
 
     backend = args.backend

@@ -45,7 +45,7 @@ async def verify_and_starts(home: Path, sandbox: bool, trace: Path, backend: str
     from kforge.tools.context import ToolContext
     from kforge.tools.evaluate import verify_against_reference
     from kforge.tools.requests import VerifyRequest
-    from kforge.tools.process.runner import WorkerLimits
+    from kforge.tools.process.limits import WorkerLimits
 
     here = Path(__file__).resolve().parents[1]
     candidate = (here / "tests" / "candidates" / "relu_python.py").read_text()

@@ -27,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from kforge import __version__
 from kforge.backends import Availability
 from kforge.profilers.chart_processes import start_chart_processes
-from kforge.tools.context import RequestError, ToolContext, sweep_leftovers
+from kforge.tools.context import ToolContext, sweep_leftovers
+from kforge.tools.tool_inputs import RequestError
 from kforge.tools.gpus import describe_gpu
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
-from kforge.tools.process.runner import traced
+from kforge.tools.process.lifecycle import traced
 from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
 from kforge.tools.tool_inputs import JobLookup, ReferenceChoice, SummarizeInputs, Waiting
 from kforge.resources import templates

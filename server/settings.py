@@ -26,7 +26,7 @@ from kforge.profilers.analyst.http import ModelConfig
 from kforge.tools.context import ToolContext
 from kforge.tools.fleet import RayFleet
 from kforge.tools.fleet_node import NodeConfig
-from kforge.tools.process.runner import WorkerLimits
+from kforge.tools.process.limits import WorkerLimits
 from kforge.tools.summarize import AnalystConfig
 from kforge.tools.tool_inputs import DEFAULT_BUDGET_S, DEFAULT_WAIT_S, BudgetS
 

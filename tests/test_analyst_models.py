@@ -19,7 +19,8 @@ from mcp.types import CreateMessageResult, TextContent
 from kforge.profilers.analyst.http import ModelConfig
 from kforge.server.app import build_server
 from kforge.server.settings import Settings
-from kforge.tools.context import RequestError, ToolContext
+from kforge.tools.context import ToolContext
+from kforge.tools.tool_inputs import RequestError
 from kforge.tools.summarize import CONFIGURE_VISION, AnalystConfig, summarize_profile
 
 from .conftest import free_port

@@ -18,7 +18,8 @@ from kforge.tools.evaluate import compile_kernel, verify_against_reference
 from kforge.tools.requests import CompileRequest, VerifyRequest
 from kforge.backends.build.fast_build import build_key, lean_cuda_sources
 from kforge.tools.harness.loader import sweep_abandoned_builds
-from kforge.tools.process.runner import WorkerLimits, kill_group
+from kforge.tools.process.lifecycle import kill_group
+from kforge.tools.process.limits import WorkerLimits
 
 from .conftest import stdio_session
 

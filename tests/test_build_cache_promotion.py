@@ -16,7 +16,7 @@ from kforge.tools.context import ToolContext
 from kforge.tools.evaluate import compile_kernel
 from kforge.tools.requests import CompileRequest
 from kforge.backends.build.fast_build import promote_build
-from kforge.tools.process.runner import WorkerLimits
+from kforge.tools.process.limits import WorkerLimits
 
 pytestmark = pytest.mark.anyio
 

@@ -275,7 +275,23 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
     exec(compile(reference, "reference.py", "exec"), namespace)  # noqa: S102 - the problem pack's file
     x = namespace["get_inputs"]()[0]
     torch.set_num_threads(cand.threads)
-    fn = lambda x: ext.rmsnorm_fwd(x, 1e-5)  # noqa: E731
+    # What KForge times, as KernelBench does: the candidate's own ModelNew called on the inputs (its load_inline
+    # answered with the library KForge built), not the bare library function. On this VM the module's call cost
+    # ~5% of this 0.37 ms kernel (KForge/function 1.03-1.10, KForge/ModelNew 0.91-1.04 in 5 paired rounds, 2026-11-27),
+    # a bias the comparison with the bare function had put on KForge.
+    from torch.utils import cpp_extension
+
+    real_load_inline, cpp_extension.load_inline = cpp_extension.load_inline, lambda *a, **k: ext
+    candidate_namespace: dict = {}
+    try:
+        exec(compile(candidate, "candidate.py", "exec"), candidate_namespace)  # noqa: S102 - this repository's candidate
+    finally:
+        cpp_extension.load_inline = real_load_inline
+    model = candidate_namespace["ModelNew"](*namespace["get_init_inputs"]())
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
     torch.testing.assert_close(fn(x), x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5))
     # The candidate's OpenMP team outside is the count KForge reported (one runtime, shared with torch).
     assert set(openmp_runtimes().values()) == {cand.threads}
@@ -301,9 +317,9 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
 
 
 def test_the_server_reads_how_long_a_worker_waited_for_a_core():
-    """The wall-clock anchor counts an op only if the worker hardly waited for a core (`runner.preemptions`): a
+    """The wall-clock anchor counts an op only if the worker hardly waited for a core (`lifecycle.preemptions`): a
     spinner sharing one core with a rival waits about half the time, one alone on an idle core hardly at all."""
-    from kforge.tools.process.runner import preemptions
+    from kforge.tools.process.lifecycle import preemptions
 
     cpu = sorted(os.sched_getaffinity(0))[0]
     spin = f"import os, time; os.sched_setaffinity(0, {{{cpu}}})\nt = time.perf_counter() + 30\nwhile time.perf_counter() < t: pass"

@@ -11,7 +11,8 @@ import pytest
 
 from kforge.backends import Availability
 from kforge.server.settings import Settings, ray_fleet, tool_context
-from kforge.tools.context import RequestError
+from kforge.tools.tool_inputs import RequestError
+from kforge.tools.dispatch import run_request
 from kforge.tools.jobs import JobLost, JobManager, JobStatus
 
 from .conftest import kforge_command, server_env
@@ -40,7 +41,7 @@ class DyingNodes:
             self.deaths -= 1
             await progress(0, None, "running on node-1")
             raise JobLost(f"node-{len(self.names)} died mid-job")
-        return await request.run(self.tools, progress), f"node-{len(self.names)}"
+        return await run_request(self.tools, request, progress), f"node-{len(self.names)}"
 
 
 async def _finish(manager: JobManager, job) -> object:

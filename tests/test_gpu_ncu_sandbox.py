@@ -23,7 +23,9 @@ from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
 from kforge.tools.profile import profile_kernel
 from kforge.tools.requests import ProfileRequest
-from kforge.tools.process.runner import WorkerLimits, WorkerProcess, confinement, worker_env
+from kforge.tools.process.runner import WorkerProcess
+from kforge.tools.process.lifecycle import worker_env
+from kforge.tools.process.limits import confinement, WorkerLimits
 
 from .conftest import EXAMPLES
 

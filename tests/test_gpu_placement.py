@@ -17,7 +17,8 @@ from kforge.backends import Availability, GpuInfo
 from kforge.server.app import build_server
 from kforge.server.settings import Settings
 from kforge.tools import gpus
-from kforge.tools.context import SYNC_LAUNCHES, RequestError, ToolContext, warm_kinds
+from kforge.tools.context import SYNC_LAUNCHES, ToolContext, warm_kinds
+from kforge.tools.tool_inputs import RequestError
 from kforge.tools.jobs import JobManager
 from kforge.tools.models import CompileResult, JobSpec
 

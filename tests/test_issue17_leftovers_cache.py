@@ -17,7 +17,7 @@ from kforge.tools.disk import mark_loaded, prune_caches
 from kforge.tools.evaluate import compile_kernel
 from kforge.tools.requests import CompileRequest
 from kforge.backends.build.fast_build import promote_build
-from kforge.tools.process.runner import WorkerLimits
+from kforge.tools.process.limits import WorkerLimits
 
 from .test_build_cache_promotion import _code
 

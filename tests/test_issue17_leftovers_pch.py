@@ -23,7 +23,8 @@ from kforge.backends.build.fast_build import builder_gone, claim_pch
 _SERVER = textwrap.dedent("""
     import sys, threading, time
     from pathlib import Path
-    from kforge.tools.process.runner import WorkerLimits, spawn_pch_build
+    from kforge.tools.process.limits import WorkerLimits
+    from kforge.tools.process.build_service import spawn_pch_build
 
     home, pch_dir, build_dir = (Path(a) for a in sys.argv[1:4])
     limits = WorkerLimits(sandbox=sys.argv[4] == "sandbox")
@@ -117,7 +118,8 @@ _SERVER_WITH_WORKER = textwrap.dedent("""
     import anyio
 
     from kforge.tools.process.protocol import LoadRequest
-    from kforge.tools.process.runner import WorkerLimits, WorkerProcess
+    from kforge.tools.process.runner import WorkerProcess
+    from kforge.tools.process.limits import WorkerLimits
 
     home, source = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
     limits = WorkerLimits(sandbox=sys.argv[3] == "sandbox", precompiled_headers=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from kforge.backends import Availability
 from kforge.tools import jobs as jobs_module
-from kforge.tools.context import RequestError
+from kforge.tools.tool_inputs import RequestError
 from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, JobSpec
 from kforge.tools.store import ResultStore
@@ -253,7 +253,7 @@ async def test_a_live_servers_jobs_are_not_taken(tmp_path, monkeypatch):
 
 def test_killing_a_worker_reaches_compilers_in_process_groups_of_their_own():
     """Ninja starts each build command in a new process group: a killed build must not leave them running."""
-    from kforge.tools.process.runner import session_members, killpg
+    from kforge.tools.process.lifecycle import killpg, session_members
 
     worker = subprocess.Popen([sys.executable, "-c", "import subprocess, time\n"
                                "subprocess.Popen(['sleep', '300'], process_group=0)\ntime.sleep(300)"],

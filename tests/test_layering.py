@@ -102,3 +102,63 @@ def test_the_import_reader_sees_relative_and_lazy_imports(tmp_path):
     found = _imports(sample, ["kforge", "tools", "process"])
     assert found == [("torch", 1, True), ("kforge.tools.models", 2, True), ("kforge.tools.process.sandbox", 3, True),
                      ("kforge.server", 4, True), ("kforge.tools.harness", 8, False)]
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each kforge module (backends, profilers, tools, server) and the kforge modules it imports: lazy imports and
+    TYPE_CHECKING ones too, a package's __init__ not counted (it imports nothing here)."""
+    mods = {".".join(_dotted(p)): p for layer in ("backends", "profilers", "tools", "server") for p in _modules(layer)}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for imported, _, _ in _imports(path):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in mods:
+                parts.pop()  # `from kforge.tools.process.runner import WorkerProcess`: the module runner
+            target = ".".join(parts)
+            if parts and target != module and mods[target].name != "__init__.py":
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or around a circle (strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    """A module that imports one that imports it back is one module in two files: the pool and the runner did
+    (issue 18), the requests and the tools they ran, the tool context and the GPUs, the header build and the
+    builder."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_reader_finds_a_circle_and_only_it():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]

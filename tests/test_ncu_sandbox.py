@@ -20,7 +20,9 @@ from kforge.tools.evaluate import compile_kernel
 from kforge.tools.requests import CompileRequest
 from kforge.tools.harness.integrity import process_stat
 from kforge.tools.process.protocol import LoadRequest
-from kforge.tools.process.runner import WorkerLimits, WorkerProcess, _sandboxed_worker
+from kforge.tools.process.runner import WorkerProcess
+from kforge.tools.process.lifecycle import sandboxed_worker
+from kforge.tools.process.limits import WorkerLimits
 
 from .test_build_cache_promotion import _code
 from .test_issue17_leftovers_cache import _DAY, _age, _cold_entry, _prune_one
@@ -115,7 +117,7 @@ async def test_a_worker_under_a_profiler_is_sandboxed_with_it(tmp_path, fake_ncu
             assert w.network == "isolated"
             assert not any("not asked for" in m for m in w.isolation["missing"]), w.isolation
             # The worker is a descendant of the front-end, found by the server at its start.
-            front_end = _sandboxed_worker(w._proc.pid)
+            front_end = sandboxed_worker(w._proc.pid)
             assert w._worker_pid is not None and front_end is not None and w._worker_pid != front_end
             loaded = await w.call(LoadRequest(role="candidate", source=_code(7, probe)), stage="ncu")
             assert loaded.failure is None, loaded
@@ -142,7 +144,7 @@ async def test_a_kill_takes_the_profiler_and_the_worker_down(tmp_path, fake_ncu)
     async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="ncu",
                              prefix=[*fake_ncu, str(scratch / "profile.ncu-rep")]) as w:
         _require(w.isolation)
-        front_end, worker = _sandboxed_worker(w._proc.pid), w._worker_pid
+        front_end, worker = sandboxed_worker(w._proc.pid), w._worker_pid
         assert front_end and worker
         await w.kill()
         assert _gone(front_end) and _gone(worker)

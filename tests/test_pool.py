@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from kforge.tools.context import SYNC_LAUNCHES, ToolContext
-from kforge.tools.process.runner import WorkerGroup, kill_group
+from kforge.tools.process.runner import WorkerGroup
+from kforge.tools.process.lifecycle import kill_group
 
 pytestmark = pytest.mark.anyio
 

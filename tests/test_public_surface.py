@@ -41,12 +41,12 @@ PACKAGES: dict[str, list[str]] = {
                                  "RulesAnalyst", "load_provider", "parse_profile_text"],
     "kforge.server": ["app", "auth", "catalog", "cli", "clients", "compact", "http", "jsonrpc_errors", "kernelbench",
                       "pictures", "prewarm", "settings", "tool_params"],
-    "kforge.tools": ["context", "device_use", "disk", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs",
+    "kforge.tools": ["context", "device_use", "disk", "dispatch", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs",
                      "models", "process", "profile", "requests", "rounds", "static_scan", "steps", "store", "summarize",
                      "tool_inputs", "trials", "verdict"],
     "kforge.tools.harness": ["bench", "candidate", "compare", "cuda_share", "forkserver", "handoff", "inputs",
                              "integrity", "judge", "loader", "output_contract", "session", "timing", "worker"],
-    "kforge.tools.process": ["build_service", "channel", "ncu_launch", "pool", "protocol", "runner", "sandbox"],
+    "kforge.tools.process": ["build_service", "channel", "lifecycle", "limits", "ncu_launch", "pool", "protocol", "runner", "sandbox"],
 }
 
 

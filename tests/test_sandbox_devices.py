@@ -234,7 +234,8 @@ _WORKERS = """
     from pathlib import Path
     from kforge.tools.process.pool import WorkerPool
     from kforge.tools.process.protocol import LoadRequest
-    from kforge.tools.process.runner import WorkerLimits, WorkerProcess, sandbox_args
+    from kforge.tools.process.runner import WorkerProcess
+    from kforge.tools.process.limits import sandbox_args, WorkerLimits
 
     home, limits = Path(CONFIG["home"]), WorkerLimits()
 

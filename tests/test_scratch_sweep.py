@@ -9,7 +9,7 @@ import sys
 import time
 
 from kforge.tools.context import sweep_leftovers
-from kforge.tools.process.runner import scratch_name
+from kforge.tools.process.lifecycle import scratch_name
 
 
 def _dead_pid() -> int:

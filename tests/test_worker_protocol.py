@@ -11,7 +11,8 @@ from typing import Literal
 import pytest
 
 from kforge.tools.process import protocol as p
-from kforge.tools.process.runner import HarnessError, ProtocolViolation, WorkerLimits, WorkerProcess
+from kforge.tools.process.runner import HarnessError, ProtocolViolation, WorkerProcess
+from kforge.tools.process.limits import WorkerLimits
 
 # Every op the server calls, and the role whose worker serves it.
 _OPS = {

@@ -4,6 +4,6 @@
 Its surface is its modules; nothing is imported here, so importing one tool never imports the others.
 """
 
-__all__ = ["context", "device_use", "disk", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs", "models",
+__all__ = ["context", "device_use", "disk", "dispatch", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs", "models",
            "process", "profile", "requests", "rounds", "static_scan", "steps", "store", "summarize", "tool_inputs",
            "trials", "verdict"]

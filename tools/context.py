@@ -23,13 +23,16 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from . import gpus
+from .tool_inputs import RequestError
 from .device_use import DeviceUse
 from .process.pool import WorkerPool
 from .process.protocol import CeilingsRequest, ProbeRequest
-from .process.runner import SCRATCH_OWNER, WorkerLimits, WorkerProcess, pid_alive, sandbox_args, scratch_name, traced
+from .process.runner import WorkerProcess
+from .process.lifecycle import pid_alive, scratch_name, SCRATCH_OWNER, traced
+from .process.limits import sandbox_args, WorkerLimits
 from .store import ResultStore
 
-__all__ = ["SYNC_LAUNCHES", "Progress", "RequestError", "ToolContext", "no_progress", "scratch_name",
+__all__ = ["SYNC_LAUNCHES", "Progress", "ToolContext", "no_progress", "scratch_name",
            "sweep_leftovers"]
 
 log = logging.getLogger("kforge.context")
@@ -45,9 +48,6 @@ Progress = Callable[[float, float | None, str], Awaitable[None]]
 async def no_progress(done: float, total: float | None, message: str) -> None:
     return None
 
-
-class RequestError(Exception):
-    """A request the server cannot serve (unknown backend, unknown profile); the message says how to fix it."""
 
 
 # Directories of an older layout, whose names say no owner, are left this long (no job runs for a day).

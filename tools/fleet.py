@@ -35,7 +35,9 @@ from pydantic import BaseModel
 from kforge import __version__
 from kforge.backends import Availability
 
-from .context import Progress, RequestError
+from .context import Progress
+
+from .tool_inputs import RequestError
 from .fleet_node import NodeConfig, probe_node, replay_writes, run_job_here
 from .jobs import JobLost
 from .requests import JobRequest, result_model

@@ -25,9 +25,12 @@ import platformdirs
 
 from kforge import __version__
 
-from .context import RequestError, ToolContext, sweep_leftovers
+from .context import ToolContext, sweep_leftovers
+
+from .tool_inputs import RequestError
+from .dispatch import run_request
 from .requests import parse_request
-from .process.runner import WorkerLimits
+from .process.limits import WorkerLimits
 from .store import ResultStore
 
 __all__ = ["NodeConfig", "NodeEvent", "StoreWrites", "node_home", "probe_node", "replay_writes", "run_job_here"]
@@ -147,7 +150,7 @@ def run_job_here(config: NodeConfig, request: dict[str, Any]) -> Iterator[NodeEv
     """Run one job request on this node, yielding its events (a Ray streaming generator task's body).
 
     The job runs in an event loop of its own thread (an anyio blocking portal), exactly as the server runs it
-    (`JobRequest.run` with a `ToolContext` of this node); this thread relays its progress. When Ray cancels the
+    (`dispatch.run_request` with a `ToolContext` of this node); this thread relays its progress. When Ray cancels the
     task (`ray.cancel`), the generator is closed: the job's task is cancelled, so its worker processes are
     killed with their process groups as on a single host, and the portal waits for that before it returns."""
     node, address = _where()
@@ -160,7 +163,7 @@ def run_job_here(config: NodeConfig, request: dict[str, Any]) -> Iterator[NodeEv
         events.put(NodeEvent(kind="progress", done=done, total=total, message=message))
 
     async def run() -> dict[str, Any]:
-        result = await parse_request(request).run(tools, progress)
+        result = await run_request(tools, parse_request(request), progress)
         return result.model_dump(mode="json", exclude_none=True)
 
     with anyio.from_thread.start_blocking_portal() as portal:

@@ -97,7 +97,7 @@ def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Place
 
     None for a backend without GPUs (CPU); RequestError (from `kforge.tools.context`) for an index out of range
     or a GPU asked of a backend that has none."""
-    from .context import RequestError
+    from .tool_inputs import RequestError
 
     choices = placements(avail)
     if not choices:

@@ -40,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.backends import Availability
 
 from . import gpus
-from .context import Progress, RequestError, ToolContext
+from .context import Progress, ToolContext
+from .tool_inputs import RequestError
+from .dispatch import run_request
 from .requests import JobRequest, parse_request, request_key, result_model
-from .process.runner import pid_alive
+from .process.lifecycle import pid_alive
 from .store import ACTIVE_JOB_STATUSES as ACTIVE
 
 __all__ = ["JobExecutor", "JobLost", "JobManager", "JobStatus", "LocalExecutor"]
@@ -121,7 +123,7 @@ class LocalExecutor:
         return avail.device_name or avail.backend
 
     async def run(self, request: Any, progress: Progress, *, name: str) -> tuple[BaseModel, str]:
-        return await request.run(self.tools, progress), ""
+        return await run_request(self.tools, request, progress), ""
 
 
 @dataclass(eq=False)

@@ -29,14 +29,17 @@ from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import (Baseline, NcuKernel, ProfileReport, compare_words,
                                      speedup_interval)
 
-from .context import Progress, RequestError, ToolContext, no_progress
+from .context import Progress, ToolContext, no_progress
+
+from .tool_inputs import RequestError
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, KeptOutputs, LaunchFloorRequest, LoadRequest, ProblemSizeRequest,
                                ProfileRequest, ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
                                TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
-from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess, trace, traced
+from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess
+from .process.lifecycle import trace, traced
 from .rounds import merge_rounds
 from .static_scan import scan_candidate
 from .trials import concurrently, judge_trials
@@ -45,9 +48,7 @@ from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_
 if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
     from . import requests as job
 
-__all__ = ["BASELINES", "profile_kernel"]
-
-BASELINES = ("eager", "torch.compile")
+__all__ = ["profile_kernel"]
 _INPUT_SETS = 3  # input sets whose outputs are checked before timing
 _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
 _TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...

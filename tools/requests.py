@@ -1,7 +1,7 @@
 """The heavy tool calls as data: what a job runs, stores, and runs again after a server restart.
 
-Each request is a pydantic model (validated once, stored as JSON in the job table) with `run`, which
-calls the plain tool function, and the model of its result, so a stored result can be read back.
+Each request is a pydantic model (validated once, stored as JSON in the job table) with the model of its result,
+so a stored result can be read back; `kforge.tools.dispatch.run_request` runs the tool it names.
 Their fields are the one definition of these tools' inputs (type, default, bounds, description): the
 MCP server builds the tools' parameters from them (`kforge.server.tool_params`).
 """
@@ -13,11 +13,8 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .context import Progress, ToolContext
-from .evaluate import compile_kernel, verify_against_reference
 from .models import CompileResult, ProfileResult, VerifyResult
-from .profile import BASELINES, profile_kernel
-from .tool_inputs import DEFAULT_BUDGET_S, Backend, BudgetS, CandidateCode, Gpu, PrecisionPolicy, ReferenceCode
+from .tool_inputs import BASELINES, DEFAULT_BUDGET_S, Backend, BudgetS, CandidateCode, Gpu, PrecisionPolicy, ReferenceCode
 
 __all__ = ["CompileRequest", "JobRequest", "ProfileRequest", "VerifyRequest", "parse_request", "request_key", "result_model"]
 
@@ -42,9 +39,6 @@ class CompileRequest(_Request):
                                        "compiles at first launch).")
     use_store: bool = Field(default=True, description=_USE_STORE)
 
-    async def run(self, ctx: ToolContext, progress: Progress) -> CompileResult:
-        return await compile_kernel(ctx, self, progress)
-
 
 class VerifyRequest(_Request):
     tool: Literal["verify_against_reference"] = "verify_against_reference"
@@ -55,9 +49,6 @@ class VerifyRequest(_Request):
     rtol: float | None = Field(default=None, ge=0, description="Override the per-dtype relative tolerance.")
     precision: PrecisionPolicy = "strict"
     use_store: bool = Field(default=True, description=_USE_STORE)
-
-    async def run(self, ctx: ToolContext, progress: Progress) -> VerifyResult:
-        return await verify_against_reference(ctx, self, progress)
 
 
 class ProfileRequest(_Request):
@@ -75,9 +66,6 @@ class ProfileRequest(_Request):
     use_store: bool = Field(default=False, description="Return the latest stored profile of an identical request "
                             "instead of measuring again.")
     fresh_baselines: bool = Field(default=False, description="Time every baseline in this run, reusing none.")
-
-    async def run(self, ctx: ToolContext, progress: Progress) -> ProfileResult:
-        return await profile_kernel(ctx, self, progress)
 
 
 JobRequest = Annotated[Union[CompileRequest, VerifyRequest, ProfileRequest], Field(discriminator="tool")]

@@ -26,7 +26,9 @@ from kforge.profilers.analyst.model import AnalystRequest, Image, analyst_reques
 from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT, CompilerFacts, CompilerReport, KernelResources
 from kforge.profilers.report import ProfileReport
 
-from .context import RequestError, ToolContext
+from .context import ToolContext
+
+from .tool_inputs import RequestError
 
 __all__ = ["AnalystConfig", "Prepared", "ProfileSummary", "finish_summary", "prepare_summary", "summarize_profile"]
 

@@ -11,8 +11,16 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_WAIT_S", "PRECISIONS", "Backend", "BudgetS", "CandidateCode", "Gpu", "JobLookup",
+__all__ = ["BASELINES", "RequestError", "DEFAULT_BUDGET_S", "DEFAULT_WAIT_S", "PRECISIONS", "Backend", "BudgetS", "CandidateCode", "Gpu", "JobLookup",
            "Precision", "PrecisionPolicy", "ReferenceChoice", "ReferenceCode", "SummarizeInputs", "Waiting"]
+
+
+class RequestError(Exception):
+    """A request the server cannot serve (unknown backend, unknown profile); the message says how to fix it."""
+
+
+#: The baselines a profile times beside the candidate, by default all of them.
+BASELINES = ("eager", "torch.compile")
 
 #: A declared precision policy: strict, or the lower precision the candidate says it computes in.
 Precision = Literal["strict", "tf32", "fp16", "bf16"]

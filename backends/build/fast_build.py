@@ -273,12 +273,12 @@ def build_pch_now(pch_dir: Path, build_dir: Path, *, promoted: bool = True) -> N
 
 
 def _die_with(parent: int, argv: list[str]) -> None:
-    """The server's child for a header build (`runner.spawn_pch_build`): at the lowest priority, and ending when the
+    """The server's child for a header build (`build_service.spawn_pch_build`): at the lowest priority, and ending when the
     server ends, however it ends (SIGKILL included), it becomes `argv`: the sandbox that holds the builder, whose
     PID namespace dies with it, or the builder itself, which ends its compiler's group on that signal.
 
     The kernel's parent-death signal survives exec and fires when the server's thread that started this process
-    ends: one that waits for the build (`runner._run_pch_build`). Linux shares CPU time between sessions
+    ends: one that waits for the build (`build_service._run_pch_build`). Linux shares CPU time between sessions
     (autogroups), so `nice` alone ranks the build only within its session (it leads one): its priority is lowered too.
     """
     import ctypes
@@ -371,69 +371,8 @@ def promote_build(cache_dir: Path, name: str, key: str, built: Path, pch_record:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _serve_build(request_file: Path, out: Path) -> None:
-    """The server's builder (in a sandbox of its own, no candidate code in it): build the request's extension
-    in `out` without loading it, and say on stdout what the server needs, the key before anything compiles."""
-    import ctypes
-
-    trusted = os.fdopen(os.dup(1), "w")  # close-on-exec: no compiler this starts inherits it
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.close(null)
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no process it starts may open its memory or fds
-
-    def say(item: dict[str, Any]) -> None:
-        trusted.write(json.dumps(item) + "\n")
-        trusted.flush()
-
-    request = json.loads(request_file.read_text())
-    kwargs = request["kwargs"]
-    if request.get("arch"):
-        os.environ["TORCH_CUDA_ARCH_LIST"] = request["arch"]
-    say({"key": build_key(kwargs, request["backend"]), "pch_key": _pch_key(kwargs)})
-
-    from torch.utils import cpp_extension
-
-    from .inline import BuildError, InlineBuilder
-
-    run_ninja = cpp_extension._run_ninja_build
-
-    def recorded_ninja(build_directory: str, *args: Any, **kw: Any) -> Any:
-        # build.ninja as torch wrote it, before ninja starts any compiler: main.cpp's command for the header build
-        say({"ninja": Path(build_directory).name, "cmd": _main_cpp_flags(Path(build_directory) / "build.ninja")})
-        return run_ninja(build_directory, *args, **kw)
-
-    cpp_extension._run_ninja_build = recorded_ninja
-    cpp_extension._import_module_from_library = lambda *a, **k: None  # built, never loaded here
-
-    class _Backend:
-        name = request["backend"]
-
-    builder = InlineBuilder(cpp_extension.load_inline, candidate_text="", cache_dir=Path(request["cache_dir"]),
-                             backend=_Backend(), precompiled_headers=bool(request.get("precompiled_headers")),
-                             build_root=out)
-    builder.keep_failed_builds = True
-
-    def generated() -> dict[str, str]:  # the sources as the compiler saw them: the worker locates messages in them
-        where = builder.last_build_dir
-        return {f: (where / f).read_text(errors="replace")[:MAX_ANSWER_BYTES // 4]
-                for f in ("main.cpp", "cuda.cu") if where is not None and (where / f).is_file()}
-
-    try:
-        _, build_dir, how = builder._build(kwargs["name"], kwargs)
-    except BuildError as exc:
-        say({"done": True, "ok": False, "output": exc.output[-MAX_ANSWER_BYTES // 4:], "mode": builder.last_mode,
-             "not_split": builder._pop_not_split(), "generated": generated(),
-             "build_dir": builder.last_build_dir.name if builder.last_build_dir else None})
-        return
-    say({"done": True, "ok": True, "build_dir": build_dir.name, "how": how, "mode": builder.last_mode,
-         "not_split": builder._pop_not_split(), "generated": generated()})
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--build":  # the server's build of a worker's request, inside its sandbox: REQUEST OUT
-        _serve_build(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif sys.argv[1] == "--die-with":  # the server's child for a header build: SERVER_PID COMMAND...
+    if sys.argv[1] == "--die-with":  # the server's child for a header build: SERVER_PID COMMAND...
         _die_with(int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == "--from-ninja":  # a header build for a worker without the sandbox: PCH_DIR BUILD_DIR
         build_pch_now(Path(sys.argv[2]), Path(sys.argv[3]), promoted=False)

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from .compiler_report import VEC_REPORT_FILE, CompilerReport, imported_math, loop_remarks, parse_vectorizer_remarks, widest_vector_bytes
 from .cuda_split import SplitDeclined, split_cuda_sources
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
-from .fast_build import build_key, lean_cuda_sources, mark_used, pch_dir_for
+from .fast_build import MAX_ANSWER_BYTES, _main_cpp_flags, _pch_key, build_key, lean_cuda_sources, mark_used, pch_dir_for
 from .models import BuildInfo, Diagnostic, KernelResources
 
 __all__ = ["BuildError", "InlineBuilder", "sweep_abandoned_builds", "tail"]
@@ -226,7 +226,7 @@ class InlineBuilder:
             compiler_report=self._compiler_report(name, kwargs, final)))
 
     def _start_pch(self, pch_dir: Path, build_dir: Path, name: str) -> None:
-        # The server starts the header builds a worker wants, ending with it (`runner.spawn_pch_build`): a build the
+        # The server starts the header builds a worker wants, ending with it (`build_service.spawn_pch_build`): a build the
         # worker started would die with its sandbox, or outlive the server without one (issue 17).
         if self.pch_requests is not None and [str(pch_dir), str(build_dir)] not in self.pch_requests:
             self.pch_requests.append([str(pch_dir), str(build_dir)])
@@ -364,3 +364,65 @@ def _read_generated(build_dir: Path, file_name: str, line: int) -> str | None:
     except OSError:
         return None
     return lines[line - 1] if 0 < line <= len(lines) else None
+
+
+def _serve_build(request_file: Path, out: Path) -> None:
+    """The server's builder (in a sandbox of its own, no candidate code in it): build the request's extension
+    in `out` without loading it, and say on stdout what the server needs, the key before anything compiles."""
+    import ctypes
+
+    trusted = os.fdopen(os.dup(1), "w")  # close-on-exec: no compiler this starts inherits it
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no process it starts may open its memory or fds
+
+    def say(item: dict[str, Any]) -> None:
+        trusted.write(json.dumps(item) + "\n")
+        trusted.flush()
+
+    request = json.loads(request_file.read_text())
+    kwargs = request["kwargs"]
+    if request.get("arch"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = request["arch"]
+    say({"key": build_key(kwargs, request["backend"]), "pch_key": _pch_key(kwargs)})
+
+    from torch.utils import cpp_extension
+
+    run_ninja = cpp_extension._run_ninja_build
+
+    def recorded_ninja(build_directory: str, *args: Any, **kw: Any) -> Any:
+        # build.ninja as torch wrote it, before ninja starts any compiler: main.cpp's command for the header build
+        say({"ninja": Path(build_directory).name, "cmd": _main_cpp_flags(Path(build_directory) / "build.ninja")})
+        return run_ninja(build_directory, *args, **kw)
+
+    cpp_extension._run_ninja_build = recorded_ninja
+    cpp_extension._import_module_from_library = lambda *a, **k: None  # built, never loaded here
+
+    class _Backend:
+        name = request["backend"]
+
+    builder = InlineBuilder(cpp_extension.load_inline, candidate_text="", cache_dir=Path(request["cache_dir"]),
+                             backend=_Backend(), precompiled_headers=bool(request.get("precompiled_headers")),
+                             build_root=out)
+    builder.keep_failed_builds = True
+
+    def generated() -> dict[str, str]:  # the sources as the compiler saw them: the worker locates messages in them
+        where = builder.last_build_dir
+        return {f: (where / f).read_text(errors="replace")[:MAX_ANSWER_BYTES // 4]
+                for f in ("main.cpp", "cuda.cu") if where is not None and (where / f).is_file()}
+
+    try:
+        _, build_dir, how = builder._build(kwargs["name"], kwargs)
+    except BuildError as exc:
+        say({"done": True, "ok": False, "output": exc.output[-MAX_ANSWER_BYTES // 4:], "mode": builder.last_mode,
+             "not_split": builder._pop_not_split(), "generated": generated(),
+             "build_dir": builder.last_build_dir.name if builder.last_build_dir else None})
+        return
+    say({"done": True, "ok": True, "build_dir": build_dir.name, "how": how, "mode": builder.last_mode,
+         "not_split": builder._pop_not_split(), "generated": generated()})
+
+
+if __name__ == "__main__":  # the server's build of a worker's request, inside its sandbox: --build REQUEST OUT
+    if sys.argv[1:2] == ["--build"]:
+        _serve_build(Path(sys.argv[2]), Path(sys.argv[3]))

@@ -113,7 +113,7 @@ class HarnessSnapshot:
         """Threads alive now that were not there at start, and processes this worker left running.
 
         Every process counts (children, and the rest of the worker's session): none of KForge's own runs
-        there after a call (the server starts its header builds, `runner.spawn_pch_build`), so no
+        there after a call (the server starts its header builds, `build_service.spawn_pch_build`), so no
         process is exempted by name or kind, which a candidate could imitate.
         """
         pids = sorted(set(child_processes()) | set(session_processes()))

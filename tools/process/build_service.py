@@ -9,6 +9,7 @@ what the builder does inside its sandbox, and what may be promoted into the cach
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,22 +22,23 @@ import anyio
 
 from kforge.backends.build.fast_build import ARCH_PATTERN, MAX_ANSWER_BYTES, NAME_PATTERN, mark_used, promote_build
 
-__all__ = ["serve_build_request"]
+from .lifecycle import kill_group, worker_env
+from .limits import WorkerLimits, confinement
+
+__all__ = ["serve_build_request", "spawn_pch_build"]
 
 
 async def serve_build_request(home: Path, limits: Any, scratch: Path | None, request: Any,
                               timeout_s: float) -> dict[str, Any]:
     """Build what a sandboxed worker asked for (`kforge.backends.build.inline.InlineBuilder._built_by_server`) and promote it.
 
-    The builder is `python -m kforge.backends.build.fast_build --build`, in a sandbox of its own whose only writable
+    The builder is `python -m kforge.backends.build.inline --build`, in a sandbox of its own whose only writable
     directory is a fresh staging directory outside the cache (it may read the asking job's directory, for
     headers it wrote there). Before it runs any compiler it writes the build's key and header key on a
     descriptor that no compiler inherits; the server promotes under that key, never one named by the worker
     or found in the staging directory, and only the files `promote_build` names. The worker waits meanwhile:
     its candidate cannot reach the staging directory, and the cache is read-only to it.
     """
-    from .runner import confinement, kill_group, worker_env
-
     if not isinstance(request, dict) or not isinstance(request.get("kwargs"), dict):
         return {"declined": "a malformed build request"}
     kwargs, backend, arch = request["kwargs"], request.get("backend"), request.get("arch") or ""
@@ -53,7 +55,7 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
         (staging / "request.json").write_text(json.dumps({"kwargs": kwargs, "backend": backend, "arch": arch,
                                                           "cache_dir": str(cache_dir),
                                                           "precompiled_headers": bool(limits.precompiled_headers)}))
-        command = [sys.executable, "-m", "kforge.backends.build.fast_build", "--build", str(staging / "request.json"), str(out)]
+        command = [sys.executable, "-m", "kforge.backends.build.inline", "--build", str(staging / "request.json"), str(out)]
         # No GPU device node: nvcc builds for the architecture it is given, and only without one (a triton worker's
         # CUDA sources) does torch ask the GPUs which to build for.
         no_gpu = bool(arch) or not kwargs.get("cuda_sources")
@@ -115,9 +117,49 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
         if "precompiled header" in how:  # the header the build used (the builder sees the cache read-only)
             mark_used(home / "cache" / "pch" / pch_key)
         elif limits.precompiled_headers and cmds:
-            from .runner import spawn_pch_build
 
             spawn_pch_build(home, limits, home / "cache" / "pch" / pch_key, final)
         return answer
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
+    """Start the precompiled-header build a worker asked for, in a sandbox of its own where workers have one, at the
+    lowest priority, ending with this server however it ends (`fast_build._die_with`): nobody waits for it (a thread
+    starts and reaps it, `_run_pch_build`). Workers never start one themselves, sandbox or not (issue 17): what a
+    sandboxed worker starts dies with it, and what one without a sandbox started outlived the server."""
+    import threading
+
+    from kforge.backends.build.fast_build import claim_pch
+
+    cache = (home / "cache").resolve()
+    if not (pch_dir.resolve().is_relative_to(cache) and build_dir.resolve().is_relative_to(cache)):
+        return  # the worker's reply names only the cache's directories
+    if not claim_pch(pch_dir):
+        return  # built, or a live builder is on it
+    command = [sys.executable, "-m", "kforge.backends.build.fast_build", str(pch_dir), str(build_dir)]
+    if (conf := confinement(home, limits, pch_dir, gpu_nodes=())) is not None:  # writes its header's directory only
+        command = [sys.executable, "-m", "kforge.tools.process.sandbox", conf.as_arg(), "--", *command]
+    else:  # a worker without the sandbox built `build_dir` itself: no record of the server's, its build.ninja
+        command.insert(3, "--from-ninja")
+    threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
+                     daemon=True).start()
+
+
+def _run_pch_build(pch_dir: Path, command: list[str], env: dict[str, str]) -> None:
+    """A header build's own thread: it starts the build and reaps it. The build's parent-death signal fires when
+    the thread that started it ends, so that thread must live as long as the build, whichever thread asked (a
+    fleet node's job runs in a thread that ends with the job). The marker names the process the build lives in
+    (the sandbox's outer one): a build killed before it could clean up leaves a marker seen as stale at once."""
+    from kforge.backends.build.fast_build import name_builder
+
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kforge.backends.build.fast_build", "--die-with", str(os.getpid()),
+                                 *command], start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir), env=env)
+    except OSError:
+        (pch_dir / "building").unlink(missing_ok=True)
+        return
+    name_builder(pch_dir, proc.pid)
+    proc.wait()

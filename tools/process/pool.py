@@ -41,7 +41,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kforge.backends.host import process_stat
 
 from .channel import Channel, SocketBytes, close_socket_stream
-from .runner import close_together, kill_group, killpg, scratch_name, session_members, trace
+from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -283,7 +283,7 @@ class WorkerPool:
     def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
                  sandbox: list[str] | None = None, trace_file: str | None = None) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
-        self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`runner.sandbox_args`)
+        self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`limits.sandbox_args`)
         self.trace_file = trace_file  # `WorkerLimits.trace_file`: where its forks are traced
         # A kind asked for while none was idle keeps one more ready from then on, up to max_size: the pool
         # grows to the concurrency it sees (4 candidates at once want ~4 of each kind) instead of starving.
@@ -502,8 +502,6 @@ class WorkerPool:
     async def _zygote(self, backend: str) -> _Zygote | str:
         async with self._zygote_locks[backend]:
             if backend not in self._zygotes:
-                from .runner import worker_env
-
                 scratch = self.home / "cache" / "pool"
                 scratch.mkdir(parents=True, exist_ok=True)
                 extra = ["--isolate-network"] if self.isolate_network else []

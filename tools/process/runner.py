@@ -10,47 +10,32 @@ kills the whole process group.
 from __future__ import annotations
 
 import json
-import os
-import re
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .channel import Channel, HandedFds, close_all
-from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
-from ..disk import mark_loaded
-from kforge.backends.build.fast_build import job_cache_env
 from kforge.backends.host import process_ids, process_stat
+
+from ..disk import mark_loaded
 from ..models import Failure
+from .build_service import serve_build_request, spawn_pch_build
+from .channel import Channel, HandedFds, close_all
+from .lifecycle import (Preemption, busy_threads, close_together, kill_group, killpg, namespace_processes, preemptions,
+                        sandboxed_worker, trace, worker_env)
+from .limits import WorkerLimits, confinement, sandbox_args
+from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 
 if TYPE_CHECKING:
     from .pool import ForkedProcess, WorkerPool
-    from .sandbox import Confinement
 
-__all__ = ["HarnessError", "ProtocolViolation", "WorkerDied", "WorkerGroup", "WorkerLimits", "WorkerProcess", "close_together", "kill_group", "killpg", "sandbox_args", "trace", "traced",
-           "worker_env"]
+__all__ = ["HarnessError", "ProtocolViolation", "WorkerDied", "WorkerGroup", "WorkerProcess"]
 
-# Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
-_ENV_ALLOWLIST = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "PYTHONPATH", "LD_LIBRARY_PATH",
-    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CXX", "CC", "MAX_JOBS",
-    "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET", "SSL_CERT_FILE",
-    # OpenMP's thread count, waiting and binding, as the operator set them for the server: the CPU backend
-    # gives candidate, eager and torch.compile the same team (OMP_NUM_THREADS, else every usable CPU), and
-    # the same knobs make a worker's OpenMP behave as `torch.utils.benchmark` run from the operator's shell.
-    "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME",
-    "KMP_AFFINITY",
-)
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _TAIL_LINES = 30
 # Descriptors workers sent (a candidate's CPU outputs), held until a call hands them to another worker.
@@ -73,111 +58,6 @@ class ProtocolViolation(HarnessError):
     """A reply that does not fit its op's reply model (`kforge.tools.process.protocol`): a harness bug."""
 
 
-@dataclass(frozen=True)
-class WorkerLimits:
-    timeout_s: float = 600.0
-    memory_bytes: int | None = None
-    file_bytes: int | None = None
-    isolate_network: bool = True
-    sandbox: bool = True  # `kforge.tools.process.sandbox` around every worker (off: for debugging only)
-    hidden_files: tuple[str, ...] = ()  # files no worker may read (the server's token file)
-    read_paths: tuple[str, ...] = ()  # directories builds may read beyond the system's and Python's (headers)
-    precompiled_headers: bool = False  # build torch/extension.h once per flag set, in the background
-    max_tasks: int = 0  # processes and threads at once per worker (0: the sandbox's default)
-    # A candidate's run is called hung after this many times the reference's time for the same calls, but
-    # never sooner than the floor (its first launches may JIT-compile) nor later than timeout_s.
-    hang_factor: float = 20.0
-    hang_floor_s: float = 30.0
-    # Not a limit, but every worker and the pool carry these: the file (the settings' `trace`, KFORGE_TRACE) that
-    # gets one JSON line per worker start, call and server span (`trace`); None: no trace.
-    trace_file: str | None = None
-
-    def hang_deadline(self, reference_call_s: float | None, calls: int) -> tuple[float | None, str]:
-        """The deadline of `calls` calls of a candidate, and the words that say where it came from."""
-        if not reference_call_s:
-            return None, ""
-        deadline = min(self.timeout_s, max(self.hang_floor_s, self.hang_factor * reference_call_s * calls))
-        return deadline, (f" (the deadline is {self.hang_factor:g}x the reference's {reference_call_s * 1e3:.3g} ms "
-                          f"per call for {calls} calls, at least {self.hang_floor_s:g} s)")
-
-
-def confinement(home: Path, limits: WorkerLimits, scratch: Path | None = None, *,
-                gpu_nodes: tuple[str, ...] | None = None) -> Confinement | None:
-    """The sandbox a worker (or the server's build) enters, None when it is off; a cold worker's scratch directory
-    may lie outside the data directory's jobs/. `gpu_nodes`: the NVIDIA device nodes it may open, () for a build;
-    None leaves them to a worker, which picks them by its backend and GPU pin (`sandbox.gpu_nodes`)."""
-    if not limits.sandbox:
-        return None
-    from .sandbox import Confinement
-
-    return Confinement(home=str(home), hidden=limits.hidden_files, isolate_network=limits.isolate_network,
-                       extra_writable=(str(scratch),) if scratch else (), extra_readable=limits.read_paths,
-                       max_tasks=limits.max_tasks, gpu_nodes=gpu_nodes)
-
-
-def sandbox_args(home: Path, limits: WorkerLimits, scratch: Path | None = None) -> list[str]:
-    """The worker's command-line arguments that ask for its sandbox (none when the sandbox is off)."""
-    conf = confinement(home, limits, scratch)
-    return ["--sandbox", conf.as_arg()] if conf else []
-
-
-def spawn_pch_build(home: Path, limits: WorkerLimits, pch_dir: Path, build_dir: Path) -> None:
-    """Start the precompiled-header build a worker asked for, in a sandbox of its own where workers have one, at the
-    lowest priority, ending with this server however it ends (`fast_build._die_with`): nobody waits for it (a thread
-    starts and reaps it, `_run_pch_build`). Workers never start one themselves, sandbox or not (issue 17): what a
-    sandboxed worker starts dies with it, and what one without a sandbox started outlived the server."""
-    import threading
-
-    from kforge.backends.build.fast_build import claim_pch
-
-    cache = (home / "cache").resolve()
-    if not (pch_dir.resolve().is_relative_to(cache) and build_dir.resolve().is_relative_to(cache)):
-        return  # the worker's reply names only the cache's directories
-    if not claim_pch(pch_dir):
-        return  # built, or a live builder is on it
-    command = [sys.executable, "-m", "kforge.backends.build.fast_build", str(pch_dir), str(build_dir)]
-    if (conf := confinement(home, limits, pch_dir, gpu_nodes=())) is not None:  # writes its header's directory only
-        command = [sys.executable, "-m", "kforge.tools.process.sandbox", conf.as_arg(), "--", *command]
-    else:  # a worker without the sandbox built `build_dir` itself: no record of the server's, its build.ninja
-        command.insert(3, "--from-ninja")
-    threading.Thread(target=_run_pch_build, args=(pch_dir, command, worker_env(home, pch_dir)), name="kforge-pch",
-                     daemon=True).start()
-
-
-def _run_pch_build(pch_dir: Path, command: list[str], env: dict[str, str]) -> None:
-    """A header build's own thread: it starts the build and reaps it. The build's parent-death signal fires when
-    the thread that started it ends, so that thread must live as long as the build, whichever thread asked (a
-    fleet node's job runs in a thread that ends with the job). The marker names the process the build lives in
-    (the sandbox's outer one): a build killed before it could clean up leaves a marker seen as stale at once."""
-    from kforge.backends.build.fast_build import name_builder
-
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "kforge.backends.build.fast_build", "--die-with", str(os.getpid()),
-                                 *command], start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(pch_dir), env=env)
-    except OSError:
-        (pch_dir / "building").unlink(missing_ok=True)
-        return
-    name_builder(pch_dir, proc.pid)
-    proc.wait()
-
-
-def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST}
-    here = Path(__file__).resolve().parents[2]  # the kforge package directory
-    if here.name == "kforge":  # a plain checkout on sys.path: make it importable for the child too
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here.parent), env.get("PYTHONPATH")) if p)
-    env.update({
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        # Inductor compiles in-process: a worker pool would look like (and be) background processes.
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        **job_cache_env(scratch),
-    })
-    env.update(extra or {})
-    return env
-
-
 def _tail(path: Path, n: int = _TAIL_LINES) -> str | None:
     try:
         text = path.read_text(errors="replace")
@@ -195,173 +75,6 @@ def _describe_exit(code: int) -> tuple[str, str]:
         desc = signal.strsignal(sig) or sig.name
         return "crashed", f"killed by {sig.name} ({desc.lower()})"
     return "exited", f"the process exited with code {code} before answering (os._exit, exit() in native code, or abort handling)"
-
-
-def session_members(sid: int) -> list[int]:
-    """The processes of session `sid`, from /proc (Linux; elsewhere none are found)."""
-    return [int(pid) for pid in process_ids() if (st := process_stat(pid)) is not None and st[3] == sid]
-
-
-def _sandboxed_worker(outer_pid: int) -> int | None:
-    """The worker inside its own PID namespace: the only child of the outer process the server knows
-    (`kforge.tools.process.sandbox`); None when there is none (no namespace, or it is gone)."""
-    try:
-        return int(Path(f"/proc/{outer_pid}/task/{outer_pid}/children").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-# A scratch directory's name ends with the server that made it: "+<pid>@<host>" (`scratch_name`).
-SCRATCH_OWNER = re.compile(r"\+(\d+)@([^/]+)$")
-
-
-def scratch_name(prefix: str) -> str:
-    """A new scratch directory's name under `jobs/`, ending with this server's pid and host: a later server
-    on the same data directory removes it if this one died before its own cleanup
-    (`kforge.tools.context.sweep_leftovers`)."""
-    return f"{prefix}-{uuid.uuid4().hex[:12]}+{os.getpid()}@{socket.gethostname()}"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this pid exists on this host (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Preemption(NamedTuple):
-    """How much the scheduler kept the worker's threads from running so far (`preemptions`)."""
-
-    switches: int  # involuntary context switches: a core taken from one of its threads
-    waited_s: float  # time its threads were ready to run and waited on a run queue
-
-
-def preemptions(outer_pid: int) -> Preemption | None:
-    """How often, and how long, the scheduler kept the worker's threads off a core so far, as the server reads
-    it in /proc; None when it cannot be read. The worker is the outer process's child where it has a PID
-    namespace of its own, else the outer process itself. The wait matters beside the count: on a busy 2-core VM
-    one preemption of a 1 ms op lasted several ms (an honest candidate's op read 4.7x its timed calls)."""
-    pid = _sandboxed_worker(outer_pid) or outer_pid
-    try:
-        switches, waited_ns = 0, 0
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("nonvoluntary_ctxt_switches:"):
-                    switches += int(line.split()[1])
-            try:
-                waited_ns += int((task / "schedstat").read_text().split()[1])
-            except (OSError, IndexError):
-                pass  # a kernel without schedstats: the count alone decides
-        return Preemption(switches, waited_ns / 1e9)
-    except (OSError, ValueError):
-        return None
-
-
-def namespace_processes(outer_pid: int) -> list[str]:
-    """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
-    worker itself (its PID 1), named as this process sees them: the server's own count, out of the
-    candidate's reach (`kforge.tools.process.sandbox`)."""
-    if (worker := _sandboxed_worker(outer_pid)) is None:
-        return []
-    try:
-        namespace = os.readlink(f"/proc/{worker}/ns/pid")
-    except OSError:
-        return []
-    found = []
-    for pid in process_ids():
-        try:
-            if int(pid) in (worker, outer_pid) or os.readlink(f"/proc/{pid}/ns/pid") != namespace:
-                continue
-        except OSError:
-            continue
-        if (st := process_stat(pid)) is not None and st[1] != "Z":  # a zombie runs nothing
-            found.append(f"process {pid} ({st[0]}), seen by the server in the worker's PID namespace")
-    return found
-
-
-# A worker that has answered waits for its next op: its threads sleep (an OpenMP pool spins for a few ms after
-# its last parallel region, then sleeps too). The server watches them this long, after this settling time, and
-# calls a thread that ran more than this share of the window background work (`busy_threads`).
-_IDLE_SETTLE_S, _IDLE_WINDOW_S, _IDLE_BUSY_SHARE = 0.01, 0.03, 0.2
-
-
-def _threads_cpu_ns(pid: int) -> dict[int, tuple[str, int]]:
-    """Each thread of `pid`: its name and the CPU time it has run (ns, the scheduler's own count)."""
-    found = {}
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            ran = int((task / "schedstat").read_text().split()[0])
-            found[int(task.name)] = ((task / "comm").read_text().strip(), ran)
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-async def busy_threads(outer_pid: int) -> list[str]:
-    """The worker's threads that kept running after it answered, as the server reads them in /proc: the same
-    check inside the candidate's process sees only Python's threads, and could be patched there."""
-    pid = _sandboxed_worker(outer_pid) or outer_pid
-    await anyio.sleep(_IDLE_SETTLE_S)
-    before = _threads_cpu_ns(pid)
-    await anyio.sleep(_IDLE_WINDOW_S)
-    after = _threads_cpu_ns(pid)
-    busy = []
-    for tid, (name, ran) in sorted(after.items()):
-        spent = ran - before.get(tid, (name, 0))[1]
-        if spent > _IDLE_BUSY_SHARE * _IDLE_WINDOW_S * 1e9:
-            busy.append(f"thread {tid} ({name}) ran {spent / 1e6:.0f} ms of the {_IDLE_WINDOW_S * 1e3:.0f} ms after "
-                        "the worker answered, seen by the server")
-    return busy
-
-
-def killpg(pid: int) -> None:
-    """SIGKILL a worker's whole session: its group, and the compilers ninja ran in groups of their own.
-
-    A worker leads its own session (and group). Ninja starts each build command in a new process
-    group, so killing the group alone left compilers of a timed-out build running.
-    """
-    _quietly(os.killpg, pid, signal.SIGKILL)
-    for member in session_members(pid):
-        _quietly(os.kill, member, signal.SIGKILL)
-
-
-def _quietly(kill: Any, pid: int, sig: int) -> None:
-    try:
-        kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # gone already
-
-
-async def kill_group(proc: Any) -> None:
-    """Kill a worker's group and wait (briefly) for the worker to be gone."""
-    killpg(proc.pid)
-    with anyio.move_on_after(5):
-        await proc.wait()
-
-
-def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None,
-          seconds: float | None = None, *, to: str | None) -> None:
-    """One line of the trace file `to` (`WorkerLimits.trace_file`; None: none): who did what, warm or cold, since
-    `started` (perf_counter) for `seconds` (default: until now), and the worker's peaks of reserved and of allocated
-    device memory during the op where it has them."""
-    if to:
-        took = time.perf_counter() - started if seconds is None else seconds
-        line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(took, 3)}
-        if peak_bytes:
-            line["peak_gb"], line["peak_allocated_gb"] = (round(b / 1e9, 3) for b in peak_bytes)
-        with open(to, "a") as f:
-            f.write(json.dumps(line) + "\n")
-
-
-async def close_together(closes: list[Callable[[], Awaitable[None]]]) -> None:
-    """Run every close at once and return when all are done (workers' exits overlap instead of adding up)."""
-    async with anyio.create_task_group() as tg:
-        for close in closes:
-            tg.start_soon(close)
 
 
 class WorkerGroup:
@@ -388,16 +101,6 @@ class WorkerGroup:
             closes = [w.aclose for w in self.workers]
             if self._pool is None or not self._pool.reap(closes, held):
                 await close_together(closes)
-
-
-@contextmanager
-def traced(role: str, op: str, *, to: str | None) -> Iterator[None]:
-    """Trace a span of the server's own work (an op of no worker) to `to`: where a call's time goes between ops."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        trace(role, op, True, started, to=to)
 
 
 class WorkerProcess:
@@ -541,7 +244,6 @@ class WorkerProcess:
         reply, fds = await self._receive(stage=stage, timeout_s=timeout_s or self.limits.timeout_s, why=timeout_why)
         while "build_request" in reply and reply.get("nonce") == nonce and set(reply) <= {"build_request", "nonce"}:
             # A build the read-only cache lacks, mid-op: built and promoted here (`build_service.serve_build_request`).
-            from .build_service import serve_build_request
 
             close_all(fds)
             built = await serve_build_request(self.home, self.limits, self.scratch, reply["build_request"],
@@ -583,7 +285,7 @@ class WorkerProcess:
         """The builds a load found in the shared cache, marked used by this process from what the worker mapped
         (`disk.mark_loaded`): the cache is read-only in the worker, so its hits cannot mark themselves."""
         if self._proc is not None and any(b.from_cache for b in reply.builds):
-            pid = self._worker_pid or _sandboxed_worker(self._proc.pid) or self._proc.pid  # (ncu maps no build)
+            pid = self._worker_pid or sandboxed_worker(self._proc.pid) or self._proc.pid  # (ncu maps no build)
             mark_loaded(pid, self.home / "cache" / "builds")
 
     async def background_seen(self) -> list[str]:
