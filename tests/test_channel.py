@@ -42,23 +42,15 @@ def test_a_descriptor_travels_with_its_line_and_is_handed_on_once():
 async def test_a_read_cancelled_in_the_loop_round_its_bytes_arrive_leaves_no_error_and_the_bytes_for_the_next_read():
     """anyio's socket stream set a cancelled future's result there ("Exception in callback ... InvalidStateError", which
     failed CI as a test's pool shut down, 2026-11-27); the cancel must land in the round after the bytes came, which
-    `call_soon` arranges: the loop runs it before it polls the socket again. The zygote's channel reads this way
-    (`SocketBytes`); the workers' channels still read through anyio's stream (open, issue 16 note of 2026-11-27)."""
+    `call_soon` arranges: the loop runs it before it polls the socket again."""
     import asyncio
 
     import anyio
-    from anyio.streams.buffered import BufferedByteReceiveStream
 
-    from kforge.tools.process.channel import SocketBytes, close_socket_stream
+    from kforge.tools.process.channel import Channel
 
     ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    lines = BufferedByteReceiveStream(SocketBytes(ours))
-
-    class _Lines:  # the zygote's reads: a line at a time
-        async def receive_line(self, limit: int) -> tuple[bytes, list]:
-            return await lines.receive_until(b"\n", limit), []
-    channel = _Lines()
+    channel = await Channel.from_socket(ours)
     errors: list[dict] = []
     asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
     for i in range(10):
@@ -72,5 +64,5 @@ async def test_a_read_cancelled_in_the_loop_round_its_bytes_arrive_leaves_no_err
         with anyio.fail_after(5):  # the line a cancelled read left is the next read's
             assert (await channel.receive_line(100))[0] == f"line {i}".encode()
     assert not errors, errors
-    await close_socket_stream(ours, None)
+    await channel.aclose()
     peer.close()

@@ -58,24 +58,6 @@ class WorkerChannel:
         self.sock.sendall(data)
 
 
-class _CollectFds(ByteReceiveStream):
-    """A worker channel's bytes, keeping the descriptors that arrive with them (anyio's socket stream: see
-    `SocketBytes` for why the zygote's channel does not use it)."""
-
-    def __init__(self, stream: UNIXSocketStream, received: deque[int]) -> None:
-        self._stream, self._received = stream, received
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        data, fds = await self._stream.receive_fds(max_bytes, _MAX_FDS_PER_MESSAGE)
-        self._received.extend(fds)
-        if not data:
-            raise anyio.EndOfStream
-        return data
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
 class SocketBytes(ByteReceiveStream):
     """A socket's bytes, keeping the descriptors that arrive with them (closed at once where nobody keeps them).
 
@@ -124,14 +106,14 @@ async def close_socket_stream(sock: socket.socket, stream: UNIXSocketStream | No
 class Channel:
     """The server's end of a worker's socket."""
 
-    def __init__(self, stream: UNIXSocketStream) -> None:
-        self.stream = stream
+    def __init__(self, stream: UNIXSocketStream, sock: socket.socket) -> None:
+        self.stream, self._sock = stream, sock  # sends go through the stream, receives through `SocketBytes`
         self._received: deque[int] = deque()
-        self.lines = BufferedByteReceiveStream(_CollectFds(stream, self._received))
+        self.lines = BufferedByteReceiveStream(SocketBytes(sock, self._received))
 
     @classmethod
     async def from_socket(cls, sock: socket.socket) -> Channel:
-        return cls(await UNIXSocketStream.from_socket(sock))
+        return cls(await UNIXSocketStream.from_socket(sock), sock)
 
     async def send(self, data: bytes, fds: list[int] | None = None) -> None:
         if fds:
@@ -152,7 +134,7 @@ class Channel:
         for fd in self._received:
             _close(fd)
         self._received.clear()
-        await self.stream.aclose()
+        await close_socket_stream(self._sock, self.stream)
 
 
 class HandedFds:
