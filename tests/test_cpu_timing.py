@@ -240,6 +240,26 @@ def _outside_cold_us(fn, x, threads: int, calls: int = 200) -> tuple[float, floa
     return statistics.median(samples), preempted / calls
 
 
+def built_rmsnorm(home: Path, reference: str, candidate: str) -> tuple[Any, Any, Any]:
+    """The RMSNorm library a profile built in `home`'s cache, loaded here; the candidate's own ModelNew on it (its
+    load_inline answered with that library); and the problem's input. Shared with bench/explore/cpu_modelnew_gap.py."""
+    from torch.utils import cpp_extension
+
+    (so,) = glob.glob(str(home / "cache" / "builds" / "kforge_bench_rmsnorm-*" / "kforge_bench_rmsnorm.so"))
+    spec = importlib.util.spec_from_file_location("kforge_bench_rmsnorm", so)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    problem: dict = {}
+    exec(compile(reference, "reference.py", "exec"), problem)  # noqa: S102 - the problem pack's file
+    real_load_inline, cpp_extension.load_inline = cpp_extension.load_inline, lambda *a, **k: ext
+    own: dict = {}
+    try:
+        exec(compile(candidate, "candidate.py", "exec"), own)  # noqa: S102 - this repository's candidate
+    finally:
+        cpp_extension.load_inline = real_load_inline
+    return ext, own["ModelNew"](*problem["get_init_inputs"]()), problem["get_inputs"]()[0]
+
+
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
@@ -267,27 +287,12 @@ async def test_openmp_candidate_times_as_it_does_outside_kforge(tmp_path):
     cand, eager = await kforge()  # builds the library
     assert cand.threads == eager.threads == threads_wanted()
 
-    (so,) = glob.glob(str(tmp_path / "cache" / "builds" / "kforge_bench_rmsnorm-*" / "kforge_bench_rmsnorm.so"))
-    spec = importlib.util.spec_from_file_location("kforge_bench_rmsnorm", so)
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
-    namespace: dict = {}
-    exec(compile(reference, "reference.py", "exec"), namespace)  # noqa: S102 - the problem pack's file
-    x = namespace["get_inputs"]()[0]
-    torch.set_num_threads(cand.threads)
     # What KForge times, as KernelBench does: the candidate's own ModelNew called on the inputs (its load_inline
     # answered with the library KForge built), not the bare library function. On this VM the module's call cost
     # ~5% of this 0.37 ms kernel (KForge/function 1.03-1.10, KForge/ModelNew 0.91-1.04 in 5 paired rounds, 2026-11-27),
     # a bias the comparison with the bare function had put on KForge.
-    from torch.utils import cpp_extension
-
-    real_load_inline, cpp_extension.load_inline = cpp_extension.load_inline, lambda *a, **k: ext
-    candidate_namespace: dict = {}
-    try:
-        exec(compile(candidate, "candidate.py", "exec"), candidate_namespace)  # noqa: S102 - this repository's candidate
-    finally:
-        cpp_extension.load_inline = real_load_inline
-    model = candidate_namespace["ModelNew"](*namespace["get_init_inputs"]())
+    _, model, x = built_rmsnorm(tmp_path, reference, candidate)
+    torch.set_num_threads(cand.threads)
 
     def fn(x):
         with torch.no_grad():

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
-import importlib.util
 import os
 import sys
 import tempfile
@@ -83,23 +81,8 @@ async def main(args: argparse.Namespace) -> None:
         return prof.report.candidate
 
     cand = await kforge()  # builds the library
-    (so,) = glob.glob(str(home / "cache" / "builds" / "kforge_bench_rmsnorm-*" / "kforge_bench_rmsnorm.so"))
-    spec = importlib.util.spec_from_file_location("kforge_bench_rmsnorm", so)
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
-    ref: dict = {}
-    exec(compile(reference, "reference.py", "exec"), ref)  # noqa: S102 - the problem pack's file
-    x = ref["get_inputs"]()[0]
+    ext, model, x = T.built_rmsnorm(home, reference, source)
     torch.set_num_threads(cand.threads)
-    from torch.utils import cpp_extension
-
-    real, cpp_extension.load_inline = cpp_extension.load_inline, lambda *a, **k: ext
-    own: dict = {}
-    try:
-        exec(compile(source, "candidate.py", "exec"), own)  # noqa: S102 - this repository's candidate
-    finally:
-        cpp_extension.load_inline = real
-    model = own["ModelNew"](*ref["get_init_inputs"]())
 
     def function(x):
         return ext.rmsnorm_fwd(x, 1e-5)

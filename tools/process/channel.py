@@ -20,11 +20,11 @@ from collections import deque
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, UNIXSocketStream
+from anyio.abc import ByteReceiveStream, SocketAttribute, UNIXSocketStream
 from anyio.lowlevel import checkpoint
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-__all__ = ["Channel", "HandedFds", "SocketBytes", "WorkerChannel", "FD_KIND", "close_socket_stream"]
+__all__ = ["Channel", "HandedFds", "SocketBytes", "WorkerChannel", "FD_KIND", "close_socket_stream", "raw_socket"]
 
 FD_KIND = "fd"  # an output descriptor's kind when its bytes are in a passed file descriptor
 _MAX_FDS_PER_MESSAGE = 250  # the kernel's SCM_MAX_FD is 253
@@ -93,6 +93,10 @@ class SocketBytes(ByteReceiveStream):
         await close_socket_stream(self._sock, None)
 
 
+def raw_socket(stream: UNIXSocketStream) -> socket.socket:
+    return stream.extra(SocketAttribute.raw_socket)
+
+
 async def close_socket_stream(sock: socket.socket, stream: UNIXSocketStream | None) -> None:
     """Close a socket that `SocketBytes` may be waiting on: the wait ends (ClosedResourceError) before the close."""
     if sock.fileno() >= 0:
@@ -106,14 +110,14 @@ async def close_socket_stream(sock: socket.socket, stream: UNIXSocketStream | No
 class Channel:
     """The server's end of a worker's socket."""
 
-    def __init__(self, stream: UNIXSocketStream, sock: socket.socket) -> None:
-        self.stream, self._sock = stream, sock  # sends go through the stream, receives through `SocketBytes`
+    def __init__(self, stream: UNIXSocketStream) -> None:
+        self.stream = stream  # sends go through the stream, receives through `SocketBytes` on its socket
         self._received: deque[int] = deque()
-        self.lines = BufferedByteReceiveStream(SocketBytes(sock, self._received))
+        self.lines = BufferedByteReceiveStream(SocketBytes(raw_socket(stream), self._received))
 
     @classmethod
     async def from_socket(cls, sock: socket.socket) -> Channel:
-        return cls(await UNIXSocketStream.from_socket(sock), sock)
+        return cls(await UNIXSocketStream.from_socket(sock))
 
     async def send(self, data: bytes, fds: list[int] | None = None) -> None:
         if fds:
@@ -134,7 +138,7 @@ class Channel:
         for fd in self._received:
             _close(fd)
         self._received.clear()
-        await close_socket_stream(self._sock, self.stream)
+        await close_socket_stream(raw_socket(self.stream), self.stream)
 
 
 class HandedFds:

@@ -40,7 +40,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kforge.backends.host import process_stat
 
-from .channel import Channel, SocketBytes, close_socket_stream
+from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
@@ -187,9 +187,9 @@ def _doing(pid: int | None) -> str:
 class _Zygote:
     """One backend's fork server: started once, then forks warm workers on request."""
 
-    def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream, sock: socket.socket) -> None:
-        self.proc, self.ctl, self._sock = proc, ctl, sock
-        self.lines = BufferedByteReceiveStream(SocketBytes(sock))  # the zygote's JSON lines: ready, then exit codes
+    def __init__(self, proc: anyio.abc.Process, ctl: UNIXSocketStream) -> None:
+        self.proc, self.ctl = proc, ctl
+        self.lines = BufferedByteReceiveStream(SocketBytes(raw_socket(ctl)))  # the zygote's JSON lines: ready, then exit codes
         self.children: dict[int, ForkedProcess] = {}
         self._requested: deque[_Fork] = deque()  # forks asked for whose pid the zygote has not named yet
         self._asking = anyio.Lock()  # one request at a time: the "forked" lines come in the order of the requests
@@ -205,7 +205,7 @@ class _Zygote:
         finally:
             theirs.close()
         ctl = await UNIXSocketStream.from_socket(ours)
-        zygote = cls(proc, ctl, ours)
+        zygote = cls(proc, ctl)
         try:
             with anyio.fail_after(_ZYGOTE_TIMEOUT_S):
                 reply = json.loads(await zygote.lines.receive_until(b"\n", 1 << 16))
@@ -273,7 +273,7 @@ class _Zygote:
         return WarmProcess(proc, channel, scratch)
 
     async def close(self) -> None:
-        await close_socket_stream(self._sock, self.ctl)  # EOF: the zygote kills the workers it still has and exits
+        await close_socket_stream(raw_socket(self.ctl), self.ctl)  # EOF: the zygote kills the workers it still has and exits
         with anyio.move_on_after(5):
             await self.proc.wait()
         await kill_group(self.proc)
