@@ -252,6 +252,7 @@ def helper_env() -> dict:
 
     import torch
     env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
     try:
         import triton
@@ -420,6 +421,13 @@ def summarize_verify(sc: dict) -> dict:
 
 # ---------------------------------------------------------------- one problem
 
+def smi_index() -> str:
+    """nvidia-smi's index of the GPU this run uses: the first of CUDA_VISIBLE_DEVICES (a shard runs on one GPU; the
+    runner sets CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA's and nvidia-smi's numbering agree), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return first if first.isdigit() else "0"
+
+
 class GpuMemory:
     """Peak device memory in use during a block, from `nvidia-smi` polled every 100 ms (an independent reading:
     every process on the GPU counts, KForge's workers included), above what was in use when it started."""
@@ -429,7 +437,7 @@ class GpuMemory:
         self.apps: list[dict[int, int]] = []  # snapshots of memory per process (MiB), to say whose the peak is
         if shutil.which("nvidia-smi"):
             self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                          "-lms", "100", "-i", "0"], stdout=subprocess.PIPE, text=True)
+                                          "-lms", "100", "-i", smi_index()], stdout=subprocess.PIPE, text=True)
             self.stop = threading.Event()
             self.thread = threading.Thread(target=self._poll_apps, daemon=True)
             self.thread.start()
@@ -439,7 +447,7 @@ class GpuMemory:
         while not self.stop.is_set():
             try:
                 out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits",
-                                      "-i", "0"], capture_output=True, text=True, timeout=10).stdout
+                                      "-i", smi_index()], capture_output=True, text=True, timeout=10).stdout
                 self.apps.append({int(a): int(b) for a, b in (ln.split(",") for ln in out.splitlines() if "," in ln)})
             except (OSError, ValueError, subprocess.SubprocessError):
                 return
@@ -648,6 +656,8 @@ def table_row(r: dict) -> list[str]:
         verdict += f", trusted={p.get('speedup_trusted')}"
     note = r.get("skipped") or r.get("error") or loc.get("error") or loc.get("kb_error") or loc.get("do_bench_error") or \
         (ncu.get("none") or {}).get("error") or ""
+    if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
+        note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
     return [r["problem"], fmt((r.get("footprint") or {}).get("gb"), 2), f"{fmt(med)}{iqr}", fmt(eager.get("median_us")),
             fmt((p.get("torch.compile") or {}).get("median_us")), fmt(db), fmt(ratio(med, db), 3),
@@ -723,6 +733,39 @@ NOTES = [
 ]
 
 
+def stem(args) -> str:
+    shard = f"-shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
+    return f"kernelbench-sample{'-smoke' if args.smoke else ''}{shard}"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--shard wants K/N with 0 <= K < N, got {text!r}")
+    return int(k), int(n)
+
+
+def merge(paths: list[Path], out: Path) -> None:
+    """One table of shards run side by side: their rows in the sample's order, each row naming its GPU."""
+    shards = [json.loads(p.read_text()) for p in paths]
+    res = dict(shards[0], stem=shards[0]["stem"].split("-shard")[0], shard=None, rows=[], runs=[], not_started=[],
+               shards=[{"path": p.name, "shard": s.get("shard"), "gpu": s["env"].get("cuda_visible_devices"),
+                        "started": s.get("started"), "problems": [r["problem"] for r in s["rows"]]}
+                       for p, s in zip(paths, shards)])
+    for s in shards:
+        for row in s["rows"]:
+            res["rows"].append(dict(row, gpu=s["env"].get("cuda_visible_devices")))
+        res["runs"] += s.get("runs", [])
+        res["not_started"] += s.get("not_started") or []
+    order = {p: i for i, p in enumerate(DEFAULT_PROBLEMS)}
+    res["rows"].sort(key=lambda r: order.get(r["problem"], len(order)))
+    res["notes"] = res["notes"] + [f"{len(shards)} shards ran side by side, one GPU each (CUDA_VISIBLE_DEVICES in the "
+                                   "JSON's rows as 'gpu'); each shard had its own kforge serve, helpers and ncu."]
+    out.mkdir(parents=True, exist_ok=True)
+    write(res, out, out / f"{res['stem']}.json")
+    print(markdown(res), flush=True)
+
+
 def write(res: dict, out: Path, state: Path) -> None:
     text = json.dumps(res, indent=1, default=str)
     for path in {out / f"{res['stem']}.json", state}:
@@ -742,7 +785,7 @@ async def run(args) -> dict:
     t_start = args.t0  # the budget counts from the script's start
     hard_stop = t_start + args.budget_s + args.overrun_s
     out, state = args.out, args.state
-    res = {"stem": f"kernelbench-sample{'-smoke' if args.smoke else ''}", "mode": "smoke" if args.smoke else "gpu",
+    res = {"stem": stem(args), "shard": args.shard, "mode": "smoke" if args.smoke else "gpu",
            "backend": args.backend, "date": time.strftime("%Y-%m-%d"), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "argv": sys.argv[1:], "env": args.env, "notes": NOTES, "rows": [], "runs": [],
            "kernelbench": {"path": str(args.kernelbench), "revision": (args.kernelbench / "REVISION").read_text().strip()
@@ -765,7 +808,7 @@ async def run(args) -> dict:
     # No candidate here builds C++: the server's background header prewarm would only load the CPU during timings.
     env.update(KFORGE_HOME=str(home), KFORGE_PRECOMPILED_HEADERS="true" if args.prewarm else "false")
     env.update(kv.split("=", 1) for kv in args.server_env)
-    args.trace = out / "kforge-trace.jsonl"
+    args.trace = out / f"{res['stem']}-trace.jsonl"  # shards side by side write their own
     env["KFORGE_TRACE"] = str(args.trace)
     run_info = {"started": time.strftime("%H:%M:%S"), "kforge_home": str(home),
                 "server_env": {k: v for k, v in env.items() if k.startswith("KFORGE_")}}
@@ -873,8 +916,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "out")
     ap.add_argument("--state", type=Path, help="state file for --resume (default bench/out/kernelbench-sample[-smoke].json)")
     ap.add_argument("--prewarm", action="store_true", help="leave the server's background header prewarm on")
+    ap.add_argument("--shard", type=parse_shard, metavar="K/N", help="run every N-th problem from the K-th (0-based): "
+                    "N runs side by side, one per GPU (bench/run_kernelbench_sample.sh with KB_SHARDS=N)")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="only merge these shards' results into "
+                    "one table (kernelbench-sample.json/.md in --out)")
     ap.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra environment for kforge serve")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
     args.t0 = time.monotonic()
     args.backend = args.backend or ("cpu" if args.smoke else "cuda")
     args.problems = args.problems or (list(SMOKE) if args.smoke else DEFAULT_PROBLEMS)
@@ -884,8 +933,12 @@ def main() -> None:
     args.problems = [canonical(args.kernelbench, p) for p in args.problems]
     args.repeat_profiles = args.repeat_profiles if args.repeat_profiles is not None else (2 if args.smoke else 5)
     args.repeat_on = args.repeat_on if args.repeat_on is not None else ([args.problems[0]] if args.smoke else DEFAULT_REPEAT_ON)
-    args.state = args.state or HERE / "out" / f"kernelbench-sample{'-smoke' if args.smoke else ''}.json"
     args.repeat_on = [canonical(args.kernelbench, p) for p in args.repeat_on]
+    if args.shard:  # every N-th problem of the list, from the K-th: N runs side by side, one per GPU
+        k, n = args.shard
+        args.problems = args.problems[k::n]
+        args.repeat_on = [p for p in args.repeat_on if p in args.problems]
+    args.state = args.state or HERE / "out" / f"{stem(args)}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     env = run_helper("env", {}, 180)
     if "memory_bytes" not in env:

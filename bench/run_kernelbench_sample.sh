@@ -5,6 +5,8 @@
 # carried beside the checkout. Arguments go to the script; results go to $OUT when set, else bench/out/.
 #
 #   bash bench/run_kernelbench_sample.sh --resume        # again until it prints "all problems done"
+#   KB_SHARDS=4 bash bench/run_kernelbench_sample.sh     # the sample split over GPUs 0-3, one shard each, side by
+#                                                        # side; then one merged table (kernelbench-sample.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -15,5 +17,20 @@ if [ -d .whl ]; then bash .whl/install.sh && export PYTHONPATH=/tmp/site${PYTHON
 ln -sfn "$repo" /tmp/kforge-pkg/kforge
 export PYTHONPATH=/tmp/kforge-pkg:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-python3 bench/kernelbench_sample.py --kernelbench .kb "$@" 2>&1 | tee -a "$out/kernelbench-sample.log"
-exit "${PIPESTATUS[0]}"
+shards=${KB_SHARDS:-1}
+if [ "$shards" -le 1 ]; then
+    python3 bench/kernelbench_sample.py --kernelbench .kb "$@" 2>&1 | tee -a "$out/kernelbench-sample.log"
+    exit "${PIPESTATUS[0]}"
+fi
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # CUDA's numbering as nvidia-smi's (the bench polls the shard's GPU by index)
+pids=()
+for ((k = 0; k < shards; k++)); do
+    CUDA_VISIBLE_DEVICES=$k python3 bench/kernelbench_sample.py --kernelbench .kb --shard "$k/$shards" "$@" \
+        > "$out/kernelbench-sample-shard${k}of${shards}.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+tail -n 3 "$out"/kernelbench-sample-shard*of"${shards}".log
+python3 bench/kernelbench_sample.py --out "$out" --merge "$out"/kernelbench-sample-shard*of"${shards}".json
+exit "$rc"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.process.sandbox import Confinement, _describe_nodes, gpu_nodes, nvidia_gpus
+from kforge.tools.process.sandbox import Confinement, _describe_nodes, gpu_nodes, nvidia_gpus, pin_by_uuid
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
 
@@ -86,6 +86,20 @@ def test_a_pin_not_found_keeps_every_node_and_says_why(host, tmp_path):
     assert gpu_nodes("cuda", AAA, dev=host["dev"], driver=str(mixed))[0] == (f"{host['dev']}/nvidia1",
                                                                               f"{host['dev']}/nvidiactl",
                                                                               f"{host['dev']}/nvidia-uvm")
+
+
+def test_an_index_pin_names_its_gpu_by_uuid_where_only_its_node_is_open(host):
+    """CUDA counts an index among the GPUs it can open: with GPU 1's node alone open, "1" names no device."""
+    driver = host["driver"]
+    for pin, uuids in (("1", BBB), ("0", AAA), ("1, 0", f"{BBB},{AAA}"), (f"{AAA},1", f"{AAA},{BBB}")):
+        nodes = gpu_nodes("cuda", pin, **host)[0]
+        assert pin_by_uuid(pin, nodes, driver=driver) == uuids, pin
+    only = gpu_nodes("cuda", "1", **host)[0]
+    assert pin_by_uuid(BBB, only, driver=driver) is None  # a uuid already names it whatever is open
+    assert pin_by_uuid("1", None, driver=driver) is None  # every node open: CUDA counts as the host does
+    assert pin_by_uuid("1", (), driver=driver) is None  # no GPU at all
+    assert pin_by_uuid(None, only, driver=driver) is None
+    assert pin_by_uuid("2", only, driver=driver) is None  # no such GPU: left as it is (the report says why)
 
 
 def test_a_host_without_nvidia_nodes_gives_none(tmp_path):
@@ -254,7 +268,8 @@ _WORKERS = """
 
     async def main():
         found = {"probe": await start("probe", ""), "cpu": await start("cpu", "cpu"),
-                 "triton pinned": await start("triton", "triton", {"CUDA_VISIBLE_DEVICES": CONFIG["pin"]})}
+                 "triton pinned": await start("triton", "triton", {"CUDA_VISIBLE_DEVICES": CONFIG["pin"]}),
+                 "triton by index": await start("triton-index", "triton", {"CUDA_VISIBLE_DEVICES": "0"})}
         pool = WorkerPool(home, size=1, isolate_network=limits.isolate_network, sandbox=sandbox_args(home, limits))
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
@@ -271,10 +286,12 @@ _WORKERS = """
 def test_real_workers_get_the_nodes_of_their_backend_and_pin(tmp_path):
     """Cold workers (which learn their backend from their first message, before the sandbox) and a forked one (from
     the zygote's message), through the runner as the tools start them; the triton backend runs on the CPU here."""
-    got = _in_private_dev(tmp_path, _WORKERS, home=str(tmp_path / "home"), pin=AAA, probe=PROBE.replace("__EXTRA__", ""))
+    probe = PROBE.replace("__EXTRA__", 'report["pin"] = os.environ.get("CUDA_VISIBLE_DEVICES")')
+    got = _in_private_dev(tmp_path, _WORKERS, home=str(tmp_path / "home"), pin=AAA, probe=probe)
     _require_landlock(got["probe"]["isolation"])
     assert "device nodes: nvidia0, nvidia1 + control" in got["probe"]["isolation"]["applied"], got["probe"]
-    expect = {"cpu": (), "warm cpu": (), "triton pinned": ("nvidia1", "nvidiactl", "nvidia-uvm")}
+    gpu = ("nvidia1", "nvidiactl", "nvidia-uvm")
+    expect = {"cpu": (), "warm cpu": (), "triton pinned": gpu, "triton by index": gpu}  # index 0: bus 17, AAA
     for name, allowed in expect.items():
         isolation, report = got[name]["isolation"], probe_report(got[name])
         says = "device nodes: nvidia1 + control" if allowed else "no GPU device nodes"
@@ -283,4 +300,7 @@ def test_real_workers_get_the_nodes_of_their_backend_and_pin(tmp_path):
         assert says in isolation["applied"] and not missing, (name, isolation)
         assert report["open"] == {n: "opened" if n in allowed else "EACCES" for n in _NODES}, (name, report)
         assert report["held"] == [], (name, report)
+    # Only its GPU's node is open, so CUDA would count "0" among that one GPU alone: the worker names it by uuid.
+    assert probe_report(got["triton by index"])["pin"] == AAA
+    assert probe_report(got["triton pinned"])["pin"] == AAA
     assert got["warm cpu"]["warm"] and not got["cpu"]["warm"]

@@ -260,11 +260,11 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
             return  # the pool shut down before this worker was readied
         # Its own directory, made for it by the pool: the only one of the data directory's jobs/ it may write.
         own = (first["scratch"],) if first.get("scratch") else ()
-        visible = (first.get("env") or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
-                               backend_name, visible)
         os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
+                               backend_name, visible)
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
             os.environ.update(job_cache_env(first["scratch"]))
         try:
@@ -328,6 +328,7 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
     from ..process.sandbox import apply_landlock, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
+    _pin_by_uuid(visible, confinement.gpu_nodes)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
     # Python's main (H100, 2026-11-25), which stays outside it. Said, not assumed. (An exec right after would end
     # that thread and keep the domain, so the new image's threads all start inside it; not yet run on a GPU.)
@@ -343,6 +344,15 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
             "network": "shared with its profiler"}
 
 
+def _pin_by_uuid(visible: str | None, nodes: tuple[str, ...] | None) -> None:
+    """Name the pinned GPUs by UUID where only their nodes will be open (`sandbox.pin_by_uuid`: CUDA would count an
+    index among the open GPUs alone); before CUDA starts, which reads CUDA_VISIBLE_DEVICES once."""
+    from ..process.sandbox import pin_by_uuid
+
+    if (pin := pin_by_uuid(visible, nodes)) is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = pin
+
+
 def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
     """Enter the sandbox (`kforge.tools.process.sandbox`) where one was asked for; what holds, and what is missing. The
     GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
@@ -353,6 +363,7 @@ def _isolation(confinement: Any, network: str, backend: str | None = None, visib
     from ..process.sandbox import enter, network_state, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
+    _pin_by_uuid(visible, confinement.gpu_nodes)
     report = enter(confinement)
     report["missing"] += [why] if why else []
     report["network"] = network_state(report, network)

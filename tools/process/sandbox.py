@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "network_state", "nvidia_gpus", "trial",
-           "with_gpu_nodes"]
+__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "network_state", "nvidia_gpus", "pin_by_uuid",
+           "trial", "with_gpu_nodes"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -466,22 +466,47 @@ def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
         return (), ""
     if visible is None:
         return None, ""
-    gpus, minors = nvidia_gpus(driver), []
+    pinned = _pinned_gpus(visible, nvidia_gpus(driver))
+    if pinned is None:
+        return None, (f"GPU device nodes: CUDA_VISIBLE_DEVICES={visible} is no GPU listed in {driver}/gpus: "
+                      "every GPU's node is open to the worker")
+    minors = [g["minor"] for g in pinned]
+    nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
+    return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
+
+
+def _pinned_gpus(visible: str, gpus: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The driver's GPUs (`nvidia_gpus`) that each entry of a CUDA_VISIBLE_DEVICES names, or None where one is not found
+    (or has no node of its own)."""
+    found: list[dict[str, str]] = []
     for entry in (e.strip() for e in visible.split(",")):
         if entry.isdigit():
             # An index counts CUDA's devices, ranked fastest first (CUDA_DEVICE_ORDER's default; a worker gets no
             # other), ties in PCI bus order: bus order where every GPU is one model, else not known here.
             same_model = len({g["model"] for g in gpus}) == 1
-            found = [gpus[int(entry)]] if same_model and int(entry) < len(gpus) else []
+            match = [gpus[int(entry)]] if same_model and int(entry) < len(gpus) else []
         else:  # a uuid, or (as CUDA takes it) a unique start of one
             want = entry.lower().removeprefix("gpu-")
-            found = [g for g in gpus if want and g["uuid"].lower().removeprefix("gpu-").startswith(want)]
-        if len(found) != 1 or not found[0]["minor"].isdigit():
-            return None, (f"GPU device nodes: CUDA_VISIBLE_DEVICES={visible} is no GPU listed in {driver}/gpus: "
-                          "every GPU's node is open to the worker")
-        minors.append(found[0]["minor"])
-    nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
-    return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
+            match = [g for g in gpus if want and g["uuid"].lower().removeprefix("gpu-").startswith(want)]
+        if len(match) != 1 or not match[0]["minor"].isdigit():
+            return None
+        found += match
+    return found
+
+
+def pin_by_uuid(visible: str | None, nodes: tuple[str, ...] | None, driver: str = "/proc/driver/nvidia") -> str | None:
+    """The CUDA_VISIBLE_DEVICES a worker must take once only `nodes` of the host's GPUs are open to it: the pin with
+    each index replaced by its GPU's UUID; None where it may keep its own (no index in it, every node open, no GPU).
+
+    CUDA counts an index among the GPUs it can open. With one GPU's node open, the host's GPU 1 is the worker's only
+    device, so "1" names none: a server started with CUDA_VISIBLE_DEVICES=1 on a host of two had no CUDA in its
+    workers (H200 x2, 2026-11-27). A UUID names the same GPU whatever is open."""
+    if not visible or not nodes or not any(e.strip().isdigit() for e in visible.split(",")):
+        return None
+    pinned = _pinned_gpus(visible, nvidia_gpus(driver))
+    if pinned is None or not all(g["uuid"] for g in pinned):
+        return None
+    return ",".join(g["uuid"] for g in pinned)
 
 
 def _cpu_like(backend: str | None) -> bool:
