@@ -26,7 +26,7 @@ export CUDA_DEVICE_ORDER=PCI_BUS_ID  # CUDA's numbering as nvidia-smi's (the ben
 pids=()
 for ((k = 0; k < shards; k++)); do
     CUDA_VISIBLE_DEVICES=$k python3 bench/kernelbench_sample.py --kernelbench .kb --shard "$k/$shards" "$@" \
-        > "$out/kernelbench-sample-shard${k}of${shards}.log" 2>&1 &
+        >> "$out/kernelbench-sample-shard${k}of${shards}.log" 2>&1 &  # appended: --resume runs continue it
     pids+=($!)
 done
 rc=0
