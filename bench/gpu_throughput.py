@@ -80,6 +80,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from host_load import HostLoad  # noqa: E402 - bench/ is no package: its sibling module, found through the path
 TOKEN = secrets.token_urlsafe(32)
 TOOLS = ("compile_kernel", "verify_against_reference", "profile_kernel")
 CONFIGS = ("1gpu", "2gpu", "ray")
@@ -175,7 +177,7 @@ def _server_env(home: Path, args: argparse.Namespace) -> dict[str, str]:
     """This process's environment without KForge's settings (and Ray's address), with the run's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_") and k not in ("RAY_ADDRESS",)}
     env.update(KFORGE_HOME=str(home), KFORGE_TOKEN=TOKEN, KFORGE_CONFIG=str(home / "no-config.toml"),
-               PYTHONUNBUFFERED="1")
+               KFORGE_TRACE=str(home / "trace.jsonl"), PYTHONUNBUFFERED="1")
     if args.parallel:
         env["KFORGE_PARALLEL_JOBS"] = str(args.parallel)
     if args.allow_partial_sandbox:
@@ -381,8 +383,10 @@ async def _cancel(url: str, job_ids: list[str]) -> None:
         await _one_session(url, cancel)
 
 
-async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str, ray_nodes: int) -> dict:
-    """List the backends, warm up, then the measured window; the clients' records."""
+async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str, ray_nodes: int, server_pid: int,
+                 trace: Path) -> dict:
+    """List the backends, warm up, then the measured window; the clients' records, the host's load and where the
+    server's and its workers' time went during the window."""
     nonce = secrets.token_hex(4)
 
     async def backends(client: Client) -> list[dict]:
@@ -423,6 +427,8 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
 
     # The measured window.
     rec = Recorder()
+    trace_from = trace.stat().st_size if trace.exists() else 0
+    load = HostLoad(server_pid).start()
     t0 = time.perf_counter()
     with anyio.move_on_after(args.config_timeout_s) as scope:
         async with anyio.create_task_group() as tg:
@@ -430,12 +436,33 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
                 jobs = [(code_of(f"c{c}k{k}"), f"c{c}k{k}", None) for k in range(args.candidates)]
                 tg.start_soon(_client, url, args, jobs, rec)
     wall = time.perf_counter() - t0
+    out["host_load"], out["ops"] = load.stop(), _trace_ops(trace, trace_from)
     out["timed_out"] = scope.cancelled_caught
     if left := sorted(rec.inflight):  # past --config-timeout-s: cancel what still runs, and say so
         await _cancel(url, left)
         out["cancelled_at_timeout"] = left
     out.update(wall_s=wall, recorder=rec, warm_recorder=warm)
     return out
+
+
+def _trace_ops(trace: Path, offset: int, top: int = 20) -> dict[str, dict[str, float]]:
+    """Per op of the server's trace (KFORGE_TRACE) written after `offset`: count, seconds in all, median seconds; the
+    `top` largest in all. A fork's op names its GPU pin: those of one backend count together."""
+    if not trace.exists():
+        return {}
+    spans: dict[str, list[float]] = {}
+    with open(trace) as f:
+        f.seek(offset)
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line being written as the window closed
+            op = e["op"].split(" CUDA_VISIBLE_DEVICES=")[0]
+            spans.setdefault(f"{e['role']}.{op}", []).append(e["s"])
+    ops = {k: {"n": len(v), "total_s": round(sum(v), 2), "p50_s": round(statistics.median(v), 3)}
+           for k, v in spans.items()}
+    return dict(sorted(ops.items(), key=lambda kv: -kv[1]["total_s"])[:top])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -669,6 +696,18 @@ def _table(report: dict) -> str:
                          f"{c.get('median_us', '-')} (n={c.get('n')}) | {_pct(c.get('range_over_median'))} | "
                          f"{_pct(c.get('iqr_over_median'))} | {_pct(g['within_profile_iqr_over_median'])} | "
                          f"{e.get('median_us', '-')} ({_pct(e.get('range_over_median'))}) |")
+    load_head = ("| config | host CPUs busy, mean / p90 | server process, cores mean / p90 | server + workers, cores "
+                 "mean / p90 | their processes (max) / threads (max) | top ops in the window: n x p50 s (total s) |")
+    lines += ["", load_head, "|" + "---|" * (load_head.count("|") - 1)]
+    for name, row in report["configs"].items():
+        h = row.get("host_load") or {}
+        if not h.get("samples"):
+            continue
+        ops = "; ".join(f"{k} {v['n']}x{v['p50_s']} ({v['total_s']})" for k, v in list((row.get("ops") or {}).items())[:6])
+        lines.append(f"| {name} | {h['host_busy']['mean']:.0%} / {h['host_busy']['p90']:.0%} | "
+                     f"{h['server_cores']['mean']:.2f} / {h['server_cores']['p90']:.2f} | "
+                     f"{h['kforge_cores']['mean']:.1f} / {h['kforge_cores']['p90']:.1f} | "
+                     f"{h['kforge_processes']['max']:.0f} / {h['kforge_threads']['max']:.0f} | {ops} |")
     return "\n".join(lines)
 
 
@@ -746,7 +785,8 @@ def _run_config(name: str, args: argparse.Namespace, gpu_ids: list[str], smi: di
         print(f"[{name}] starting the server (data directory {home})", flush=True)
         server = _start_server(home, port, env, extra)
         try:
-            drive = anyio.run(_drive, args, f"http://127.0.0.1:{port}/mcp", name, candidate, ray_nodes)
+            drive = anyio.run(_drive, args, f"http://127.0.0.1:{port}/mcp", name, candidate, ray_nodes, server.pid,
+                              home / "trace.jsonl")
         finally:
             _stop(server)
     except Exception as exc:  # noqa: BLE001 - said in the results; the other configurations stand
