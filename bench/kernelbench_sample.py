@@ -428,6 +428,52 @@ def smi_index() -> str:
     return first if first.isdigit() else "0"
 
 
+# nvidia-smi's clocks_event_reasons bits (nvml.h, nvmlClocksEventReason*): why the SM clock is below its maximum.
+CLOCK_EVENTS = {0x1: "idle", 0x2: "application clocks setting", 0x4: "SW power cap", 0x8: "HW slowdown",
+                0x10: "sync boost", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
+                0x80: "HW power brake slowdown", 0x100: "display clock setting"}
+SLOWDOWNS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # the reasons that slow a kernel that wants the clock
+
+
+def _smi_fields() -> list[str]:
+    """memory.used first (the poll's purpose), then the SM clock, power and the clock's event reasons where this
+    nvidia-smi knows them (an older one names the reasons clocks_throttle_reasons), else memory alone."""
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        fields = ["memory.used", "clocks.sm", "power.draw", reasons]
+        done = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits", "-i",
+                               smi_index()], capture_output=True, text=True, timeout=30)
+        if done.returncode == 0 and done.stdout.count(",") == len(fields) - 1:
+            return fields
+    return ["memory.used"]
+
+
+def _clock_summary(samples: list[dict[str, str]]) -> dict:
+    """The SM clock (MHz) and power (W) over the block's samples, and every clock event reason seen: whether the GPU
+    ran below its clock while it was timed (a power cap or heat makes one kernel run at two speeds)."""
+    def numbers(key: str) -> list[float]:
+        out = []
+        for s in samples:
+            try:
+                out.append(float(s.get(key, "")))
+            except ValueError:
+                continue  # "[N/A]"
+        return sorted(out)
+
+    clocks, power = numbers("clocks.sm"), numbers("power.draw")
+    seen = 0
+    for s in samples:
+        for key in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+            try:
+                seen |= int(s.get(key, ""), 16)
+            except ValueError:
+                pass
+    if not clocks:
+        return {}
+    return {"sm_clock_mhz": [clocks[0], clocks[len(clocks) // 2], clocks[-1]], "power_w_max": power[-1] if power else None,
+            "clock_events": [name for bit, name in CLOCK_EVENTS.items() if seen & bit],
+            "slowed": bool(seen & SLOWDOWNS)}
+
+
 class GpuMemory:
     """Peak device memory in use during a block, from `nvidia-smi` polled every 100 ms (an independent reading:
     every process on the GPU counts, KForge's workers included), above what was in use when it started."""
@@ -436,8 +482,10 @@ class GpuMemory:
         self.proc = None
         self.apps: list[dict[int, int]] = []  # snapshots of memory per process (MiB), to say whose the peak is
         if shutil.which("nvidia-smi"):
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                          "-lms", "100", "-i", smi_index()], stdout=subprocess.PIPE, text=True)
+            self.fields = _smi_fields()
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=" + ",".join(self.fields),
+                                          "--format=csv,noheader,nounits", "-lms", "100", "-i", smi_index()],
+                                         stdout=subprocess.PIPE, text=True)
             self.stop = threading.Event()
             self.thread = threading.Thread(target=self._poll_apps, daemon=True)
             self.thread.start()
@@ -460,14 +508,17 @@ class GpuMemory:
             self.thread.join(timeout=15)
             self.proc.terminate()
             out, _ = self.proc.communicate(timeout=10)
-            self.mib = [int(x) for x in out.split() if x.strip().isdigit()]
+            rows = [[v.strip() for v in line.split(",")] for line in out.splitlines() if line.count(",") ==
+                    len(self.fields) - 1]
+            self.mib = [int(r[0]) for r in rows if r[0].isdigit()]
+            self.clocks = [dict(zip(self.fields[1:], r[1:])) for r in rows if r[0].isdigit()]
 
     def summary(self, footprint_bytes: int) -> dict:
         if not self.mib:
             return {"error": "nvidia-smi not available"}
         peak = (max(self.mib) - self.mib[0]) * 2**20
         out = {"peak_above_start_gb": round(peak / 1e9, 3), "x_footprint": round(peak / footprint_bytes, 2)
-               if footprint_bytes else None, "samples": len(self.mib)}
+               if footprint_bytes else None, "samples": len(self.mib), **_clock_summary(getattr(self, "clocks", []))}
         if self.apps:
             # Each process at the snapshot with the most memory in all, largest first, in GB: what it held and how
             # much of that it took during the call (the job's workers come warm from the pool, so they were there).
@@ -656,6 +707,10 @@ def table_row(r: dict) -> list[str]:
         verdict += f", trusted={p.get('speedup_trusted')}"
     note = r.get("skipped") or r.get("error") or loc.get("error") or loc.get("kb_error") or loc.get("do_bench_error") or \
         (ncu.get("none") or {}).get("error") or ""
+    pm = r.get("profile_memory") or {}
+    if pm.get("slowed"):  # the GPU ran below its clock during the profile: name why, and the clock's range
+        note = (f"clock {'-'.join(str(round(c)) for c in pm['sm_clock_mhz'][::2])} MHz in profile "
+                f"({', '.join(pm['clock_events'])}); {note}").rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
@@ -728,6 +783,10 @@ NOTES = [
     "the floor for a candidate that is the reference.",
     "after a pause: a third new candidate verified and profiled --think-s seconds after the next one (an agent "
     "writing its candidate), when the pool's refills of the calls before are done.",
+    "clock in profile (in the note): nvidia-smi's SM clock (min-max MHz), polled with the memory every 100 ms during "
+    "the profile call, and the clock event reasons seen, where one that slows a kernel was active (SW power cap, "
+    "HW slowdown, SW/HW thermal, HW power brake): the GPU then ran below its clock while it was timed. The JSON "
+    "keeps the clock, the power's maximum and the reasons for verify and profile alike.",
     "(v+p)/KB: (verify s + profile s) / KB harness s; the issue asks for <= 1. Footprint: inputs + outputs from "
     "shapes on the meta device.",
 ]
