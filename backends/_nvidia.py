@@ -7,7 +7,7 @@ from typing import Any
 
 from .base import DeviceFacts, GpuInfo
 
-__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "EventTimer", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
 
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -66,6 +66,56 @@ class EventTimer:
     def elapsed_s(self) -> float:
         self._end.synchronize()
         return self._start.elapsed_time(self._end) / 1e3
+
+
+class GpuClock:
+    """The GPU's SM clock and the reasons it runs below its maximum, read from NVML (the driver's libnvidia-ml,
+    through ctypes: no Python binding is needed). A power cap or heat slows a heavy kernel to the clock they allow,
+    so the same kernel can run at two speeds in one process; the timing loop reads this while its batches run.
+
+    The GPU is found by the UUID of CUDA's device 0 (an NVML index counts every GPU of the host, whatever
+    CUDA_VISIBLE_DEVICES says). Where NVML or the GPU cannot be read (no driver library, a MIG instance, a sandbox
+    that refuses it), `read` answers None: the timing then says nothing of the clock rather than guess."""
+
+    # nvml.h's nvmlClocksEventReason* bits that slow a kernel that wants the clock (idle, application clocks,
+    # sync boost and display settings do not).
+    SLOWDOWNS = {0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
+                 0x80: "HW power brake slowdown"}
+    _NVML_CLOCK_SM = 1
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._lib: Any = None
+        self._handle = ctypes.c_void_p()
+        try:
+            import torch
+
+            uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
+            if not uuid:
+                return
+            uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            # The newer name, else the older one of the same call (drivers before 535).
+            self._reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                lib.nvmlDeviceGetCurrentClocksThrottleReasons
+            if lib.nvmlInit_v2() != 0 or lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self._handle)) != 0:
+                return
+            self._lib = lib
+        except (OSError, AttributeError, RuntimeError, AssertionError):
+            self._lib = None
+
+    def read(self) -> tuple[float, tuple[str, ...]] | None:
+        """(SM clock in MHz, the slowdown reasons active now), or None where NVML cannot tell."""
+        if self._lib is None:
+            return None
+        import ctypes
+
+        mhz, bits = ctypes.c_uint(0), ctypes.c_ulonglong(0)
+        if self._lib.nvmlDeviceGetClockInfo(self._handle, self._NVML_CLOCK_SM, ctypes.byref(mhz)) != 0 or \
+                self._reasons(self._handle, ctypes.byref(bits)) != 0:
+            return None
+        return float(mhz.value), tuple(name for bit, name in self.SLOWDOWNS.items() if bits.value & bit)
 
 
 class L2Flusher:

@@ -141,6 +141,11 @@ class Backend(Protocol):
         queue (a GPU) it is queued there too, without waiting: the loop times calls back to back."""
         ...
 
+    def clock_state(self) -> tuple[float, tuple[str, ...]] | None:
+        """The device's clock (MHz) and why it runs below its maximum now (a power cap, heat), read while a batch
+        of timed calls runs; None where the device cannot tell."""
+        ...
+
     def facts(self) -> DeviceFacts:
         """Facts about the device the analyst judges measurements against."""
         ...
@@ -240,6 +245,11 @@ class BackendBase:
         return WallTimer()
 
     def flush_cache(self) -> None:
+        return None
+
+    def clock_state(self) -> tuple[float, tuple[str, ...]] | None:
+        """The device's clock (MHz) and the reasons it runs below its maximum now (a power cap, heat), read while
+        timed calls run; None where the device cannot tell (a CPU: its timing checks preemption instead)."""
         return None
 
     def facts(self) -> DeviceFacts:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any, Iterator
 
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, nvidia_gpu_present, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 
@@ -41,6 +41,7 @@ class CudaBackend(BackendBase):
 
     def __init__(self) -> None:
         self._flush = L2Flusher()
+        self._clock: GpuClock | None = None  # made at its first read: constructing a backend starts no device
 
     def probe(self) -> Availability:
         versions: dict[str, str] = {"python": platform.python_version()}
@@ -97,6 +98,12 @@ class CudaBackend(BackendBase):
 
     def flush_cache(self) -> None:
         self._flush()
+
+    def clock_state(self) -> tuple[float, tuple[str, ...]] | None:
+        """The GPU's SM clock and active slowdown reasons now (`GpuClock`), None where NVML cannot tell."""
+        if self._clock is None:
+            self._clock = GpuClock()
+        return self._clock.read()
 
     def facts(self) -> DeviceFacts:
         return gpu_facts(self.name)

@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from .host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 from .build.models import Diagnostic
@@ -42,6 +42,7 @@ class TritonBackend(BackendBase):
         self.device = "cuda" if self._gpu else "cpu"
         self.kind = "gpu" if self._gpu else "cpu"
         self._flush = L2Flusher()
+        self._clock: GpuClock | None = None  # made at its first read: constructing a backend starts no device
 
     def probe(self) -> Availability:
         versions: dict[str, str] = {"python": platform.python_version()}
@@ -92,6 +93,14 @@ class TritonBackend(BackendBase):
     def flush_cache(self) -> None:
         if self._gpu:
             self._flush()
+
+    def clock_state(self) -> tuple[float, tuple[str, ...]] | None:
+        """The GPU's SM clock and active slowdown reasons now (`GpuClock`), None where NVML cannot tell."""
+        if not self._gpu:
+            return None
+        if self._clock is None:
+            self._clock = GpuClock()
+        return self._clock.read()
 
     def facts(self) -> DeviceFacts:
         # Under the interpreter no kind: the kernels are written for a GPU, and advice on them stays GPU advice.

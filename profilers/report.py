@@ -77,6 +77,10 @@ class TimingStats(BaseModel):
                        "queued back to back as triton.testing.do_bench does; 'host': calls timed one by one on the host "
                        "clock after a device-wide sync (used when the device timer missed work).")
     rounds: int = Field(default=1, description="Rounds the samples came from, interleaved with the other series' rounds.")
+    sm_clock_mhz: tuple[float, ...] = Field(default=(), description="Lowest and highest clock (MHz) the device read "
+                                            "while the timed batches ran (NVML); empty where it cannot tell.")
+    clock_slowdowns: tuple[str, ...] = Field(default=(), description="Why the device ran below its clock while timed "
+                                             "(a power cap, heat): its kernels' times then move with the clock.")
     warnings: tuple[str, ...] = ()
 
     @property

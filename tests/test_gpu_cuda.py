@@ -45,6 +45,9 @@ async def test_cuda_compile_verify_profile(kforge_home, candidate):
             "backend": "cuda", "problem": "relu", "candidate_code": cand, "budget_s": 1.0}))
         report = prof["report"]
         assert prof["output_correct"] and report["candidate"]["median_us"] > 0
+        # The device's clock was read while the candidate's batches ran (NVML, from inside the worker's sandbox).
+        low, high = report["candidate"]["sm_clock_mhz"]
+        assert 100 < low <= high < 5000, report["candidate"]
         own = [op for op in report["ops"] if op["is_custom"] and op.get("device_time_us")]
         assert own and own[0]["name"].startswith("relu_kernel")
         assert report["custom_share"] > 0.5

@@ -277,3 +277,53 @@ def test_a_speedup_within_the_resolution_is_no_measurable_difference():
     assert ratio == pytest.approx(1.001) and ci[0] < 1 < ci[1] and compare_words(ci) == "no measurable difference"
     clear = [[s * (1 + 3 * SPEEDUP_RESOLUTION) for s in r] for r in steady]
     assert compare_words(speedup_interval(clear, steady)[1]) == "faster"
+
+
+class ThrottledBackend(FakeBackend):
+    """A device whose clock the loop can read (`clock_state`): full speed, then capped by its power limit, when its
+    calls also run 1.5x longer (what a power cap does to a heavy kernel)."""
+
+    def __init__(self, cost_s, capped_after_batches, readable=True):
+        super().__init__(cost_s)
+        self.batches, self.capped_after, self.readable = 0, capped_after_batches, readable
+
+    def clock_state(self):
+        self.batches += 1
+        if not self.readable:
+            return None
+        capped = self.batches > self.capped_after
+        if capped:
+            self.cost_s = self.base_cost * 1.5
+        return (1410.0, ("SW power cap",)) if capped else (1980.0, ())
+
+    def run(self, *args):
+        self.base_cost = getattr(self, "base_cost", self.cost_s)
+        super().run(*args)
+
+
+def test_a_device_that_slows_its_clock_while_timed_says_so_and_the_clock_read():
+    """Read once per batch while it runs: the lowest and highest clock, and why it ran below its clock."""
+    policy = TimingPolicy(min_samples=300, max_samples=400, budget_s=50)  # batches of 100: 3 or 4 of them
+    stats = timed(ThrottledBackend(100e-6, capped_after_batches=1), policy).stats
+    assert stats.sm_clock_mhz == (1410.0, 1980.0) and stats.clock_slowdowns == ("SW power cap",)
+    assert any("ran below its clock" in w and "SW power cap" in w for w in stats.warnings), stats.warnings
+    steady = timed(ThrottledBackend(100e-6, capped_after_batches=10**6), policy).stats
+    assert steady.sm_clock_mhz == (1980.0, 1980.0) and steady.clock_slowdowns == ()
+    assert not any("below its clock" in w for w in steady.warnings)
+    unread = timed(ThrottledBackend(100e-6, 0, readable=False), policy).stats  # NVML cannot tell: nothing said
+    assert unread.sm_clock_mhz == () and unread.clock_slowdowns == ()
+    plain = timed(FakeBackend(100e-6), policy).stats  # a backend without the method (a plug-in's)
+    assert plain.sm_clock_mhz == () and plain.clock_slowdowns == ()
+
+
+def test_rounds_keep_the_clocks_whole_range_and_every_slowdown():
+    from kforge.tools.harness.timing import merge_rounds
+
+    policy = TimingPolicy(min_samples=300, max_samples=400, budget_s=50)
+    replies = []
+    for capped_after in (10**6, 1):
+        run = timed(ThrottledBackend(100e-6, capped_after), policy)
+        replies.append({"timing": run.stats.model_dump(mode="json"), "samples_us": [x * 1e6 for x in run.samples_s]})
+    merged, _ = merge_rounds("candidate", replies)
+    assert merged.sm_clock_mhz == (1410.0, 1980.0) and merged.clock_slowdowns == ("SW power cap",)
+    assert sum("ran below its clock" in w for w in merged.warnings) == 1

@@ -60,9 +60,12 @@ def merge_rounds(label: str, replies: Sequence[dict[str, Any]]) -> tuple[TimingS
     drop = ("seen before", "only ", "noisy:")  # recomputed over the whole series below
     warnings = list(dict.fromkeys(w for p in parts for w in p.warnings if not any(d in w for d in drop)))
     hosts = [p.host_median_us for p in parts if p.host_median_us is not None]
+    clocks = [p.sm_clock_mhz for p in parts if p.sm_clock_mhz]
     stats = TimingStats.from_samples_s(
         label, every, extra_warnings=warnings + ([replay] if replay else []),
         host_median_us=statistics.median(hosts) if hosts else None, unseen_work=any(p.unseen_work for p in parts),
         replay_suspected=bool(replay), input_sets=parts[0].input_sets, threads=parts[0].threads,
-        clock="host" if any(p.clock == "host" for p in parts) else "device", rounds=len(parts))
+        clock="host" if any(p.clock == "host" for p in parts) else "device", rounds=len(parts),
+        sm_clock_mhz=(min(c[0] for c in clocks), max(c[1] for c in clocks)) if clocks else (),
+        clock_slowdowns=tuple(dict.fromkeys(r for p in parts for r in p.clock_slowdowns)))
     return stats, rounds

@@ -98,6 +98,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     contention = getattr(backend, "contention", None)  # host backends count windows another process preempted
     if contention:
         contention()
+    clock_reads: list[tuple[float, tuple[str, ...]]] = []
     if unseen:
         # The device timer misses work: the host clock, closed after a device-wide sync, is the honest time
         # of a call. Time it that way, call by call, and let those be the samples.
@@ -106,8 +107,13 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     else:
         batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
         samples, picks, hit_budget, disturbed = _device_samples(fn, make_args, backend, policy, next_call, on_output,
-                                                                batch)
+                                                                batch, clock_reads)
     extra = []
+    clocks, slowdowns = _clock_summary(clock_reads)
+    if slowdowns:
+        extra.append(f"the device ran below its clock while this was timed ({', '.join(slowdowns)}): a kernel that "
+                     "draws this much power or heat runs at the clock it allows, so its time moves with it; compare "
+                     "series timed under the same load, or lock the clocks (nvidia-smi -lgc) for steady numbers")
     if contention and (busy := contention().get("warning")):
         extra.append(busy)
     if unseen:
@@ -121,7 +127,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
                                        host_median_us=host_med * 1e6 if host_med is not None else None,
                                        unseen_work=unseen, replay_suspected=bool(replay),
                                        input_sets=schedule.sets if schedule else None, threads=threads,
-                                       clock="host" if unseen else "device")
+                                       clock="host" if unseen else "device", sm_clock_mhz=clocks,
+                                       clock_slowdowns=slowdowns)
     return Timed(stats, samples, [f for _, f in picks], disturbed)
 
 
@@ -205,9 +212,12 @@ def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any
 def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
                     policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
                     on_output: Callable[[int, Any], None] | None, batch: int,
+                    clock_reads: list[tuple[float, tuple[str, ...]]] | None = None,
                     ) -> tuple[list[float], list[tuple[int, bool]], bool, list[bool]]:
     """Batches of calls queued back to back on the device timer, one synchronize per batch; and per call whether
-    another process took a CPU in its window (a host timer's `preemptions`)."""
+    another process took a CPU in its window (a host timer's `preemptions`). While each batch runs on the device,
+    its clock and any slowdown reason (`Backend.clock_state`) go to `clock_reads`."""
+    read_clock = getattr(backend, "clock_state", None) if clock_reads is not None else None
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
     disturbed: list[bool] = []
@@ -227,6 +237,8 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
             if on_output is not None:
                 on_output(set_index, out)
             del out, args
+        if read_clock is not None and (state := read_clock()) is not None:  # the batch is queued, likely running
+            clock_reads.append(state)
         backend.synchronize()
         samples += [t.elapsed_s() for t in timers]
         disturbed += [bool(getattr(t, "preemptions", 0)) for t in timers]
@@ -234,6 +246,14 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
         if done:
             return samples, picks, hit_budget, disturbed
     return samples, picks, False, disturbed
+
+
+def _clock_summary(reads: Sequence[tuple[float, tuple[str, ...]]]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """(lowest, highest) clock read (empty: none read), and every slowdown reason seen, in the order first seen."""
+    if not reads:
+        return (), ()
+    mhz = [r[0] for r in reads]
+    return (min(mhz), max(mhz)), tuple(dict.fromkeys(reason for r in reads for reason in r[1]))
 
 
 def _host_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
