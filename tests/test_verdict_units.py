@@ -118,6 +118,10 @@ def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check()
     assert got["probe_memo"].status == "fail" and got["probe_memo"].hard and "memoized" in got["probe_memo"].evidence
     noisy = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, wide, "strict")}
     assert noisy["stable_timing"].status == "fail" and "budget_s" in noisy["stable_timing"].evidence
+    # Where the GPU ran below its clock while timed, the check names that as the cause, not a busy host.
+    capped = SimpleNamespace(**vars(wide), candidate=SimpleNamespace(median_us=100.0, clock_slowdowns=("SW power cap",)))
+    slowed = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, capped, "strict")}["stable_timing"]
+    assert slowed.status == "fail" and "below its clock" in slowed.evidence and "SW power cap" in slowed.evidence
 
 
 def test_the_servers_clock_fails_a_median_faster_than_the_calls_ran_and_skips_a_busy_host():

@@ -343,8 +343,13 @@ def _stable_timing_check(report: Any) -> Check:
     wide = [b for b in timed if (b.speedup_ci[1] - b.speedup_ci[0]) / b.speedup > _MAX_INTERVAL_WIDTH]
     said = "; ".join(f"vs {b.name} x{b.speedup:.2f} in [{b.speedup_ci[0]:.2f}, {b.speedup_ci[1]:.2f}]" for b in (wide or timed))
     if wide:
+        series = [getattr(report, "candidate", None), *(b.timing for b in timed)]
+        slowed = list(dict.fromkeys(r for t in series for r in getattr(t, "clock_slowdowns", None) or ()))
+        why = (f"the GPU ran below its clock while timed ({', '.join(slowed)}), so the kernels' times moved with "
+               "it: lock the clocks (nvidia-smi -lgc) or profile again when the device is cool and idle"
+               if slowed else "the device or host was busy, or the kernel's time varies: profile again with a larger "
+               "budget_s, on an idle device")
         return Check(name="stable_timing", status="fail", hard=True,
                      evidence=f"too noisy to rank: {said} (wider than {100 * _MAX_INTERVAL_WIDTH:.0f}% of the speedup); "
-                     "the device or host was busy, or the kernel's time varies: profile again with a larger budget_s, "
-                     "on an idle device")
+                     + why)
     return Check(name="stable_timing", status="pass", hard=True, evidence=f"speedups with ~95% intervals: {said}")
