@@ -281,17 +281,18 @@ def test_a_speedup_within_the_resolution_is_no_measurable_difference():
 
 class ThrottledBackend(FakeBackend):
     """A device whose clock the loop can read (`clock_state`): full speed, then capped by its power limit, when its
-    calls also run 1.5x longer (what a power cap does to a heavy kernel)."""
+    calls also run 1.5x longer (what a power cap does to a heavy kernel). The loop reads it once before its warm-up,
+    then once per batch: capped after `capped_after_batches` batches."""
 
     def __init__(self, cost_s, capped_after_batches, readable=True):
         super().__init__(cost_s)
-        self.batches, self.capped_after, self.readable = 0, capped_after_batches, readable
+        self.reads, self.capped_after, self.readable = 0, capped_after_batches, readable
 
     def clock_state(self):
-        self.batches += 1
+        self.reads += 1
         if not self.readable:
             return None
-        capped = self.batches > self.capped_after
+        capped = self.reads - 1 > self.capped_after
         if capped:
             self.cost_s = self.base_cost * 1.5
         return (1410.0, ("SW power cap",)) if capped else (1980.0, ())

@@ -91,6 +91,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     """
     schedule = schedule or (ReplaySchedule(fresh_sets) if fresh_sets else None)
     next_call = _call_picker(schedule)
+    if (read_clock := getattr(backend, "clock_state", None)) is not None:
+        read_clock()  # its first read starts NVML (tens of ms): before the warm-up, not between timed batches
     per_call_s = _warm_up(fn, make_args, backend, policy, schedule)
     # The cross-check runs before sampling: it decides how the samples are taken, and no call may follow the
     # last timed one before its output is saved (a candidate may reuse its output buffer).
