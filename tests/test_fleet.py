@@ -9,6 +9,7 @@ Skipped where Ray is not installed (`pip install -e ".[test]"` installs it)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 
@@ -31,11 +32,18 @@ def data(result) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head that runs no jobs (0 CPUs) and two nodes of one CPU each: one job per node at a time."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    """A head that runs no jobs (0 CPUs) and two nodes of one CPU each: one job per node at a time.
+
+    Started with SIGINT ignored, as a Ray node started from a background shell (`ray start ... &`, nohup) is: its
+    workers inherit that, and Ray's cancel interrupts a task through SIGINT's handler."""
+    was = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+    finally:
+        signal.signal(signal.SIGINT, was)
     yield cluster
     cluster.shutdown()
 

@@ -99,3 +99,25 @@ def test_serve_with_ray_but_without_ray_installed_says_how_to_install_it(tmp_pat
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
     assert "needs Ray installed on this host and on every node: pip install 'kforge[ray]'" in proc.stderr
+
+
+def test_a_node_job_can_be_interrupted_where_its_ray_worker_inherited_an_ignored_sigint():
+    """`ray.cancel` interrupts a task through Python's SIGINT handler (`_thread.interrupt_main`), which does nothing
+    where SIGINT is ignored, as in every worker of a node started from a background shell. The node's job puts the
+    handler back first, so the interrupt lands. In a process of its own: it changes the process's signals."""
+    script = """
+import _thread, signal, time
+from kforge.tools.fleet_node import _let_ray_interrupt
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+_thread.interrupt_main()
+time.sleep(0.05)  # ignored: nothing is raised
+_let_ray_interrupt()
+try:
+    _thread.interrupt_main()
+    time.sleep(5)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted", done.stdout + done.stderr

@@ -13,7 +13,9 @@ name the node it runs on.
 from __future__ import annotations
 
 import queue
+import signal
 import socket
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +148,15 @@ def _where() -> tuple[str, str]:
         return "", socket.gethostname()
 
 
+def _let_ray_interrupt() -> None:
+    """Let `ray.cancel` interrupt this task: Ray raises KeyboardInterrupt in the task's thread through Python's SIGINT
+    handler (`_thread.interrupt_main`), which does nothing where SIGINT is ignored. A Ray node started from a
+    background shell (`ray start ... &`, nohup, a job scheduler) passes an ignored SIGINT down to every worker: a
+    cancelled job then ran on, its workers too (the fleet's cancel test under a backgrounded pytest, 2026-11-27)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_job_here(config: NodeConfig, request: dict[str, Any]) -> Iterator[NodeEvent]:
     """Run one job request on this node, yielding its events (a Ray streaming generator task's body).
 
@@ -153,6 +164,7 @@ def run_job_here(config: NodeConfig, request: dict[str, Any]) -> Iterator[NodeEv
     (`dispatch.run_request` with a `ToolContext` of this node); this thread relays its progress. When Ray cancels the
     task (`ray.cancel`), the generator is closed: the job's task is cancelled, so its worker processes are
     killed with their process groups as on a single host, and the portal waits for that before it returns."""
+    _let_ray_interrupt()
     node, address = _where()
     yield NodeEvent(kind="started", node=node, address=address, version=__version__)
     tools = _tools(config)
