@@ -428,7 +428,8 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
     # The measured window.
     rec = Recorder()
     trace_from = trace.stat().st_size if trace.exists() else 0
-    load = HostLoad(server_pid).start()
+    # On Ray the jobs run in the local cluster's processes, children of this process (the clients' share is small).
+    load = HostLoad(server_pid, also=(os.getpid(),) if config == "ray" else ()).start()
     t0 = time.perf_counter()
     with anyio.move_on_after(args.config_timeout_s) as scope:
         async with anyio.create_task_group() as tg:
@@ -696,8 +697,9 @@ def _table(report: dict) -> str:
                          f"{c.get('median_us', '-')} (n={c.get('n')}) | {_pct(c.get('range_over_median'))} | "
                          f"{_pct(c.get('iqr_over_median'))} | {_pct(g['within_profile_iqr_over_median'])} | "
                          f"{e.get('median_us', '-')} ({_pct(e.get('range_over_median'))}) |")
-    load_head = ("| config | host CPUs busy, mean / p90 | server process, cores mean / p90 | server + workers, cores "
-                 "mean / p90 | their processes (max) / threads (max) | top ops in the window: n x p50 s (total s) |")
+    load_head = ("| config | host CPUs busy, mean / p90 | server process, cores mean / p90 | server + workers (ray: and "
+                 "the cluster's processes), cores mean / p90 | their processes (max) / threads (max) | top ops in the "
+                 "window: n x p50 s (total s) |")
     lines += ["", load_head, "|" + "---|" * (load_head.count("|") - 1)]
     for name, row in report["configs"].items():
         h = row.get("host_load") or {}

@@ -62,10 +62,11 @@ def _below(root: int, procs: dict[int, tuple[int, int, int]]) -> set[int]:
 
 
 class HostLoad:
-    """Samples the host and the process tree under `root` (a server's pid) from `start()` to `stop()`."""
+    """Samples the host and the process tree under `root` (a server's pid) from `start()` to `stop()`; the trees under
+    `also` count with it (a local Ray cluster's processes, which are not the server's children)."""
 
-    def __init__(self, root: int, every_s: float = 0.5) -> None:
-        self.root, self.every_s = root, every_s
+    def __init__(self, root: int, every_s: float = 0.5, also: tuple[int, ...] = ()) -> None:
+        self.root, self.every_s, self.also = root, every_s, also
         self.samples: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,7 +81,7 @@ class HostLoad:
         host, procs, at = _host_jiffies(), _processes(), time.monotonic()
         while not self._stop.wait(self.every_s):
             host2, procs2, at2 = _host_jiffies(), _processes(), time.monotonic()
-            tree = _below(self.root, procs2)
+            tree = set().union(*(_below(r, procs2) for r in (self.root, *self.also)))
             # CPU a process used since the last sample (a new one: all of its own, spent since its start)
             used = {pid: procs2[pid][1] - (procs[pid][1] if pid in procs else 0) for pid in tree}
             seconds = (at2 - at) * _TICK
