@@ -91,8 +91,8 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     """
     schedule = schedule or (ReplaySchedule(fresh_sets) if fresh_sets else None)
     next_call = _call_picker(schedule)
-    if (read_clock := getattr(backend, "clock_state", None)) is not None:
-        read_clock()  # its first read starts NVML (tens of ms): before the warm-up, not between timed batches
+    read_clock = getattr(backend, "clock_state", None) or (lambda: None)  # a plug-in backend may not have it
+    read_clock()  # its first read starts NVML (tens of ms): before the warm-up, not between timed batches
     per_call_s = _warm_up(fn, make_args, backend, policy, schedule)
     # The cross-check runs before sampling: it decides how the samples are taken, and no call may follow the
     # last timed one before its output is saved (a candidate may reuse its output buffer).
@@ -101,6 +101,11 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     if contention:
         contention()
     clock_reads: list[tuple[float, tuple[str, ...]]] = []
+
+    def while_batch_runs() -> None:  # the device's clock while a queued batch runs
+        if (state := read_clock()) is not None:
+            clock_reads.append(state)
+
     if unseen:
         # The device timer misses work: the host clock, closed after a device-wide sync, is the honest time
         # of a call. Time it that way, call by call, and let those be the samples.
@@ -109,7 +114,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     else:
         batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
         samples, picks, hit_budget, disturbed = _device_samples(fn, make_args, backend, policy, next_call, on_output,
-                                                                batch, clock_reads)
+                                                                batch, while_batch_runs)
     extra = []
     clocks, slowdowns = _clock_summary(clock_reads)
     if slowdowns:
@@ -214,12 +219,11 @@ def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any
 def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
                     policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
                     on_output: Callable[[int, Any], None] | None, batch: int,
-                    clock_reads: list[tuple[float, tuple[str, ...]]] | None = None,
+                    while_batch_runs: Callable[[], None] = lambda: None,
                     ) -> tuple[list[float], list[tuple[int, bool]], bool, list[bool]]:
     """Batches of calls queued back to back on the device timer, one synchronize per batch; and per call whether
-    another process took a CPU in its window (a host timer's `preemptions`). While each batch runs on the device,
-    its clock and any slowdown reason (`Backend.clock_state`) go to `clock_reads`."""
-    read_clock = getattr(backend, "clock_state", None) if clock_reads is not None else None
+    another process took a CPU in its window (a host timer's `preemptions`). `while_batch_runs` is called once a
+    batch is queued, before the synchronize, while the device likely runs it (the clock is read there)."""
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
     disturbed: list[bool] = []
@@ -239,8 +243,7 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
             if on_output is not None:
                 on_output(set_index, out)
             del out, args
-        if read_clock is not None and (state := read_clock()) is not None:  # the batch is queued, likely running
-            clock_reads.append(state)
+        while_batch_runs()
         backend.synchronize()
         samples += [t.elapsed_s() for t in timers]
         disturbed += [bool(getattr(t, "preemptions", 0)) for t in timers]

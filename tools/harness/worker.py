@@ -328,7 +328,6 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
     from ..process.sandbox import apply_landlock, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
-    _pin_by_uuid(visible, confinement.gpu_nodes)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
     # Python's main (H100, 2026-11-25), which stays outside it. Said, not assumed. (An exec right after would end
     # that thread and keep the domain, so the new image's threads all start inside it; not yet run on a GPU.)
@@ -344,15 +343,6 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
             "network": "shared with its profiler"}
 
 
-def _pin_by_uuid(visible: str | None, nodes: tuple[str, ...] | None) -> None:
-    """Name the pinned GPUs by UUID where only their nodes will be open (`sandbox.pin_by_uuid`: CUDA would count an
-    index among the open GPUs alone); before CUDA starts, which reads CUDA_VISIBLE_DEVICES once."""
-    from ..process.sandbox import pin_by_uuid
-
-    if (pin := pin_by_uuid(visible, nodes)) is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = pin
-
-
 def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
     """Enter the sandbox (`kforge.tools.process.sandbox`) where one was asked for; what holds, and what is missing. The
     GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
@@ -363,7 +353,6 @@ def _isolation(confinement: Any, network: str, backend: str | None = None, visib
     from ..process.sandbox import enter, network_state, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend, visible)
-    _pin_by_uuid(visible, confinement.gpu_nodes)
     report = enter(confinement)
     report["missing"] += [why] if why else []
     report["network"] = network_state(report, network)

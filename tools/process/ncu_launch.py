@@ -17,7 +17,7 @@ import socket
 import sys
 from dataclasses import replace
 
-from .sandbox import Confinement, enter, network_state, pin_by_uuid, with_gpu_nodes
+from .sandbox import Confinement, enter, network_state, with_gpu_nodes
 
 __all__ = ["main"]
 
@@ -25,10 +25,8 @@ __all__ = ["main"]
 def main(argv: list[str]) -> None:
     split = argv.index("--")
     # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None, visible)[0]
-    if (pin := pin_by_uuid(visible, conf.gpu_nodes)) is not None:  # ncu and its target see only the pinned GPUs
-        os.environ["CUDA_VISIBLE_DEVICES"] = pin
+    # (An index pin becomes UUIDs here, which ncu and its target inherit: they see only the pinned GPUs' nodes.)
+    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
     # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
     # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
     report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes

@@ -524,10 +524,14 @@ def _cpu_like(backend: str | None) -> bool:
 
 def with_gpu_nodes(confinement: Confinement, backend: str | None, visible: str | None) -> tuple[Confinement, str]:
     """The confinement with its device nodes picked (`gpu_nodes`) where the server left them to the worker, and why
-    every node stays open where a pin could not be matched (else "")."""
+    every node stays open where a pin could not be matched (else ""). Called by the process about to be confined,
+    before CUDA starts: where only the pinned GPUs' nodes will be open, it names them by UUID in this process's
+    CUDA_VISIBLE_DEVICES (`pin_by_uuid`), which its children inherit."""
     if confinement.gpu_nodes is not None:
         return confinement, ""
     nodes, why = gpu_nodes(backend, visible)
+    if (pin := pin_by_uuid(visible, nodes)) is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = pin
     return replace(confinement, gpu_nodes=nodes), why
 
 
