@@ -39,6 +39,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 import types
@@ -46,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_load import cpu_busy  # noqa: E402 - bench/ is no package: its sibling module, found through the path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -146,15 +150,6 @@ def _average(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if "cold_ms" not in a:
         return {k: _average(a[k], b[k]) for k in a}
     return {k: a[k] + b[k] if k.endswith(("_samples", "_runs")) else (a[k] + b[k]) / 2 for k in a}
-
-
-def cpu_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
 class Shield:

@@ -21,16 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HostLoad"]
+__all__ = ["HostLoad", "cpu_busy"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _host_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs so far."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+def cpu_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat (idle and iowait are not busy); (0, 0) without it."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
 def _processes() -> dict[int, tuple[int, int, int]]:
@@ -78,9 +80,9 @@ class HostLoad:
         return self
 
     def _run(self) -> None:
-        host, procs, at = _host_jiffies(), _processes(), time.monotonic()
+        host, procs, at = cpu_busy(), _processes(), time.monotonic()
         while not self._stop.wait(self.every_s):
-            host2, procs2, at2 = _host_jiffies(), _processes(), time.monotonic()
+            host2, procs2, at2 = cpu_busy(), _processes(), time.monotonic()
             tree = set().union(*(_below(r, procs2) for r in (self.root, *self.also)))
             # CPU a process used since the last sample (a new one: all of its own, spent since its start)
             used = {pid: procs2[pid][1] - (procs[pid][1] if pid in procs else 0) for pid in tree}

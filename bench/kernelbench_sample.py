@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import os
@@ -435,6 +436,7 @@ CLOCK_EVENTS = {0x1: "idle", 0x2: "application clocks setting", 0x4: "SW power c
 SLOWDOWNS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # the reasons that slow a kernel that wants the clock
 
 
+@functools.cache  # one nvidia-smi per run, not two per verify and profile
 def _smi_fields() -> list[str]:
     """memory.used first (the poll's purpose), then the SM clock, power and the clock's event reasons where this
     nvidia-smi knows them (an older one names the reasons clocks_throttle_reasons), else memory alone."""
@@ -502,7 +504,7 @@ class GpuMemory:
             self.stop.wait(0.05)
 
     def __exit__(self, *exc):
-        self.mib = []
+        self.mib, self.clocks = [], []
         if self.proc is not None:
             self.stop.set()
             self.thread.join(timeout=15)
@@ -518,7 +520,7 @@ class GpuMemory:
             return {"error": "nvidia-smi not available"}
         peak = (max(self.mib) - self.mib[0]) * 2**20
         out = {"peak_above_start_gb": round(peak / 1e9, 3), "x_footprint": round(peak / footprint_bytes, 2)
-               if footprint_bytes else None, "samples": len(self.mib), **_clock_summary(getattr(self, "clocks", []))}
+               if footprint_bytes else None, "samples": len(self.mib), **_clock_summary(self.clocks)}
         if self.apps:
             # Each process at the snapshot with the most memory in all, largest first, in GB: what it held and how
             # much of that it took during the call (the job's workers come warm from the pool, so they were there).
