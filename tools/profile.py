@@ -43,7 +43,7 @@ from .process.lifecycle import trace, traced
 from .rounds import merge_rounds
 from .static_scan import scan_candidate
 from .trials import concurrently, judge_trials
-from .verdict import integrity_checks, static_check, timing_checks, wall_anchor_check
+from .verdict import anchor_exceeds, integrity_checks, static_check, timing_checks, wall_anchor_check
 
 if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
     from . import requests as job
@@ -67,6 +67,7 @@ _ANCHOR_SWITCHES_TOLERATED = 2  # ... this often wanted (on an idle 2-core VM a 
 _ANCHOR_WAIT_TOLERATED = 0.05  # ... nor kept waiting for a core for more than this share of the op's wall time
 _ANCHOR_MAX_BATCHES = 40  # ... among at most this many pairs (~0.2 s in all)
 _ANCHOR_MAX_CALLS = 5000
+_ANCHOR_MEASUREMENTS = 3  # a failing anchor is measured again, up to this many times in all (`_confirmed_anchor`)
 _FLOOR_CALLS = 200  # the judge's launch floor (`LaunchFloorRequest`): calls of 4-20 us, ops of about 1-4 ms
 # The reference's baselines do not change between candidates: one timed on this device, with these
 # versions and this budget, is reused for this long (an agent's loop profiles one problem many times;
@@ -173,8 +174,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     # Only where calls are queued to a device of its own can the host's launch pace hide a kernel's
                     # time (a CPU backend's timer reads "device" too, but its calls run as they are made).
                     queued = on_device and avail.kind == "gpu"
-                    anchor = await _wall_anchor(worker, series["candidate"]["stats"].median_us,
-                                                problem["reference_call_s"], ctx.limits, judge if queued else None)
+                    anchor = await _confirmed_anchor(worker, series["candidate"]["stats"].median_us,
+                                                     problem["reference_call_s"], ctx.limits, judge if queued else None)
                 except _TimingFailed as timing_failed:
                     return failed(timing_failed.failure)
                 except WorkerDied as died:
@@ -253,6 +254,25 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     trace("server", "profile.result", True, result_started, to=ctx.limits.trace_file)
     await progress(steps, steps, "done")
     return result
+
+
+async def _confirmed_anchor(worker: WorkerProcess, median_us: float, reference_call_s: float | None,
+                            limits: Any, judge: WorkerProcess | None = None) -> dict[str, Any] | None:
+    """`_wall_anchor`, measured again (up to `_ANCHOR_MEASUREMENTS` times in all) while it would fail the candidate:
+    on a busy host one measurement's launch floor read 3.7 us where the rounds around it read 9-21 us, and an honest
+    7.8 us ReLU failed (2x H200, 20 candidates in flight, 2026-11-27). The least time per call and the highest floor
+    of the measurements count; a rescaled timer fails every one (20x and more)."""
+    anchor = await _wall_anchor(worker, median_us, reference_call_s, limits, judge)
+    measured = 1
+    while anchor is not None and measured < _ANCHOR_MEASUREMENTS and anchor_exceeds(median_us, anchor):
+        again = await _wall_anchor(worker, median_us, reference_call_s, limits, judge)
+        measured += 1
+        if again is None or again["per_call_us"] is None:
+            continue
+        floors = [f for f in (anchor.get("floor_us"), again.get("floor_us")) if f is not None]
+        anchor = {**anchor, "per_call_us": min(anchor["per_call_us"], again["per_call_us"]),
+                  "floor_us": max(floors) if floors else None, "measurements": measured}
+    return anchor
 
 
 async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s: float | None,

@@ -10,6 +10,7 @@ from typing import Any
 
 from .context import ToolContext
 from .gpus import current as current_gpu
+from .gpus import pin_env
 from .models import BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, sha256_text
 from .process.protocol import (EvidenceReply, EvidenceRequest, LoadReply, LoadRequest, PrepareReply, PrepareRequest,
                                SetupReply, SetupRequest, TrialRequest)
@@ -84,17 +85,24 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
                          ) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
     """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
     prepared, or the reference's failure."""
+    # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_judge`).
+    key = (backend, ",".join(f"{k}={v}" for k, v in sorted(pin_env(current_gpu()).items())), sha256_text(reference))
+    kept = ctx.pool.take_judge(key) if ctx.pool is not None else None
     try:
-        judge = await start_worker(workers, ctx, backend, scratch, "judge")
-        loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
-        if loaded.failure is not None:
-            return None, as_reference_failure(loaded.failure), None
+        if kept is not None:
+            judge = workers.adopt(kept)
+        else:
+            judge = await start_worker(workers, ctx, backend, scratch, "judge")
+            loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
+            if loaded.failure is not None:
+                return None, as_reference_failure(loaded.failure), None
         prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=exact, variants=variants),
                                     stage="reference")
         if prepared.failure is not None:
             return None, as_reference_failure(prepared.failure), None
     except WorkerDied as died:
         return None, as_reference_failure(died.failure), None
+    workers.give_back(judge, key)  # for the next job of this reference, if this one ends well
     return judge, None, prepared
 
 

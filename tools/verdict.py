@@ -16,7 +16,7 @@ from .models import Check, TrialReport
 from .static_scan import Finding
 
 __all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
-           "timing_checks", "verify_checks", "wall_anchor_check", "why_not_stored"]
+           "timing_checks", "verify_checks", "wall_anchor_check", "why_not_stored", "anchor_exceeds"]
 
 # -- what the result store may keep ------------------------------------------------------------------
 # The store answers a repeated request (same code, inputs, options and versions) with the stored result,
@@ -264,6 +264,13 @@ def timing_checks(stats: Any, revalidated: dict[str, Any], report: Any, precisio
 _ANCHOR_SLACK = 1.3
 
 
+def anchor_exceeds(median_us: float, anchor: dict[str, Any] | None) -> bool:
+    """Whether the server's clock saw the calls run slower than the reported median allows (`wall_anchor_check`)."""
+    if not anchor or anchor.get("per_call_us") is None:
+        return False
+    return anchor["per_call_us"] > _ANCHOR_SLACK * (median_us + (anchor.get("floor_us") or 0.0))
+
+
 def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
     """The candidate's reported median against the server's own clock (`kforge.tools.profile._wall_anchor`)."""
     if anchor is None:
@@ -277,12 +284,11 @@ def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
     fixed = f"; each op's own cost, {anchor['fixed_us']:.0f} us, cancels" if anchor.get("fixed_us") is not None else ""
     seen = (f"the server's clock measured {anchor['per_call_us']:.1f} us per call: the difference between ops of "
             f"{anchor['calls']} and {2 * anchor['calls']} calls back to back through the timing sets (least of "
-            f"{anchor['batches']} ops of each in which the worker was rarely preempted and hardly waited for a core{fixed}); the timed median, "
-            f"caches flushed, is {median_us:.1f} us")
+            f"{anchor['batches']} ops of each in which the worker was rarely preempted and hardly waited for a core{fixed}"
+            f"{_measured_again(anchor)}); the timed median, caches flushed, is {median_us:.1f} us")
     # Back to back, a device's calls go no faster than the host launches them: the host's pace, measured in the
     # judge in the same rounds, is allowed on top of the median. Below it the clock cannot tell a short kernel from
     # a timer that reads short, and the evidence says so.
-    allowed = _ANCHOR_SLACK * (median_us + (floor_us or 0.0))
     if floor_us is not None:
         bound = anchor["per_call_us"] / _ANCHOR_SLACK - floor_us
         seen += (f"; the host's own pace, {floor_us:.1f} us per call (the judge's back-to-back calls of a one-element "
@@ -290,12 +296,19 @@ def wall_anchor_check(stats: Any, anchor: dict[str, Any] | None) -> Check:
         seen += (f": this clock shows the median is no less than {bound:.1f} us" if bound > 0 else
                  ": the calls went at the host's pace, so this clock cannot check a median this short (the host "
                  "launches slower than the kernel runs)")
-    if anchor["per_call_us"] > allowed:
+    if anchor_exceeds(median_us, anchor):
         return Check(name="wall_clock_anchor", status="fail", hard=True,
                      evidence=f"{seen}: {anchor['per_call_us'] / median_us:.1f}x faster than the calls really ran. The "
                               "timing inside the candidate's process was changed (its timer or clock patched), or "
                               "the calls did less work while timed")
     return Check(name="wall_clock_anchor", status="pass", hard=True, evidence=seen)
+
+
+def _measured_again(anchor: dict[str, Any]) -> str:
+    if anchor.get("measurements", 1) <= 1:
+        return ""
+    return (f"; measured {anchor['measurements']} times, since the first measurement would have failed it: the least "
+            "time per call and the highest host pace of them count")
 
 
 def _plausibility_check(report: Any, precision: str) -> Check:

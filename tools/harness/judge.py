@@ -89,7 +89,7 @@ class Judge:
                 p.CheckRequest: self.check, p.CheckRepeatRequest: self.check_repeat, p.CalibrateRequest: self.calibrate,
                 p.ProblemSizeRequest: self.problem_size, p.CheckDecoyRequest: self.check_decoy,
                 p.RevalidateRequest: self.revalidate, p.TimingSetsRequest: self.timing_sets, p.TimeRequest: self.time,
-                p.LaunchFloorRequest: self.launch_floor, p.ReadNcuRequest: self.read_ncu}
+                p.LaunchFloorRequest: self.launch_floor, p.ReadNcuRequest: self.read_ncu, p.ResetRequest: self.reset}
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
@@ -461,6 +461,22 @@ class Judge:
                 module(x)
             self.backend.synchronize()
         return p.LaunchFloorReply(calls=req.calls)
+
+    def reset(self, req: p.ResetRequest) -> p.ResetReply:
+        """Forget the job, keeping only the loaded reference (`ResetRequest`): the state is a new Judge's."""
+        import gc
+
+        import torch
+
+        if hasattr(self.sets, "drop"):
+            self.sets.drop()
+        self.session.shelf.clear()
+        self.__dict__.update(Judge(self.session).__dict__)  # (the handlers stay bound to this object)
+        gc.collect()
+        device = self.backend.device
+        return_free_memory(device, 0)
+        reserved = torch.cuda.memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else 0
+        return p.ResetReply(reserved_bytes=reserved)
 
     def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
         """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""

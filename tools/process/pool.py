@@ -31,8 +31,9 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict, deque
+from functools import partial
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import anyio
 from anyio.abc import UNIXSocketStream
@@ -42,6 +43,10 @@ from kforge.backends.host import process_stat
 
 from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
+from .protocol import ResetRequest
+
+if TYPE_CHECKING:
+    from .runner import WorkerProcess
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -52,6 +57,13 @@ _REAP_BEFORE_NEXT_BYTES = 4 * 2**30  # killed workers that held more device memo
 _FORK_TRIES = 3  # forks of a kind that fail in a row before the pool gives the kind up for the server's life
 _WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
 _LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refill: a profile takes two
+# Judges kept for the next job of their reference (`give_back_judge`): each kept one spares that job a fork, whose
+# device context the host starts one at a time (16 at once took 4.2 s, ~0.12 s each, on 1 or 2 GPUs alike; 2x H200,
+# bench/explore/fork_scaling.py, 2026-11-27), and the reference's load.
+_JUDGE_KEEP_S = 300.0  # an agent's next candidate of a problem comes within minutes
+_JUDGES_PER_DEVICE = 4  # kept at most per kind (backend and GPU pin), the oldest going first
+_JUDGE_MAX_BYTES = 2 * 2**30  # a judge whose job's ops reserved more is not kept: its problem wants the room
+_JUDGE_RESET_S = 30.0
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -279,6 +291,13 @@ class _Zygote:
         await kill_group(self.proc)
 
 
+async def _discard_judge(judge: WorkerProcess) -> None:
+    """End a kept judge and remove its directory (its own, no longer any job's)."""
+    with anyio.CancelScope(shield=True):
+        await judge.aclose()
+    shutil.rmtree(judge.scratch, ignore_errors=True)
+
+
 class WorkerPool:
     def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
                  sandbox: list[str] | None = None, trace_file: str | None = None) -> None:
@@ -307,12 +326,16 @@ class WorkerPool:
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
+        # Judges kept for the next job of their reference (`give_back_judge`), by key: (when kept, the judge).
+        self._judges: dict[tuple[str, ...], list[tuple[float, WorkerProcess]]] = defaultdict(list)
+        self.judges_kept = self.judges_reused = 0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep warm workers per wanted kind (`size`, growing on misses) until cancelled; kill idle ones on exit."""
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                tg.start_soon(self._expire_judges)
                 task_status.started()
                 while True:
                     await self._wake.wait()
@@ -328,10 +351,70 @@ class WorkerPool:
                     for warm in idle:
                         await warm.discard()
                 self._idle.clear()
+                kept = [judge for parked in self._judges.values() for _, judge in parked]
+                self._judges.clear()
+                await close_together([partial(_discard_judge, judge) for judge in kept])
                 for zygote in self._zygotes.values():
                     if isinstance(zygote, _Zygote):
                         await zygote.close()
                 self._zygotes.clear()
+
+    def take_judge(self, key: tuple[str, ...]) -> WorkerProcess | None:
+        """A judge kept by an earlier job of the same reference on the same kind of worker, or None."""
+        parked = self._judges.get(key)
+        while parked:
+            _, judge = parked.pop()  # the most recent: the others may expire
+            if judge.alive:
+                self.judges_reused += 1
+                return judge
+            if self._tg is not None:
+                self._tg.start_soon(_discard_judge, judge)
+        return None
+
+    def give_back_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> bool:
+        """Keep a warm judge whose job ended well for the next job of its reference (`take_judge`); False when the
+        pool is not running (the caller ends it). It forgets the job first (`ResetRequest`) and is kept only if
+        that works and its problem is small (`_JUDGE_MAX_BYTES`). A judge never runs candidate code: it holds the
+        reference, and the outputs handed to it are plain tensors it rebuilt (`harness.handoff`)."""
+        if self._tg is None:
+            return False
+        judge.leave_job()
+        self._tg.start_soon(self._keep_judge, key, judge)
+        return True
+
+    async def _keep_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> None:
+        fits = judge.device_bytes <= _JUDGE_MAX_BYTES
+        if fits:
+            try:
+                reply = await judge.call(ResetRequest(), stage="reset", timeout_s=_JUDGE_RESET_S)
+                fits = reply.failure is None and reply.reserved_bytes <= _JUDGE_MAX_BYTES
+            except Exception:  # noqa: BLE001 - a judge that cannot forget its job is not kept
+                fits = False
+        if not fits or self._tg is None:
+            await _discard_judge(judge)
+            return
+        judge.device_bytes = 0
+        parked = self._judges[key]
+        same_kind = [p for k, v in self._judges.items() if k[:2] == key[:2] for p in v]
+        if len(same_kind) >= _JUDGES_PER_DEVICE:
+            oldest = min(same_kind, key=lambda p: p[0])
+            for v in self._judges.values():
+                if oldest in v:
+                    v.remove(oldest)
+            self._tg.start_soon(_discard_judge, oldest[1])
+        parked.append((time.monotonic(), judge))
+        self.judges_kept += 1
+
+    async def _expire_judges(self) -> None:
+        while True:
+            await anyio.sleep(min(10.0, _JUDGE_KEEP_S / 4))
+            now = time.monotonic()
+            for key, parked in list(self._judges.items()):
+                for item in [p for p in parked if now - p[0] > _JUDGE_KEEP_S or not p[1].alive]:
+                    parked.remove(item)
+                    await _discard_judge(item[1])
+                if not parked:
+                    self._judges.pop(key, None)
 
     def hold_forks(self, light: bool = False, gpu: str | None = None) -> Callable[[], None]:
         """Start no fork until the returned release is called (once or more), except forks a job waits for.

@@ -427,6 +427,17 @@ class LaunchFloorRequest(Request[LaunchFloorReply]):
     calls: int
 
 
+class ResetReply(OpReply):
+    reserved_bytes: int = on_success(0)  # device memory its allocator still holds after the reset
+
+
+class ResetRequest(Request[ResetReply]):
+    """A judge kept for the next job of the same reference (`WorkerPool.give_back_judge`) forgets this one: its
+    trials' inputs, expected outputs, timing sets, baselines and secret digest weights go, and cached device memory
+    goes back to the GPU; only its loaded reference module stays (the next job's `prepare` builds Model anew)."""
+    op: Literal["reset"] = "reset"
+
+
 class TimingDecoyReply(DecoyReply):
     call: int = -1
     set: int = 0

@@ -80,21 +80,40 @@ def _describe_exit(code: int) -> tuple[str, str]:
 class WorkerGroup:
     """The workers of one job, ended together: every one is killed at once, then their exits (a GPU
     context's teardown each) are awaited side by side, by the pool in the background where one runs (the
-    job answers without waiting; the next job waits only if they held much device memory), else here."""
+    job answers without waiting; the next job waits only if they held much device memory), else here.
+
+    A judge marked `give_back` goes back to the pool instead when the job ends without an exception, for the next
+    job of the same reference (`WorkerPool.give_back_judge`); one the job was given (`adopt`) ends like the others
+    otherwise."""
 
     def __init__(self, pool: WorkerPool | None = None) -> None:
         self.workers: list[WorkerProcess] = []
         self._pool = pool
+        self._give_back: dict[int, tuple[WorkerProcess, tuple[str, ...]]] = {}
 
     async def start(self, worker: WorkerProcess) -> WorkerProcess:
         self.workers.append(worker)
         return await worker.__aenter__()
 
+    def adopt(self, worker: WorkerProcess) -> WorkerProcess:
+        """A worker started before this job (a judge kept by the pool), from now on one of the group's."""
+        self.workers.append(worker)
+        return worker
+
+    def give_back(self, worker: WorkerProcess, key: tuple[str, ...]) -> None:
+        """Hand this warm judge back to the pool under `key` if the job ends without an exception."""
+        if self._pool is not None and worker.warm and worker.role == "judge" and not worker.under_profiler:
+            self._give_back[id(worker)] = (worker, key)
+
     async def __aenter__(self) -> WorkerGroup:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
         with anyio.CancelScope(shield=True):
+            if exc_type is None and self._pool is not None:
+                for worker, key in self._give_back.values():
+                    if worker.alive and self._pool.give_back_judge(key, worker):
+                        self.workers.remove(worker)
             for worker in self.workers:
                 worker.kill_now()
             held = sum(w.device_bytes for w in self.workers)
@@ -124,6 +143,7 @@ class WorkerProcess:
         self._pool = pool if not prefix else None
         self.warm = False
         self.device_bytes = 0  # the most device memory its ops reserved (their reported peaks)
+        self.job_link: Path | None = None  # a warm worker's: the job's link to its own directory
         self._worker_pid: int | None = None  # under a profiler: the worker's own process, found at its start
 
     def _command(self) -> list[str]:
@@ -173,6 +193,7 @@ class WorkerProcess:
             # Its sandbox was made before this job: its own directory becomes the role's scratch (a link from
             # where the job looks for it: the job's directory is removed with what it links to).
             self.scratch.symlink_to(warm.scratch, target_is_directory=True)
+            self.job_link = self.scratch
             self.scratch, self.log = warm.scratch, warm.scratch / f"{self.role}.log"
             self._proc, self._channel, self.warm = warm.proc, warm.channel, True
         else:
@@ -334,6 +355,24 @@ class WorkerProcess:
         await self.kill()
         kind, message = _describe_exit(code if code is not None else -signal.SIGKILL)
         return Failure(stage=stage, kind=kind, message=message, output_tail=_tail(self.log))
+
+    @property
+    def under_profiler(self) -> bool:
+        return bool(self._prefix)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    def leave_job(self) -> None:
+        """Kept past its job (a judge given back to the pool): the job's link to its directory goes, so that removing
+        the job's scratch leaves the directory, still the worker's own."""
+        if self.job_link is not None:
+            try:
+                self.job_link.unlink()
+            except OSError:
+                pass
+            self.job_link = None
 
     def preemptions(self) -> Preemption | None:
         """How often and how long the worker's threads were kept off a core so far, read by the server."""
