@@ -247,8 +247,10 @@ def _start_ray(gpu_ids: list[str], cores: int, tmp: Path):
     head_ids, worker_ids = gpu_ids[:1], gpu_ids[1:2]
     try:
         visible(head_ids, bool(gpu_ids))
-        cluster = Cluster(initialize_head=True, head_node_args={**common, "num_gpus": len(head_ids),
-                                                                "temp_dir": str(tmp)})
+        # Every node, and the address file a node reads to join the head, under `tmp`: a head's own temp_dir
+        # alone left the worker node looking in /tmp/ray for it (Ray 2.60 on a fresh host, 2026-11-27).
+        os.environ["RAY_TMPDIR"] = str(tmp)
+        cluster = Cluster(initialize_head=True, head_node_args={**common, "num_gpus": len(head_ids)})
         try:
             visible(worker_ids, bool(gpu_ids))
             cluster.add_node(**common, num_gpus=len(worker_ids))
