@@ -117,3 +117,14 @@ async def test_a_job_that_ends_in_an_exception_ends_its_judge(tmp_path):
                         await anyio.sleep(0.05)
         await anyio.sleep(0.5)
         assert pool.judges_kept == 0 and not _kept(pool)
+
+
+async def test_a_job_right_after_another_waits_for_the_judge_still_forgetting_the_last_job(tmp_path):
+    """An agent's profile follows its verify at once: the judge given back is still resetting (0.3-0.6 s on an H200
+    host), and the next job waits for it rather than start another."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        assert (await _verify(ctx, RELU)).correct
+        assert pool._resetting or pool.judges_kept == 1  # given back: its reset under way or done
+        second = await _verify(ctx, RELU_OFF)
+        assert not second.correct and pool.judges_reused == 1

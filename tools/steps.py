@@ -87,7 +87,7 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
     prepared, or the reference's failure."""
     # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_judge`).
     key = (backend, ",".join(f"{k}={v}" for k, v in sorted(pin_env(current_gpu()).items())), sha256_text(reference))
-    kept = ctx.pool.take_judge(key) if ctx.pool is not None else None
+    kept = await ctx.pool.take_judge(key) if ctx.pool is not None else None
     try:
         if kept is not None:
             judge = workers.adopt(kept)

@@ -64,6 +64,7 @@ _JUDGE_KEEP_S = 300.0  # an agent's next candidate of a problem comes within min
 _JUDGES_PER_DEVICE = 4  # kept at most per kind (backend and GPU pin), the oldest going first
 _JUDGE_MAX_BYTES = 2 * 2**30  # a judge whose job's ops reserved more is not kept: its problem wants the room
 _JUDGE_RESET_S = 30.0
+_JUDGE_WAIT_S = 5.0  # a job waits this long at most for a kept judge still forgetting its last job
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -329,6 +330,8 @@ class WorkerPool:
         # Judges kept for the next job of their reference (`give_back_judge`), by key: (when kept, the judge).
         self._judges: dict[tuple[str, ...], list[tuple[float, WorkerProcess]]] = defaultdict(list)
         self.judges_kept = self.judges_reused = 0
+        self._resetting: Counter[tuple[str, ...]] = Counter()  # judges given back whose reset is under way, by key
+        self._judge_settled: dict[tuple[str, ...], anyio.Event] = defaultdict(anyio.Event)  # one was kept or dropped
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep warm workers per wanted kind (`size`, growing on misses) until cancelled; kill idle ones on exit."""
@@ -359,16 +362,23 @@ class WorkerPool:
                         await zygote.close()
                 self._zygotes.clear()
 
-    def take_judge(self, key: tuple[str, ...]) -> WorkerProcess | None:
-        """A judge kept by an earlier job of the same reference on the same kind of worker, or None."""
-        parked = self._judges.get(key)
-        while parked:
-            _, judge = parked.pop()  # the most recent: the others may expire
-            if judge.alive:
-                self.judges_reused += 1
-                return judge
-            if self._tg is not None:
-                self._tg.start_soon(_discard_judge, judge)
+    async def take_judge(self, key: tuple[str, ...]) -> WorkerProcess | None:
+        """A judge kept by an earlier job of the same reference on the same kind of worker, or None. One given back
+        whose reset is still under way (0.3-0.6 s on an H200 host: an agent's profile follows its verify at once) is
+        waited for, up to `_JUDGE_WAIT_S`."""
+        with anyio.move_on_after(_JUDGE_WAIT_S):
+            while True:
+                parked = self._judges.get(key)
+                while parked:
+                    _, judge = parked.pop()  # the most recent: the others may expire
+                    if judge.alive:
+                        self.judges_reused += 1
+                        return judge
+                    if self._tg is not None:
+                        self._tg.start_soon(_discard_judge, judge)
+                if not self._resetting[key]:
+                    return None
+                await self._judge_settled[key].wait()
         return None
 
     def give_back_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> bool:
@@ -379,20 +389,31 @@ class WorkerPool:
         if self._tg is None:
             return False
         judge.leave_job()
+        self._resetting[key] += 1
         self._tg.start_soon(self._keep_judge, key, judge)
         return True
 
     async def _keep_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> None:
-        fits = judge.device_bytes <= _JUDGE_MAX_BYTES
-        if fits:
-            try:
-                reply = await judge.call(ResetRequest(), stage="reset", timeout_s=_JUDGE_RESET_S)
-                fits = reply.failure is None and reply.reserved_bytes <= _JUDGE_MAX_BYTES
-            except Exception:  # noqa: BLE001 - a judge that cannot forget its job is not kept
-                fits = False
-        if not fits or self._tg is None:
-            await _discard_judge(judge)
-            return
+        kept = False
+        try:
+            kept = await self._reset_and_keep(key, judge)
+        finally:
+            self._resetting[key] -= 1
+            if not self._resetting[key]:
+                del self._resetting[key]
+            self._judge_settled.pop(key, anyio.Event()).set()  # its waiters look again; the next round gets a new event
+            if not kept:
+                await _discard_judge(judge)
+
+    async def _reset_and_keep(self, key: tuple[str, ...], judge: WorkerProcess) -> bool:
+        if judge.device_bytes > _JUDGE_MAX_BYTES:
+            return False
+        try:
+            reply = await judge.call(ResetRequest(), stage="reset", timeout_s=_JUDGE_RESET_S)
+        except Exception:  # noqa: BLE001 - a judge that cannot forget its job is not kept
+            return False
+        if reply.failure is not None or reply.reserved_bytes > _JUDGE_MAX_BYTES or self._tg is None:
+            return False
         judge.device_bytes = 0
         parked = self._judges[key]
         same_kind = [p for k, v in self._judges.items() if k[:2] == key[:2] for p in v]
@@ -404,6 +425,7 @@ class WorkerPool:
             self._tg.start_soon(_discard_judge, oldest[1])
         parked.append((time.monotonic(), judge))
         self.judges_kept += 1
+        return True
 
     async def _expire_judges(self) -> None:
         while True:
