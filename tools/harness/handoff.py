@@ -21,7 +21,7 @@ from typing import Any
 
 from ..process.channel import FD_KIND, close_all
 
-__all__ = ["NonTensor", "OutputShelf", "open_outputs", "release_opened", "return_free_memory"]
+__all__ = ["NonTensor", "OutputShelf", "open_outputs", "release_opened", "reserved_device_bytes", "return_free_memory"]
 
 
 class NonTensor:
@@ -158,6 +158,13 @@ def return_free_memory(device: str, keep_bytes: int = _KEEP_WITHIN_OP_BYTES) -> 
     if device.startswith("cuda") and torch.cuda.is_initialized() \
             and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
         torch.cuda.empty_cache()
+
+
+def reserved_device_bytes(device: str) -> int:
+    """What the process's allocator holds of the device's memory (0 for a device that computes in host memory)."""
+    import torch
+
+    return torch.cuda.memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else 0
 
 
 _EXPORTABLE: list[bool] = []

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..process import protocol as p
 from .bench import Bench
-from .handoff import return_free_memory
+from .handoff import reserved_device_bytes, return_free_memory
 from .session import Session
 
 __all__ = ["Judge"]
@@ -466,17 +466,13 @@ class Judge:
         """Forget the job, keeping only the loaded reference (`ResetRequest`): the state is a new Judge's."""
         import gc
 
-        import torch
-
         if hasattr(self.sets, "drop"):
             self.sets.drop()
         self.session.shelf.clear()
         self.__dict__.update(Judge(self.session).__dict__)  # (the handlers stay bound to this object)
         gc.collect()
-        device = self.backend.device
-        return_free_memory(device, 0)
-        reserved = torch.cuda.memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else 0
-        return p.ResetReply(reserved_bytes=reserved)
+        return_free_memory(self.backend.device, 0)
+        return p.ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
 
     def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
         """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""

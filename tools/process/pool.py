@@ -33,7 +33,7 @@ import time
 from collections import Counter, defaultdict, deque
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import anyio
 from anyio.abc import UNIXSocketStream
@@ -43,10 +43,20 @@ from kforge.backends.host import process_stat
 
 from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
-from .protocol import ResetRequest
+from .protocol import ResetReply, ResetRequest
 
-if TYPE_CHECKING:
-    from .runner import WorkerProcess
+
+class _KeptWorker(Protocol):
+    """What the pool uses of a judge it keeps (`runner.WorkerProcess`, which imports this module)."""
+
+    scratch: Path
+    device_bytes: int
+
+    @property
+    def alive(self) -> bool: ...
+    def leave_job(self) -> None: ...
+    async def call(self, request: ResetRequest, *, stage: str, timeout_s: float | None = None) -> ResetReply: ...
+    async def aclose(self) -> None: ...
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -292,7 +302,7 @@ class _Zygote:
         await kill_group(self.proc)
 
 
-async def _discard_judge(judge: WorkerProcess) -> None:
+async def _discard_judge(judge: _KeptWorker) -> None:
     """End a kept judge and remove its directory (its own, no longer any job's)."""
     with anyio.CancelScope(shield=True):
         await judge.aclose()
@@ -328,7 +338,7 @@ class WorkerPool:
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
         # Judges kept for the next job of their reference (`give_back_judge`), by key: (when kept, the judge).
-        self._judges: dict[tuple[str, ...], list[tuple[float, WorkerProcess]]] = defaultdict(list)
+        self._judges: dict[tuple[str, ...], list[tuple[float, _KeptWorker]]] = defaultdict(list)
         self.judges_kept = self.judges_reused = 0
         self._resetting: Counter[tuple[str, ...]] = Counter()  # judges given back whose reset is under way, by key
         self._judge_settled: dict[tuple[str, ...], anyio.Event] = defaultdict(anyio.Event)  # one was kept or dropped
@@ -362,7 +372,7 @@ class WorkerPool:
                         await zygote.close()
                 self._zygotes.clear()
 
-    async def take_judge(self, key: tuple[str, ...]) -> WorkerProcess | None:
+    async def take_judge(self, key: tuple[str, ...]) -> _KeptWorker | None:
         """A judge kept by an earlier job of the same reference on the same kind of worker, or None. One given back
         whose reset is still under way (0.3-0.6 s on an H200 host: an agent's profile follows its verify at once) is
         waited for, up to `_JUDGE_WAIT_S`."""
@@ -381,7 +391,7 @@ class WorkerPool:
                 await self._judge_settled[key].wait()
         return None
 
-    def give_back_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> bool:
+    def give_back_judge(self, key: tuple[str, ...], judge: _KeptWorker) -> bool:
         """Keep a warm judge whose job ended well for the next job of its reference (`take_judge`); False when the
         pool is not running (the caller ends it). It forgets the job first (`ResetRequest`) and is kept only if
         that works and its problem is small (`_JUDGE_MAX_BYTES`). A judge never runs candidate code: it holds the
@@ -393,7 +403,7 @@ class WorkerPool:
         self._tg.start_soon(self._keep_judge, key, judge)
         return True
 
-    async def _keep_judge(self, key: tuple[str, ...], judge: WorkerProcess) -> None:
+    async def _keep_judge(self, key: tuple[str, ...], judge: _KeptWorker) -> None:
         kept = False
         try:
             kept = await self._reset_and_keep(key, judge)
@@ -405,7 +415,7 @@ class WorkerPool:
             if not kept:
                 await _discard_judge(judge)
 
-    async def _reset_and_keep(self, key: tuple[str, ...], judge: WorkerProcess) -> bool:
+    async def _reset_and_keep(self, key: tuple[str, ...], judge: _KeptWorker) -> bool:
         if judge.device_bytes > _JUDGE_MAX_BYTES:
             return False
         try:
