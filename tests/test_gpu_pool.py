@@ -42,3 +42,36 @@ async def test_a_cpu_worker_holds_no_device_context_and_a_cuda_one_does(tmp_path
         cpu_worker, cuda_worker = pool._idle[("cpu", ())][0], pool._idle[("cuda", ())][0]
         assert _tree(cuda_worker.proc.pid) & on_gpu, f"the cuda worker shows no context: {on_gpu}"
         assert not _tree(cpu_worker.proc.pid) & on_gpu, "a cpu worker started a CUDA context"
+
+
+async def test_a_kept_cuda_judge_gives_its_device_memory_back_and_judges_the_next_candidate_anew(tmp_path):
+    """A judge kept for the next job of its reference (`WorkerPool.give_back_judge`) on a GPU: its reset leaves its
+    allocator holding little, the next verify is served by the same process, and a wrong candidate after a right
+    one still fails there."""
+    from kforge.server.catalog import problem_reference
+    from kforge.tools.evaluate import verify_against_reference
+    from kforge.tools.requests import VerifyRequest
+
+    right = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
+    wrong = right.replace("torch.clamp_min(x, 0.0)", "torch.clamp_min(x, 0.0) + 1e-2")
+    ctx = ToolContext(home=tmp_path / "home")
+
+    async def verify(code: str):
+        return await verify_against_reference(ctx, VerifyRequest(backend="cuda", reference_code=problem_reference("relu"),
+                                                                 candidate_code=code, use_store=False))
+
+    async with ctx.warm_workers(1) as pool:
+        first = await verify(right)
+        assert first.correct, str(first)
+        with anyio.fail_after(60):
+            while not pool.judges_kept:
+                await anyio.sleep(0.05)
+        [judge] = [j for parked in pool._judges.values() for _, j in parked]
+        pid = judge._proc.pid
+        assert _tree(pid) & _gpu_pids(), "the kept judge holds no device context"
+        second = await verify(wrong)
+        assert not second.correct and pool.judges_reused == 1, str(second)
+        with anyio.fail_after(60):
+            while pool.judges_kept < 2:
+                await anyio.sleep(0.05)
+        assert [j._proc.pid for parked in pool._judges.values() for _, j in parked] == [pid]
