@@ -128,3 +128,18 @@ async def test_a_job_right_after_another_waits_for_the_judge_still_forgetting_th
         assert pool._resetting or pool.judges_kept == 1  # given back: its reset under way or done
         second = await _verify(ctx, RELU_OFF)
         assert not second.correct and pool.judges_reused == 1
+
+
+async def test_a_kept_judges_log_starts_empty_for_the_next_job(tmp_path):
+    """A reference failure quotes the tail of the judge's log: a kept judge's next job must not quote an earlier
+    job's lines."""
+    chatty = problem_reference("relu").replace("def forward(self, x):", "def forward(self, x):\n        print('EARLIER JOB')", 1)
+    assert "EARLIER JOB" in chatty
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        result = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=chatty,
+                                                                   candidate_code=RELU, use_store=False))
+        assert result.correct, str(result)
+        await _wait_kept(pool, 1)
+        [judge] = _kept(pool)
+        assert judge.log.exists() and "EARLIER JOB" not in judge.log.read_text()

@@ -50,6 +50,7 @@ class _KeptWorker(Protocol):
     """What the pool uses of a judge it keeps (`runner.WorkerProcess`, which imports this module)."""
 
     scratch: Path
+    log: Path
     device_bytes: int
 
     @property
@@ -425,6 +426,10 @@ class WorkerPool:
         if reply.failure is not None or reply.reserved_bytes > _JUDGE_MAX_BYTES or self._tg is None:
             return False
         judge.device_bytes = 0
+        try:  # the next job's failures quote the log's tail: not this job's lines (the worker appends: O_APPEND)
+            judge.log.write_bytes(b"")
+        except OSError:
+            pass
         parked = self._judges[key]
         same_kind = [p for k, v in self._judges.items() if k[:2] == key[:2] for p in v]
         if len(same_kind) >= _JUDGES_PER_DEVICE:
