@@ -374,25 +374,31 @@ async def test_a_fork_that_gives_no_answer_is_killed_and_its_kind_tried_again_be
         with anyio.fail_after(180):
             while not pool._failed[kind] and not pool._idle[kind]:
                 await anyio.sleep(0.01)
-        assert pool._failed[kind] == 1 and kind in pool._wanted and not pool.problems  # tried again, not given up
+        cpu_given_up = lambda: [p for p in pool.problems if p.startswith("cpu")]  # noqa: E731 (another backend's
+        # kind, triton's where it runs on CPUs, may give up meanwhile: its forks meet the same short deadline)
+        assert pool._failed[kind] == 1 and kind in pool._wanted and not cpu_given_up()  # tried again, not given up
         monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 60.0)
         with anyio.fail_after(180):
             await _ready(pool, 1)
-        assert pool._failed[kind] == 0 and not pool.problems
+        assert pool._failed[kind] == 0 and not cpu_given_up()
     ctx = ToolContext(home=tmp_path / "home2")
-    monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 0.2)
+    # Shorter than any fork's start (its sandbox alone takes ~0.04 s): once the zygote's pages are warm, a cpu fork
+    # here readied within 0.2 s often enough that three in a row never failed (1 run in ~14, 2026-11-27).
+    monkeypatch.setattr(pool_module, "_FORK_TIMEOUT_S", 0.05)
     async with ctx.warm_workers(1) as pool:
         with anyio.fail_after(180):
             while not any(p.startswith("cpu") for p in pool.problems):
-                # A fork that readied within 0.2 s after all (the zygote's pages warm, a quiet moment: once in a
-                # whole-suite CI run, 2026-11-27, the kind then had its worker and forked no more): end it, so that
-                # the pool forks again, until 3 in a row give no answer.
+                # A fork that readied within the deadline after all: end it, so that the pool forks again, until 3
+                # in a row give no answer.
                 if (ready := pool._pop_idle(kind)) is not None:
                     await ready.discard()
                 await anyio.sleep(0.05)
         assert pool._failed[kind] == pool_module._FORK_TRIES and kind not in pool._wanted
         problem = next(p for p in pool.problems if p.startswith("cpu"))
-        assert "no answer in 0 s of running" in problem and "python" in problem, problem
+        assert "no answer in 0 s of running" in problem, problem
+        if "not forked yet" in problem:  # the deadline came before the zygote named the fork: it ends on EOF
+            return
+        assert "python" in problem, problem
         forked = [int(p) for p in re.findall(r"(\d+) python", problem)]
         with anyio.move_on_after(10):  # (a signal is delivered asynchronously)
             while not all(_gone(p) for p in forked):
