@@ -45,6 +45,8 @@ from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
 from .protocol import ResetReply, ResetRequest
 
+__all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
+
 
 class _KeptWorker(Protocol):
     """What the pool uses of a judge it keeps (`runner.WorkerProcess`, which imports this module)."""
@@ -59,7 +61,6 @@ class _KeptWorker(Protocol):
     async def call(self, request: ResetRequest, *, stage: str, timeout_s: float | None = None) -> ResetReply: ...
     async def aclose(self) -> None: ...
 
-__all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
 logger = logging.getLogger(__name__)
 _ZYGOTE_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
@@ -74,7 +75,7 @@ _LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refi
 _JUDGE_KEEP_S = 300.0  # an agent's next candidate of a problem comes within minutes
 _JUDGES_PER_DEVICE = 4  # kept at most per kind (backend and GPU pin), the oldest going first
 _JUDGE_MAX_BYTES = 2 * 2**30  # a judge whose job's ops reserved more is not kept: its problem wants the room
-_JUDGE_RESET_S = 30.0
+_JUDGE_RESET_S = 30.0  # a reset (a gc and an empty cache) took 0.3-0.6 s on an H200 host; far past it, no judge to keep
 _JUDGE_WAIT_S = 5.0  # a job waits this long at most for a kept judge still forgetting its last job
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
