@@ -267,11 +267,12 @@ async def _confirmed_anchor(worker: WorkerProcess, median_us: float, reference_c
     while anchor is not None and measured < _ANCHOR_MEASUREMENTS and anchor_exceeds(median_us, anchor):
         again = await _wall_anchor(worker, median_us, reference_call_s, limits, judge)
         measured += 1
+        anchor = {**anchor, "measurements": measured}  # (one the host left unusable counts as taken too)
         if again is None or again["per_call_us"] is None:
             continue
         floors = [f for f in (anchor.get("floor_us"), again.get("floor_us")) if f is not None]
-        anchor = {**anchor, "per_call_us": min(anchor["per_call_us"], again["per_call_us"]),
-                  "floor_us": max(floors) if floors else None, "measurements": measured}
+        anchor.update(per_call_us=min(anchor["per_call_us"], again["per_call_us"]),
+                      floor_us=max(floors) if floors else None)
     return anchor
 
 
