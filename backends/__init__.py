@@ -7,6 +7,7 @@ first use, so listing names never imports torch.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
 
@@ -25,6 +26,7 @@ _BUILTIN = {
 }
 
 
+@functools.cache  # read once per process: a scan of every installed package's metadata took ~5 ms, per call
 def _registry() -> dict[str, str]:
     found = dict(_BUILTIN)
     for ep in entry_points(group="kforge.backends"):
@@ -62,6 +64,7 @@ def backend_class(name: str) -> type:
     return getattr(importlib.import_module(module_name), cls_name)
 
 
+@functools.cache  # the verdict asks once per trial
 def fault_markers() -> tuple[str, ...]:
     """Texts that mark an error as a device fault on any registered backend (a verdict that names one is an
     answer about the run, never about the code). A backend whose module cannot be imported adds none."""

@@ -6,6 +6,7 @@ Built-in profilers are listed here so a plain checkout finds them; packages add 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
@@ -18,6 +19,7 @@ _BUILTIN = {
 }
 
 
+@functools.cache  # read once per process: a scan of every installed package's metadata took ~5 ms, per call
 def _registry() -> dict[str, str]:
     found = dict(_BUILTIN)
     for ep in entry_points(group="kforge.profilers"):

@@ -55,6 +55,7 @@ _KEEP_FINISHED_S = 30 * 24 * 3600  # finished jobs (and their results) stay fetc
 _DEFAULT_JOB_S = 30.0  # a job's expected duration before any has finished
 _MAX_CRASH_RETRIES = 1  # a job whose server (or fleet node) died running it is run once more, then failed
 _CANCEL_WAIT_S = 20.0  # cancel_job waits this long for a running job's workers to be killed
+_PROGRESS_STORE_S = 1.0  # a running job's progress is written to the store at most this often
 
 
 class JobStatus(BaseModel):
@@ -348,9 +349,15 @@ class JobManager:
         self.store.update_job(job.id, status="running", started_at=now, message=job.message)
         job.touch()
 
+        stored_at = [0.0]
+
         async def progress(done: float, total: float | None, message: str) -> None:
             job.done, job.total, job.message = done, total, message
-            self.store.update_job(job.id, done=done, total=total, message=message)
+            # This server's waiters read the job itself; the store's copy (other servers' get_job, a restart)
+            # is written at most once a second: a verify reports a dozen steps, each a commit on the event loop.
+            if time.monotonic() - stored_at[0] >= _PROGRESS_STORE_S:
+                self.store.update_job(job.id, done=done, total=total, message=message)
+                stored_at[0] = time.monotonic()
             job.touch()
 
         try:

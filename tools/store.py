@@ -13,19 +13,25 @@ Only answers that depend on nothing but the code and the inputs are kept and ser
 (`kforge.tools.verdict.why_not_stored`: no timeouts, crashes, failures of the reference or failed
 environment checks); a served answer carries `stored_at`, when it was stored.
 
-One short-lived connection per operation keeps the store safe to use from worker threads and
-from several server processes; WAL mode lets readers proceed while one writer commits.
+Each thread of a server process keeps one connection (a thread of `anyio.to_thread` draws charts from the
+store), and several server processes may share the file: WAL mode lets readers proceed while one writer commits.
+A connection per operation cost ~5 ms each on a 2-core VM, most of it the checkpoint that closing the last
+connection of a WAL database runs, and a job writes its progress a dozen times, on the server's event loop.
+`synchronous=NORMAL`: in WAL mode a commit is then safe against a crash of the server (never a corrupt file);
+only a power cut may lose the last commits, and a job whose finish is lost is resumed by the next server.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import threading
 import time
-from contextlib import closing
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .verdict import why_not_stored
 
@@ -65,14 +71,35 @@ class ResultStore:
         self.home = home
         self.home.mkdir(parents=True, exist_ok=True)
         self.path = home / "kforge.db"
-        with closing(self._connect()) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
+        self._local = threading.local()
+        with self._write() as db:
             db.executescript(_SCHEMA)
             if "crashes" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a store from before it
                 db.execute("ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0")
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection (a forked child opens its own: SQLite's may not cross a fork)."""
+        db = getattr(self._local, "db", None)
+        if db is None or self._local.pid != os.getpid():
+            db = sqlite3.connect(self.path, timeout=30)
+            db.row_factory = sqlite3.Row  # rows read by index and by name alike
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db, self._local.pid = db, os.getpid()
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on this thread's connection: committed on success, rolled back on an exception."""
+        with self._db() as db:
+            yield db
+
+    def close(self) -> None:
+        """Close this thread's connection (the others close with their threads' ends)."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
 
     # -- results ---------------------------------------------------------------------------------
     def get_result(self, key: str) -> dict[str, Any] | None:
@@ -80,13 +107,13 @@ class ResultStore:
 
         An answer the rule would not keep (stored before it, or by an older rule) is dropped, not served.
         """
-        with closing(self._connect()) as db:
+        with self._write() as db:
             row = db.execute("SELECT result, created_at FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         result = json.loads(row[0])
         if why_not_stored(result) is not None:
-            with closing(self._connect()) as db, db:
+            with self._write() as db:
                 db.execute("DELETE FROM results WHERE key = ? AND created_at = ?", (key, row[1]))
             return None
         return {**result, "stored_at": row[1]}
@@ -95,7 +122,7 @@ class ResultStore:
         """Keep `result` as the answer for `key` if it depends only on the code and inputs; True when kept."""
         if why_not_stored(result) is not None:
             return False
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             db.execute("INSERT OR REPLACE INTO results (key, tool, created_at, result) VALUES (?, ?, ?, ?)",
                        (key, tool, time.time(), json.dumps({k: v for k, v in result.items() if k != "stored_at"})))
         return True
@@ -105,34 +132,33 @@ class ResultStore:
                        correct: bool | None = None, speedup_eager: float | None = None,
                        speedup_compile: float | None = None, median_us: float | None = None,
                        trusted: bool | None = None, profile_id: str | None = None) -> None:
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             db.execute("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (reference_sha256, backend, candidate_sha256, tool, time.time(), correct, speedup_eager,
                         speedup_compile, median_us, trusted, profile_id))
 
     def history(self, reference_sha256: str) -> list[dict[str, Any]]:
         """The problem's verifies and profiles, oldest first (the latest `_HISTORY_LIMIT`)."""
-        with closing(self._connect()) as db:
-            db.row_factory = sqlite3.Row
+        with self._write() as db:
             rows = db.execute("SELECT * FROM (SELECT * FROM history WHERE reference_sha256 = ? ORDER BY created_at DESC "
                               "LIMIT ?) ORDER BY created_at", (reference_sha256, _HISTORY_LIMIT)).fetchall()
         return [{k: (bool(r[k]) if k in ("correct", "trusted") and r[k] is not None else r[k]) for k in r.keys()}
                 for r in rows]
 
     def problems_with_history(self) -> list[dict[str, Any]]:
-        with closing(self._connect()) as db:
+        with self._write() as db:
             rows = db.execute("SELECT reference_sha256, COUNT(*), MAX(created_at) FROM history GROUP BY reference_sha256 "
                               "ORDER BY MAX(created_at) DESC").fetchall()
         return [{"reference_sha256": r[0], "entries": r[1], "last_at": r[2]} for r in rows]
 
     # -- profiles --------------------------------------------------------------------------------
     def put_profile(self, profile_id: str, key: str, backend: str, result: dict[str, Any]) -> None:
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             db.execute("INSERT OR REPLACE INTO profiles (id, key, backend, created_at, result) VALUES (?, ?, ?, ?, ?)",
                        (profile_id, key, backend, time.time(), json.dumps(result)))
 
     def get_profile(self, profile_id: str) -> dict[str, Any] | None:
-        with closing(self._connect()) as db:
+        with self._write() as db:
             row = db.execute("SELECT result FROM profiles WHERE id = ?", (profile_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
@@ -143,7 +169,7 @@ class ResultStore:
         verdict the environment decided (a failed background-work or timing check) is never served for a
         repeated request.
         """
-        with closing(self._connect()) as db:
+        with self._write() as db:
             rows = db.execute("SELECT result, created_at FROM profiles WHERE key = ? ORDER BY created_at DESC LIMIT 50",
                               (key,)).fetchall()
         for text, created_at in rows:
@@ -153,7 +179,7 @@ class ResultStore:
         return None
 
     def list_profiles(self, limit: int = 50) -> list[dict[str, Any]]:
-        with closing(self._connect()) as db:
+        with self._write() as db:
             rows = db.execute("SELECT id, backend, created_at FROM profiles ORDER BY created_at DESC LIMIT ?",
                               (limit,)).fetchall()
         return [{"profile_id": r[0], "backend": r[1], "created_at": r[2]} for r in rows]
@@ -182,7 +208,7 @@ class ResultStore:
     # -- jobs ------------------------------------------------------------------------------------
     def insert_job(self, row: dict[str, Any]) -> None:
         row = _job_columns(row)
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             db.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
 
     def update_job(self, job_id: str, *, expect_owner: str | None = None, **fields: Any) -> bool:
@@ -194,20 +220,18 @@ class ResultStore:
         where, args = "job_id = ?", [job_id]
         if expect_owner is not None:
             where, args = where + " AND owner = ?", args + [expect_owner]
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             cur = db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE {where}", (*values, *args))
             return cur.rowcount == 1
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        with closing(self._connect()) as db:
-            db.row_factory = sqlite3.Row
+        with self._write() as db:
             row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         return _job_row(row) if row else None
 
     def jobs(self, *, statuses: tuple[str, ...] | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Jobs, newest first (oldest first when filtered by status: the order to resume them in)."""
-        with closing(self._connect()) as db:
-            db.row_factory = sqlite3.Row
+        with self._write() as db:
             if statuses:
                 rows = db.execute(f"SELECT * FROM jobs WHERE status IN ({', '.join('?' * len(statuses))}) "
                                   "ORDER BY created_at LIMIT ?", (*statuses, limit)).fetchall()
@@ -217,7 +241,7 @@ class ResultStore:
 
     def prune_jobs(self, older_than_s: float) -> int:
         """Forget finished jobs (their requests hold whole sources) older than `older_than_s`."""
-        with closing(self._connect()) as db, db:
+        with self._write() as db:
             cur = db.execute(f"DELETE FROM jobs WHERE status NOT IN ({', '.join('?' * len(ACTIVE_JOB_STATUSES))}) "
                              "AND created_at < ?", (*ACTIVE_JOB_STATUSES, time.time() - older_than_s))
             return cur.rowcount

@@ -19,6 +19,7 @@ The server closing the channel ends the zygote, which kills the workers it still
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -42,6 +43,10 @@ def serve_forks(ctl_fd: int, preload: Callable[[], Any], run_child: Callable[[so
     except BaseException as exc:  # noqa: BLE001 - the pool falls back to cold workers, which report the problem
         _send_line(ctl, {"ready": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
         return
+    # What the preload made (torch, the backend's libraries) lives as long as the zygote: out of the collector's
+    # sight, a worker's full collection (a kept judge's reset) scans only what it made itself (Python's gc.freeze
+    # docs: before a fork), and its pages stay shared with the zygote.
+    gc.freeze()
     _send_line(ctl, {"ready": True})
     children: set[int] = set()
     sel = selectors.DefaultSelector()

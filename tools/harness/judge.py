@@ -471,6 +471,7 @@ class Judge:
         self.session.shelf.clear()
         self.__dict__.update(Judge(self.session).__dict__)  # (the handlers stay bound to this object)
         gc.collect()
+        gc.freeze()  # what survives is the reference's, kept: the next reset scans only what its job made
         return_free_memory(self.backend.device, 0)
         return p.ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
 
