@@ -77,6 +77,8 @@ async def test_cuda_errors_are_located_and_faults_contained(kforge_home, candida
             "backend": "cuda", "problem": "relu", "candidate_code": candidate("cuda_illegal_address"), "trials": 1}))
         assert not fault["correct"] and (fault.get("failure") or {}).get("kind") == "device_fault", fault
         assert "illegal memory access" in fault["failure"]["message"]
+        # Verify runs in a plain worker; the fault sends its trials again to one with synchronous launches.
+        assert any("synchronous launches" in w for w in fault.get("warnings") or []), fault.get("warnings")
 
         healthy = data(await client.call_tool("verify_against_reference", {
             "backend": "cuda", "problem": "relu", "candidate_code": candidate("example_cuda"), "trials": 1, "use_store": False}))

@@ -96,12 +96,10 @@ def test_workers_are_pinned_to_their_gpu_only_where_there_are_several(tmp_path):
     alone = gpus.Placement(one.gpus[0], 1)  # one GPU: no pin, and the device keeps its old name
     assert gpus.pin_env(alone) == {} and gpus.device_key(one, alone) == "Fake GPU"
     assert gpus.device_key(CPU, None) == "test-cpu"
-    # the warm pool keeps each kind per GPU (plain and verify's synchronous launches), pinned
+    # the warm pool keeps one kind per GPU, pinned; synchronous launches get none (only a faulting verify uses them)
     assert warm_kinds(two) == [{"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake"},
-                               {"CUDA_VISIBLE_DEVICES": "GPU-00000000-fake", **SYNC_LAUNCHES},
-                               {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"},
-                               {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake", **SYNC_LAUNCHES}]
-    assert warm_kinds(one) == [{}, SYNC_LAUNCHES]  # as before
+                               {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"}]
+    assert warm_kinds(one) == [{}] and SYNC_LAUNCHES not in warm_kinds(one)
     assert warm_kinds(CPU) == [{}]  # calls on a CPU are synchronous already: one kind (`Availability.sync_launch_env`)
 
 

@@ -45,7 +45,7 @@ async def test_a_cpu_worker_holds_no_device_context_and_a_cuda_one_does(tmp_path
 
 
 async def test_a_kept_cuda_judge_gives_its_device_memory_back_and_judges_the_next_candidate_anew(tmp_path):
-    """A judge kept for the next job of its reference (`WorkerPool.give_back_judge`) on a GPU: its reset leaves its
+    """A judge kept for the next job of its reference (`WorkerPool.give_back_kept`) on a GPU: its reset leaves its
     allocator holding little, the next verify is served by the same process, and a wrong candidate after a right
     one still fails there."""
     from kforge.server.catalog import problem_reference
@@ -64,14 +64,50 @@ async def test_a_kept_cuda_judge_gives_its_device_memory_back_and_judges_the_nex
         first = await verify(right)
         assert first.correct, str(first)
         with anyio.fail_after(60):
-            while not pool.judges_kept:
+            while not pool.kept["judge"]:
                 await anyio.sleep(0.05)
-        [judge] = [j for parked in pool._judges.values() for _, j in parked]
+        [judge] = [j for key, parked in pool._kept.items() if key[0] == "judge" for _, j in parked]
         pid = judge._proc.pid
         assert _tree(pid) & _gpu_pids(), "the kept judge holds no device context"
         second = await verify(wrong)
-        assert not second.correct and pool.judges_reused == 1, str(second)
+        assert not second.correct and pool.reused["judge"] == 1, str(second)
         with anyio.fail_after(60):
-            while pool.judges_kept < 2:
+            while pool.kept["judge"] < 2:
                 await anyio.sleep(0.05)
-        assert [j._proc.pid for parked in pool._judges.values() for _, j in parked] == [pid]
+        assert [j._proc.pid for key, parked in pool._kept.items() if key[0] == "judge" for _, j in parked] == [pid]
+
+
+async def test_a_kept_cuda_candidate_is_stopped_between_its_compile_verify_and_profile(tmp_path):
+    """One candidate's compile, verify and profile on a GPU run in one process (`steps.keep_candidate`), which holds
+    its device context and is stopped (state T) while kept."""
+    from kforge.server.catalog import problem_reference
+    from kforge.tools.evaluate import compile_kernel, verify_against_reference
+    from kforge.tools.profile import profile_kernel
+    from kforge.tools.requests import CompileRequest, ProfileRequest, VerifyRequest
+
+    code = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
+    reference = problem_reference("relu")
+    ctx = ToolContext(home=tmp_path / "home")
+
+    async def kept_pid(n: int) -> int:
+        with anyio.fail_after(60):
+            while pool.kept["candidate"] < n or pool._resetting:
+                await anyio.sleep(0.05)
+        [worker] = [w for key, parked in pool._kept.items() if key[0] == "candidate" for _, w in parked]
+        return worker._proc.pid
+
+    async with ctx.warm_workers(1) as pool:
+        built = await compile_kernel(ctx, CompileRequest(backend="cuda", candidate_code=code, reference_code=reference,
+                                                         use_store=False))
+        assert built.ok, str(built)
+        pid = await kept_pid(1)
+        assert _tree(pid) & _gpu_pids(), "the kept candidate holds no device context"
+        states = {Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] for p in _tree(pid)}
+        assert states == {"T"}, f"a kept candidate's processes must all be stopped: {states}"
+        verified = await verify_against_reference(ctx, VerifyRequest(backend="cuda", reference_code=reference,
+                                                                     candidate_code=code, use_store=False))
+        assert verified.correct and pool.reused["candidate"] == 1, str(verified)
+        assert await kept_pid(2) == pid
+        profiled = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=code,
+                                                            use_store=False, hardware_counters=False))
+        assert profiled.ok and profiled.speedup_trusted and pool.reused["candidate"] == 2, str(profiled)

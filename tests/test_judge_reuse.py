@@ -1,4 +1,4 @@
-"""A judge kept for the next job of its reference (`WorkerPool.give_back_judge`): the next job skips a fork and the
+"""A judge kept for the next job of its reference (`WorkerPool.give_back_kept`): the next job skips a fork and the
 reference's load, and still gets verdicts of its own: nothing of the earlier job's expected outputs, inputs or seeds
 carries over, and a job that ends badly never leaves its judge behind."""
 
@@ -25,13 +25,13 @@ RELU = (CANDIDATES / "relu_python.py").read_text()
 RELU_OFF = RELU.replace("torch.clamp_min(x, 0.0)", "torch.clamp_min(x, 0.0) + 1e-2")
 
 
-def _kept(pool) -> list:
-    return [judge for parked in pool._judges.values() for _, judge in parked]
+def _kept(pool, role: str = "judge") -> list:
+    return [w for key, parked in pool._kept.items() if key[0] == role for _, w in parked]
 
 
 async def _wait_kept(pool, n: int) -> None:
     with anyio.fail_after(60):
-        while pool.judges_kept < n:
+        while pool.kept["judge"] < n:
             await anyio.sleep(0.05)
 
 
@@ -57,15 +57,15 @@ async def test_the_next_job_of_a_reference_reuses_its_judge_and_still_judges_its
         pid, own = judge._proc.pid, judge.scratch
         assert own.is_dir(), "the job's scratch was removed with the kept judge's directory"
         wrong = await _verify(ctx, RELU_OFF)
-        assert pool.judges_reused == 1
+        assert pool.reused["judge"] == 1
         assert not wrong.correct, "a reused judge passed a wrong candidate"
         await _wait_kept(pool, 2)
         assert [j._proc.pid for j in _kept(pool)] == [pid], "the same judge process served both jobs"
         again = await _verify(ctx, RELU)
-        assert again.correct and pool.judges_reused == 2, str(again)
+        assert again.correct and pool.reused["judge"] == 2, str(again)
         # Another reference finds no judge of its own kept: it starts one.
         other = await _verify(ctx, RELU, problem="softmax")
-        assert not other.correct and pool.judges_reused == 2
+        assert not other.correct and pool.reused["judge"] == 2
         await _wait_kept(pool, 4)
         kept = _kept(pool)
         assert len(kept) == 2
@@ -87,7 +87,7 @@ async def test_a_compile_gives_its_judge_to_the_verify_after_it(tmp_path):
         assert built.ok, str(built)
         await _wait_kept(pool, 1)
         result = await _verify(ctx, RELU)
-        assert result.correct and pool.judges_reused == 1, str(result)
+        assert result.correct and pool.reused["judge"] == 1, str(result)
 
 
 async def test_a_job_that_ends_in_an_exception_ends_its_judge(tmp_path):
@@ -103,7 +103,7 @@ async def test_a_job_that_ends_in_an_exception_ends_its_judge(tmp_path):
                     pid = judge._proc.pid
                     raise RuntimeError("the job failed")
         await anyio.sleep(0.5)
-        assert pool.judges_kept == 0 and not _kept(pool)
+        assert pool.kept["judge"] == 0 and not _kept(pool)
         with anyio.fail_after(30):
             while _alive(pid):
                 await anyio.sleep(0.05)
@@ -116,7 +116,7 @@ async def test_a_job_that_ends_in_an_exception_ends_its_judge(tmp_path):
                     while judge.alive:
                         await anyio.sleep(0.05)
         await anyio.sleep(0.5)
-        assert pool.judges_kept == 0 and not _kept(pool)
+        assert pool.kept["judge"] == 0 and not _kept(pool)
 
 
 async def test_a_job_right_after_another_waits_for_the_judge_still_forgetting_the_last_job(tmp_path):
@@ -125,9 +125,9 @@ async def test_a_job_right_after_another_waits_for_the_judge_still_forgetting_th
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
         assert (await _verify(ctx, RELU)).correct
-        assert pool._resetting or pool.judges_kept == 1  # given back: its reset under way or done
+        assert pool._resetting or pool.kept["judge"] == 1  # given back: its reset under way or done
         second = await _verify(ctx, RELU_OFF)
-        assert not second.correct and pool.judges_reused == 1
+        assert not second.correct and pool.reused["judge"] == 1
 
 
 async def test_a_kept_judges_log_starts_empty_for_the_next_job(tmp_path):

@@ -217,12 +217,12 @@ async def test_a_warm_workers_directory_is_its_roles_scratch_and_goes_with_the_j
                                                                    candidate_code=cpu_example["candidate"], trials=1,
                                                                    use_store=False))
         assert result.correct, str(result)
-        with anyio.fail_after(60):  # its judge is kept for the next job of the reference, with its directory
-            while not pool.judges_kept:
+        with anyio.fail_after(60):  # its judge and its candidate are kept for the next job of their code, with their directories
+            while not (pool.kept["judge"] and pool.kept["candidate"]):
                 await anyio.sleep(0.05)
-        kept = {j.scratch for parked in pool._judges.values() for _, j in parked}
+        kept = {w.scratch for parked in pool._kept.values() for _, w in parked}
         left = [p for p in jobs.iterdir() if any(p.iterdir()) and p not in kept]
-        assert len(kept) == 1 and not left, f"a job's files stayed behind: {[(p, list(p.iterdir())) for p in left]}"
+        assert len(kept) == 2 and not left, f"a job's files stayed behind: {[(p, list(p.iterdir())) for p in left]}"
     assert not list(jobs.iterdir())
 
 

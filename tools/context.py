@@ -37,9 +37,9 @@ __all__ = ["SYNC_LAUNCHES", "Progress", "ToolContext", "no_progress", "scratch_n
 
 log = logging.getLogger("kforge.context")
 
-# Verify's candidate launches synchronously, so a device fault is raised at the line that launched it: each backend
-# says how (`Availability.sync_launch_env`, read by `warm_kinds` and verify). This is NVIDIA's, which the CUDA runtime
-# reads once, at start-up (such workers are a kind of their own in the pool); kept for callers that name it.
+# A verify whose trial faulted runs again with synchronous launches, so the fault is raised at the line that launched
+# it: each backend says how (`Availability.sync_launch_env`). This is NVIDIA's, which the CUDA runtime reads once, at
+# start-up (such workers are a kind of their own in the pool); kept for callers that name it.
 SYNC_LAUNCHES = {"CUDA_LAUNCH_BLOCKING": "1"}
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
@@ -287,14 +287,14 @@ class ToolContext:
 
 
 def warm_kinds(avail: Availability) -> list[dict[str, str]]:
-    """The extra environments of the warm workers a server keeps for an available backend: plain and verify's
-    synchronous launches (the backend's `sync_launch_env`, where it has one), for each GPU of a multi-GPU host
-    (pinned to it), else once (`kforge.tools.gpus`)."""
+    """The extra environments of the warm workers a server keeps for an available backend: one per GPU of a
+    multi-GPU host (pinned to it), else one (`kforge.tools.gpus`). Synchronous launches (`sync_launch_env`) get
+    none: only a verify whose trial faulted runs again in such a worker (`evaluate.verify_against_reference`), and
+    a second kind per GPU doubled the forks that the host's device-context starts limit."""
     kinds: list[dict[str, str]] = []
     for p in gpus.placements(avail) or [None]:
-        for env in (gpus.pin_env(p), {**gpus.pin_env(p), **avail.sync_launch_env}):
-            if env not in kinds:
-                kinds.append(env)
+        if (env := gpus.pin_env(p)) not in kinds:
+            kinds.append(env)
     return kinds
 
 

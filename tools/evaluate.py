@@ -10,9 +10,10 @@ from __future__ import annotations
 import secrets
 import time
 from contextlib import AsyncExitStack
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from kforge.backends import fault_markers
 
 from .context import Progress, ToolContext, no_progress
 from .gpus import on_one_gpu
@@ -20,8 +21,8 @@ from .models import CompileResult, JobSpec, OutputCheck, TrialReport, VerifyResu
 from .process.protocol import EvidenceRequest
 from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
-from .steps import (candidate_inputs, fresh_seeds, job_spec, launch_once, load_candidate, prepare_judge,
-                    ready_candidate, with_jit_kernels)
+from .steps import (candidate_inputs, fresh_seeds, job_spec, keep_candidate, launch_once, load_candidate,
+                    prepare_judge, ready_candidate, with_jit_kernels)
 from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
 
@@ -47,6 +48,8 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
             if worker is not None and reference_code is not None:
                 await progress(1, steps, "launching the candidate once on the reference's inputs")
                 result = await _launch_once(workers, ctx, backend, scratch, worker, result, reference_code)
+            if result.ok:
+                keep_candidate(workers, worker)  # for its verify
     # The store keeps it only if it depends on nothing but the code (`verdict.why_not_stored`).
     ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
     await progress(steps, steps, "built" if result.ok else "build failed")
@@ -72,16 +75,48 @@ async def _launch_once(workers: WorkerGroup, ctx: ToolContext, backend: str, scr
 @on_one_gpu  # request.gpu
 async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
                                    progress: Progress = no_progress) -> VerifyResult:
-    """Judge the candidate against the reference; see `kforge.tools.verdict` for every check."""
+    """Judge the candidate against the reference; see `kforge.tools.verdict` for every check.
+
+    The candidate runs in a plain worker (the one its compile left, `steps.keep_candidate`, where there is one). A
+    trial that hits a device fault is run again in a worker whose launches are synchronous (the backend's
+    `sync_launch_env`, CUDA_LAUNCH_BLOCKING=1), where the error names the launch that faulted: only a faulting
+    candidate pays for that worker, whose kind no warm worker waits in."""
     backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
-    trials, atol, rtol, precision = request.trials, request.atol, request.rtol, request.precision
-    options = {"trials": trials, "atol": atol, "rtol": rtol, "precision": precision}
+    options = {"trials": request.trials, "atol": request.atol, "rtol": request.rtol, "precision": request.precision}
     spec = await job_spec(ctx, "verify_against_reference", backend, candidate_code, reference_code, options)
     if request.use_store and (hit := ctx.store.get_result(spec.key)):
         return VerifyResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
+    fields = await _judge(ctx, request, spec, progress)
+    sync_env = (await ctx.require_backend(backend)).sync_launch_env
+    if sync_env and _device_fault(fields):
+        await progress(1, 4, "a device fault: running the trials again with synchronous launches to locate it")
+        located = await _judge(ctx, request, spec, progress, extra_env=sync_env)
+        launches = ", ".join(f"{k}={v}" for k, v in sync_env.items())
+        if _device_fault(located):
+            fields = {**located, "warnings": [*(located.get("warnings") or []), (
+                f"a device fault: the trials ran again with synchronous launches ({launches}), so the error above "
+                "names the launch that faulted")]}
+        else:  # it faulted once: never correct, whatever the second run says
+            fields = {**fields, "warnings": [*(fields.get("warnings") or []), (
+                f"a device fault that did not happen again with synchronous launches ({launches}): a race, or a read "
+                "of memory the kernel never wrote?")]}
+    return _finish_verify(ctx, spec, t0, precision=request.precision, **fields)
+
+
+def _device_fault(fields: dict[str, Any]) -> bool:
+    failure = fields.get("failure")
+    if failure is not None and failure.kind == "device_fault":
+        return True
+    return any(m in (t.error or "") for t in fields.get("trials") or [] for m in fault_markers())
+
+
+async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progress: Progress, *,
+                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run of the candidate's trials against the judge: the fields of its `VerifyResult`."""
+    backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
+    trials, atol, rtol, precision = request.trials, request.atol, request.rtol, request.precision
     scan = static_check(scan_candidate(candidate_code))
-    done = partial(_finish_verify, ctx, spec, t0, precision=precision)
     init_seed, seeds = fresh_seeds(trials)
     steps = 4.0
     judging = {"atol": atol, "rtol": rtol, "precision": precision}
@@ -91,18 +126,16 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
             # meanwhile, except where the pool runs short (`WorkerPool.hold_forks`, light).
             stack.callback(ctx.hold_forks(light=True))
             await progress(0, steps, "running the reference in the judge worker while the candidate builds")
-            # Synchronous launches: a device fault is raised at the candidate line that launched it.
-            sync_env = (await ctx.require_backend(backend)).sync_launch_env
             (judge, failure, prepared), (worker, compiled, setup, cand_failure) = await concurrently(
                 lambda: prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed),
                 lambda: ready_candidate(workers, ctx, backend, scratch, spec, candidate_code,
-                                         candidate_inputs(reference_code, seeds, init_seed), extra_env=sync_env))
+                                         candidate_inputs(reference_code, seeds, init_seed), extra_env=extra_env))
             ctx.pause_forks(light=True)
             if failure is not None:
-                return done(failure=failure, checks=[scan])
+                return dict(failure=failure, checks=[scan])
             await progress(1, steps, "built the candidate")
             if worker is None:
-                return done(compile=compiled, failure=cand_failure, checks=[scan])
+                return dict(compile=compiled, failure=cand_failure, checks=[scan])
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
                                      "compared with the reference before the next")
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).
@@ -116,29 +149,31 @@ async def verify_against_reference(ctx: ToolContext, request: VerifyRequest,
                                                       decoy_shift=1 + secrets.randbelow(2**30), deadline=deadline,
                                                       why=why, on_trial=judged)
                 if failure is not None:
-                    return done(compile=compiled, failure=failure, checks=[scan])
+                    return dict(compile=compiled, failure=failure, checks=[scan])
                 try:
                     evidence = await worker.call(EvidenceRequest(custom_work=True), stage="forward")
                 except WorkerDied as died:
-                    return done(compile=compiled, failure=died.failure, checks=[scan])
+                    return dict(compile=compiled, failure=died.failure, checks=[scan])
             compiled = with_jit_kernels(compiled, evidence)
             run_checks = [scan] + integrity_checks(evidence.integrity, precision)
             if all(outcome.failures):  # every trial raised: report the first as the failure
-                return done(compile=compiled, failure=outcome.failures[0], checks=run_checks)
+                return dict(compile=compiled, failure=outcome.failures[0], checks=run_checks)
             await progress(3, steps, "gathered the evidence beside the outputs")
-    reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
-    tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
-    assert setup is not None and setup.weights is not None  # a candidate that was set up (`steps.ready_candidate`)
-    weights = setup.weights
-    judged = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
-    checks = run_checks + verify_checks(reports, outcome.trials, judged, outcome.nulls, evidence.custom_work,
-                                        precision, outcome.decoy)
+            reports = [_trial_report(i, seeds[i], t) for i, t in enumerate(outcome.trials)]
+            tolerances = {c.tolerance.dtype: c.tolerance for r in reports for c in r.outputs if c.tolerance}
+            assert setup is not None and setup.weights is not None  # a candidate that was set up (`steps.ready_candidate`)
+            weights = setup.weights
+            judged_how = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
+            checks = run_checks + verify_checks(reports, outcome.trials, judged_how, outcome.nulls, evidence.custom_work,
+                                                precision, outcome.decoy)
+            if all(r.correct for r in reports) and not any(c.hard and c.status == "fail" for c in checks):
+                keep_candidate(workers, worker)  # for its profile
     warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)
     if avail.mode:
         warnings.append(f"ran in {avail.mode} mode: {avail.reason}")
     await progress(steps, steps, "done")
-    return done(compile=compiled, trials=reports, tolerances=list(tolerances.values()), weights=weights,
+    return dict(compile=compiled, trials=reports, tolerances=list(tolerances.values()), weights=weights,
                 warnings=warnings, checks=checks)
 
 

@@ -17,8 +17,8 @@ from .process.protocol import (EvidenceReply, EvidenceRequest, LoadReply, LoadRe
 from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .trials import as_reference_failure
 
-__all__ = ["candidate_inputs", "compile_result", "fresh_seeds", "job_spec", "launch_once", "load_candidate",
-           "prepare_judge", "ready_candidate", "start_worker", "with_jit_kernels"]
+__all__ = ["candidate_inputs", "compile_result", "fresh_seeds", "job_spec", "keep_candidate", "kept_key", "launch_once",
+           "load_candidate", "prepare_judge", "ready_candidate", "start_worker", "with_jit_kernels"]
 
 
 async def job_spec(ctx: ToolContext, tool: str, backend: str, candidate: str, reference: str | None,
@@ -49,15 +49,43 @@ async def start_worker(workers: WorkerGroup, ctx: ToolContext, backend: str, scr
     return await workers.start(ctx.worker(backend, scratch / role, role, extra_env=extra_env))
 
 
+def kept_key(role: str, backend: str, code: str) -> tuple[str, ...]:
+    """Whose kept worker may serve a job (`WorkerPool.take_kept`): the same role, backend, GPU and code."""
+    return role, backend, ",".join(f"{k}={v}" for k, v in sorted(pin_env(current_gpu()).items())), sha256_text(code)
+
+
+def keep_candidate(workers: WorkerGroup, worker: WorkerProcess | None) -> None:
+    """Offer the candidate's process to the next job of the same code (compile, then verify, then profile of one
+    candidate): called only after a job the candidate passed, so a process that failed a check is never kept."""
+    if worker is not None and worker.kept_key is not None:
+        workers.give_back(worker, worker.kept_key)
+
+
+def _already_loaded(reply: LoadReply) -> LoadReply:
+    """A kept candidate's load, as the next job of its code reports it: nothing was built or loaded for this job (each
+    build reads as reused, in no time)."""
+    return reply.model_copy(update={"seconds": 0.0, "builds": [b.model_copy(update={"from_cache": True, "seconds": 0.0})
+                                                                for b in reply.builds]})
+
+
 async def load_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, spec: JobSpec,
                           code: str, *, extra_env: dict[str, str] | None = None) -> tuple[WorkerProcess | None, CompileResult]:
+    """The candidate's process with its module loaded (built and imported): one an earlier job of the same code kept
+    (`keep_candidate`; it reports that job's build), else a new one. A worker of a kind of its own (`extra_env`:
+    synchronous launches) is never kept."""
+    key = None if extra_env else kept_key("candidate", backend, code)
+    kept = await ctx.pool.take_kept(key) if key is not None and ctx.pool is not None else None
     try:
-        worker = await start_worker(workers, ctx, backend, scratch, "candidate", extra_env)
-        reply = await worker.call(LoadRequest(role="candidate", source=code), stage="load")
+        if kept is not None:  # a kept candidate was loaded by a job of this code (`loaded` set below)
+            worker, reply = workers.adopt(kept, scratch / "candidate"), _already_loaded(kept.loaded)
+        else:
+            worker = await start_worker(workers, ctx, backend, scratch, "candidate", extra_env)
+            reply = await worker.call(LoadRequest(role="candidate", source=code), stage="load")
     except WorkerDied as died:
         return None, compile_result(spec, None, died.failure)
     result = compile_result(spec, reply, None)
     worker.kernel_names = reply.kernel_names  # the candidate's own kernels, for profilers
+    worker.loaded, worker.kept_key = reply, key
     return (worker if result.ok else None), result
 
 
@@ -85,12 +113,12 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
                          ) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
     """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
     prepared, or the reference's failure."""
-    # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_judge`).
-    key = (backend, ",".join(f"{k}={v}" for k, v in sorted(pin_env(current_gpu()).items())), sha256_text(reference))
-    kept = await ctx.pool.take_judge(key) if ctx.pool is not None else None
+    # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_kept`).
+    key = kept_key("judge", backend, reference)
+    kept = await ctx.pool.take_kept(key) if ctx.pool is not None else None
     try:
         if kept is not None:
-            judge = workers.adopt(kept)
+            judge = workers.adopt(kept, scratch / "judge")
         else:
             judge = await start_worker(workers, ctx, backend, scratch, "judge")
             loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")

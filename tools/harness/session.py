@@ -65,6 +65,10 @@ class Session:
             self._reference_inputs = outcome.module
         return self._reference_inputs
 
+    def forget_reference_inputs(self) -> None:
+        """The next job (a kept candidate's) loads its own reference's `get_inputs`."""
+        self._reference_inputs = None
+
     def load(self, req: LoadRequest) -> LoadReply:
         """Build and import the user's module, then check it defines what its role needs (KernelBench format)."""
         from .loader import load_user_module

@@ -49,15 +49,17 @@ __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
 
 class _KeptWorker(Protocol):
-    """What the pool uses of a judge it keeps (`runner.WorkerProcess`, which imports this module)."""
+    """What the pool uses of a worker it keeps (`runner.WorkerProcess`, which imports this module)."""
 
     scratch: Path
     log: Path
     device_bytes: int
+    role: str
 
     @property
     def alive(self) -> bool: ...
     def leave_job(self) -> None: ...
+    def pause(self, stopped: bool) -> None: ...
     async def call(self, request: ResetRequest, *, stage: str, timeout_s: float | None = None) -> ResetReply: ...
     async def aclose(self) -> None: ...
 
@@ -69,14 +71,18 @@ _REAP_BEFORE_NEXT_BYTES = 4 * 2**30  # killed workers that held more device memo
 _FORK_TRIES = 3  # forks of a kind that fail in a row before the pool gives the kind up for the server's life
 _WAIT_FOR_FORK_S = 30.0  # how long a job waits for a forked worker before it starts a cold one
 _LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refill: a profile takes two
-# Judges kept for the next job of their reference (`give_back_judge`): each kept one spares that job a fork, whose
-# device context the host starts one at a time (16 at once took 4.2 s, ~0.12 s each, on 1 or 2 GPUs alike; 2x H200,
-# bench/explore/fork_scaling.py, 2026-11-27), and the reference's load.
-_JUDGE_KEEP_S = 300.0  # an agent's next candidate of a problem comes within minutes
-_JUDGES_PER_DEVICE = 4  # kept at most per kind (backend and GPU pin), the oldest going first
-_JUDGE_MAX_BYTES = 2 * 2**30  # a judge whose job's ops reserved more is not kept: its problem wants the room
-_JUDGE_RESET_S = 30.0  # a reset (a gc and an empty cache) took 0.3-0.6 s on an H200 host; far past it, no judge to keep
-_JUDGE_WAIT_S = 5.0  # a job waits this long at most for a kept judge still forgetting its last job
+# Workers kept for the next job of the same code (`give_back_kept`): a judge for the next job of its reference, a
+# candidate for the next job of the same candidate code (compile, verify, profile of one candidate). Each kept one
+# spares that job a fork, whose device context the host starts one at a time (16 at once took 4.2 s, ~0.12 s each,
+# on 1 or 2 GPUs alike; 2x H200, bench/explore/fork_scaling.py, 2026-11-27), and the code's load.
+# An agent's next candidate of a problem comes within minutes (a judge); a candidate's next step, within seconds.
+_KEEP_S = {"judge": 300.0, "candidate": 120.0}
+# Kept at most per role and kind (backend and GPU pin), the oldest going first: a judge per problem in play, a
+# candidate per agent between its steps (each a stopped process holding a device context, ~0.5 GB of the GPU).
+_KEPT_PER_DEVICE = {"judge": 4, "candidate": 8}
+_KEPT_MAX_BYTES = 2 * 2**30  # a worker whose job's ops reserved more is not kept: its problem wants the room
+_RESET_S = 30.0  # a reset (a gc and an empty cache) took 0.3-0.6 s on an H200 host; far past it, nothing to keep
+_KEPT_WAIT_S = 5.0  # a job waits this long at most for a kept worker still forgetting its last job
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -304,11 +310,11 @@ class _Zygote:
         await kill_group(self.proc)
 
 
-async def _discard_judge(judge: _KeptWorker) -> None:
-    """End a kept judge and remove its directory (its own, no longer any job's)."""
+async def _discard_kept(worker: _KeptWorker) -> None:
+    """End a kept worker and remove its directory (its own, no longer any job's)."""
     with anyio.CancelScope(shield=True):
-        await judge.aclose()
-    shutil.rmtree(judge.scratch, ignore_errors=True)
+        await worker.aclose()
+    shutil.rmtree(worker.scratch, ignore_errors=True)
 
 
 class WorkerPool:
@@ -339,18 +345,20 @@ class WorkerPool:
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
-        # Judges kept for the next job of their reference (`give_back_judge`), by key: (when kept, the judge).
-        self._judges: dict[tuple[str, ...], list[tuple[float, _KeptWorker]]] = defaultdict(list)
-        self.judges_kept = self.judges_reused = 0
-        self._resetting: Counter[tuple[str, ...]] = Counter()  # judges given back whose reset is under way, by key
-        self._judge_settled: dict[tuple[str, ...], anyio.Event] = defaultdict(anyio.Event)  # one was kept or dropped
+        # Workers kept for the next job of the same code (`give_back_kept`), by key (role, backend, GPU pin, the
+        # code's sha256): (when kept, the worker).
+        self._kept: dict[tuple[str, ...], list[tuple[float, _KeptWorker]]] = defaultdict(list)
+        self.kept: Counter[str] = Counter()  # by role: workers kept so far
+        self.reused: Counter[str] = Counter()  # by role: jobs served by a kept worker
+        self._resetting: Counter[tuple[str, ...]] = Counter()  # workers given back whose reset is under way, by key
+        self._kept_settled: dict[tuple[str, ...], anyio.Event] = defaultdict(anyio.Event)  # one was kept or dropped
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep warm workers per wanted kind (`size`, growing on misses) until cancelled; kill idle ones on exit."""
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self._expire_judges)
+                tg.start_soon(self._expire_kept)
                 task_status.started()
                 while True:
                     await self._wake.wait()
@@ -366,93 +374,100 @@ class WorkerPool:
                     for warm in idle:
                         await warm.discard()
                 self._idle.clear()
-                kept = [judge for parked in self._judges.values() for _, judge in parked]
-                self._judges.clear()
-                await close_together([partial(_discard_judge, judge) for judge in kept])
+                kept = [worker for parked in self._kept.values() for _, worker in parked]
+                self._kept.clear()
+                await close_together([partial(_discard_kept, worker) for worker in kept])
                 for zygote in self._zygotes.values():
                     if isinstance(zygote, _Zygote):
                         await zygote.close()
                 self._zygotes.clear()
 
-    async def take_judge(self, key: tuple[str, ...]) -> _KeptWorker | None:
-        """A judge kept by an earlier job of the same reference on the same kind of worker, or None. One given back
-        whose reset is still under way (0.3-0.6 s on an H200 host: an agent's profile follows its verify at once) is
-        waited for, up to `_JUDGE_WAIT_S`."""
-        with anyio.move_on_after(_JUDGE_WAIT_S):
+    async def take_kept(self, key: tuple[str, ...]) -> _KeptWorker | None:
+        """A worker kept by an earlier job of the same code on the same kind of worker (`key`: role, backend, GPU
+        pin, the code's sha256), or None. One given back whose reset is still under way (0.3-0.6 s on an H200 host:
+        an agent's profile follows its verify at once) is waited for, up to `_KEPT_WAIT_S`."""
+        with anyio.move_on_after(_KEPT_WAIT_S):
             while True:
-                parked = self._judges.get(key)
+                parked = self._kept.get(key)
                 while parked:
-                    _, judge = parked.pop()  # the most recent: the others may expire
-                    if judge.alive:
-                        self.judges_reused += 1
-                        return judge
+                    _, worker = parked.pop()  # the most recent: the others may expire
+                    if worker.alive:
+                        worker.pause(False)
+                        self.reused[worker.role] += 1
+                        return worker
                     if self._tg is not None:
-                        self._tg.start_soon(_discard_judge, judge)
+                        self._tg.start_soon(_discard_kept, worker)
                 if not self._resetting[key]:
                     return None
-                await self._judge_settled[key].wait()
+                await self._kept_settled[key].wait()
         return None
 
-    def give_back_judge(self, key: tuple[str, ...], judge: _KeptWorker) -> bool:
-        """Keep a warm judge whose job ended well for the next job of its reference (`take_judge`); False when the
-        pool is not running (the caller ends it). It forgets the job first (`ResetRequest`) and is kept only if
-        that works and its problem is small (`_JUDGE_MAX_BYTES`). A judge never runs candidate code: it holds the
-        reference, and the outputs handed to it are plain tensors it rebuilt (`harness.handoff`)."""
+    def give_back_kept(self, key: tuple[str, ...], worker: _KeptWorker) -> bool:
+        """Keep a warm worker whose job ended well for the next job of the same code (`take_kept`); False when the
+        pool is not running (the caller ends it). It forgets the job first (`ResetRequest`) and is kept only if that
+        works and its problem is small (`_KEPT_MAX_BYTES`).
+
+        A judge never runs candidate code: it holds the reference, and the outputs handed to it are plain tensors it
+        rebuilt (`harness.handoff`). A candidate serves only jobs of its own code (the key holds its sha256), never
+        another candidate's, and only after a job it passed; while kept it is stopped (SIGSTOP to its process group),
+        so nothing of it runs beside another job's timing."""
         if self._tg is None:
             return False
-        judge.leave_job()
+        worker.leave_job()
         self._resetting[key] += 1
-        self._tg.start_soon(self._keep_judge, key, judge)
+        self._tg.start_soon(self._keep, key, worker)
         return True
 
-    async def _keep_judge(self, key: tuple[str, ...], judge: _KeptWorker) -> None:
+    async def _keep(self, key: tuple[str, ...], worker: _KeptWorker) -> None:
         kept = False
         try:
-            kept = await self._reset_and_keep(key, judge)
+            kept = await self._reset_and_keep(key, worker)
         finally:
             self._resetting[key] -= 1
             if not self._resetting[key]:
                 del self._resetting[key]
-            self._judge_settled.pop(key, anyio.Event()).set()  # its waiters look again; the next round gets a new event
+            self._kept_settled.pop(key, anyio.Event()).set()  # its waiters look again; the next round gets a new event
             if not kept:
-                await _discard_judge(judge)
+                await _discard_kept(worker)
 
-    async def _reset_and_keep(self, key: tuple[str, ...], judge: _KeptWorker) -> bool:
-        if judge.device_bytes > _JUDGE_MAX_BYTES:
+    async def _reset_and_keep(self, key: tuple[str, ...], worker: _KeptWorker) -> bool:
+        if worker.device_bytes > _KEPT_MAX_BYTES:
             return False
         try:
-            reply = await judge.call(ResetRequest(), stage="reset", timeout_s=_JUDGE_RESET_S)
-        except Exception:  # noqa: BLE001 - a judge that cannot forget its job is not kept
+            reply = await worker.call(ResetRequest(), stage="reset", timeout_s=_RESET_S)
+        except Exception:  # noqa: BLE001 - a worker that cannot forget its job is not kept
             return False
-        if reply.failure is not None or reply.reserved_bytes > _JUDGE_MAX_BYTES or self._tg is None:
+        if reply.failure is not None or reply.reserved_bytes > _KEPT_MAX_BYTES or self._tg is None:
             return False
-        judge.device_bytes = 0
+        worker.device_bytes = 0
         try:  # the next job's failures quote the log's tail: not this job's lines (the worker appends: O_APPEND)
-            judge.log.write_bytes(b"")
+            worker.log.write_bytes(b"")
         except OSError:
             pass
-        parked = self._judges[key]
-        same_kind = [p for k, v in self._judges.items() if k[:2] == key[:2] for p in v]
-        if len(same_kind) >= _JUDGES_PER_DEVICE:
+        if worker.role == "candidate":
+            worker.pause(True)
+        parked = self._kept[key]
+        same_kind = [p for k, v in self._kept.items() if k[:3] == key[:3] for p in v]
+        if len(same_kind) >= _KEPT_PER_DEVICE[worker.role]:
             oldest = min(same_kind, key=lambda p: p[0])
-            for v in self._judges.values():
+            for v in self._kept.values():
                 if oldest in v:
                     v.remove(oldest)
-            self._tg.start_soon(_discard_judge, oldest[1])
-        parked.append((time.monotonic(), judge))
-        self.judges_kept += 1
+            self._tg.start_soon(_discard_kept, oldest[1])
+        parked.append((time.monotonic(), worker))
+        self.kept[worker.role] += 1
         return True
 
-    async def _expire_judges(self) -> None:
+    async def _expire_kept(self) -> None:
         while True:
-            await anyio.sleep(min(10.0, _JUDGE_KEEP_S / 4))
+            await anyio.sleep(10.0)
             now = time.monotonic()
-            for key, parked in list(self._judges.items()):
-                for item in [p for p in parked if now - p[0] > _JUDGE_KEEP_S or not p[1].alive]:
+            for key, parked in list(self._kept.items()):
+                for item in [p for p in parked if now - p[0] > _KEEP_S[p[1].role] or not p[1].alive]:
                     parked.remove(item)
-                    await _discard_judge(item[1])
+                    await _discard_kept(item[1])
                 if not parked:
-                    self._judges.pop(key, None)
+                    self._kept.pop(key, None)
 
     def hold_forks(self, light: bool = False, gpu: str | None = None) -> Callable[[], None]:
         """Start no fork until the returned release is called (once or more), except forks a job waits for.

@@ -432,9 +432,11 @@ class ResetReply(OpReply):
 
 
 class ResetRequest(Request[ResetReply]):
-    """A judge kept for the next job of the same reference (`WorkerPool.give_back_judge`) forgets this one: its
-    trials' inputs, expected outputs, timing sets, baselines and secret digest weights go, and cached device memory
-    goes back to the GPU; only its loaded reference module stays (the next job's `prepare` builds Model anew)."""
+    """A worker kept for the next job of the same code (`WorkerPool.give_back_kept`) forgets this one, and cached
+    device memory goes back to the GPU. A judge: its trials' inputs, expected outputs, timing sets, baselines and
+    secret digest weights go; only its loaded reference module stays (the next job's `prepare` builds Model anew).
+    A candidate: its ModelNew, inputs, timing sets and held outputs go; its loaded module (the build) stays, and the
+    next job's `setup` builds ModelNew anew from that job's seeds."""
     op: Literal["reset"] = "reset"
 
 

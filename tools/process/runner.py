@@ -10,6 +10,7 @@ kills the whole process group.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import socket
@@ -27,7 +28,7 @@ from ..models import Failure
 from .build_service import serve_build_request, spawn_pch_build
 from .channel import Channel, HandedFds, close_all
 from .lifecycle import (Preemption, busy_threads, close_together, kill_group, killpg, namespace_processes, preemptions,
-                        sandboxed_worker, trace, worker_env)
+                        sandboxed_worker, session_members, trace, worker_env)
 from .limits import WorkerLimits, confinement, sandbox_args
 from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 
@@ -82,9 +83,9 @@ class WorkerGroup:
     context's teardown each) are awaited side by side, by the pool in the background where one runs (the
     job answers without waiting; the next job waits only if they held much device memory), else here.
 
-    A judge marked `give_back` goes back to the pool instead when the job ends without an exception, for the next
-    job of the same reference (`WorkerPool.give_back_judge`); one the job was given (`adopt`) ends like the others
-    otherwise."""
+    A judge or candidate marked `give_back` goes back to the pool instead when the job ends without an exception,
+    for the next job of the same code (`WorkerPool.give_back_kept`); one the job was given (`adopt`) ends like the
+    others otherwise."""
 
     def __init__(self, pool: WorkerPool | None = None) -> None:
         self.workers: list[WorkerProcess] = []
@@ -95,14 +96,18 @@ class WorkerGroup:
         self.workers.append(worker)
         return await worker.__aenter__()
 
-    def adopt(self, worker: WorkerProcess) -> WorkerProcess:
-        """A worker started before this job (a judge kept by the pool), from now on one of the group's."""
+    def adopt(self, worker: WorkerProcess, link: Path) -> WorkerProcess:
+        """A worker started before this job (kept by the pool), from now on one of the group's; `link`, where the job
+        looks for the role's directory, points to the worker's own (removed with the job's unless given back again)."""
+        link.symlink_to(worker.scratch, target_is_directory=True)
+        worker.job_link = link
         self.workers.append(worker)
         return worker
 
     def give_back(self, worker: WorkerProcess, key: tuple[str, ...]) -> None:
-        """Hand this warm judge back to the pool under `key` if the job ends without an exception."""
-        if self._pool is not None and worker.warm and worker.role == "judge" and not worker.under_profiler:
+        """Hand this warm judge or candidate back to the pool under `key` if the job ends without an exception."""
+        if self._pool is not None and worker.warm and worker.role in ("judge", "candidate") \
+                and not worker.under_profiler:
             self._give_back[id(worker)] = (worker, key)
 
     async def __aenter__(self) -> WorkerGroup:
@@ -112,7 +117,7 @@ class WorkerGroup:
         with anyio.CancelScope(shield=True):
             if exc_type is None and self._pool is not None:
                 for worker, key in self._give_back.values():
-                    if worker.alive and self._pool.give_back_judge(key, worker):
+                    if worker.alive and self._pool.give_back_kept(key, worker):
                         self.workers.remove(worker)
             for worker in self.workers:
                 worker.kill_now()
@@ -145,6 +150,8 @@ class WorkerProcess:
         self.device_bytes = 0  # the most device memory its ops reserved (their reported peaks)
         self.job_link: Path | None = None  # a warm worker's: the job's link to its own directory
         self._worker_pid: int | None = None  # under a profiler: the worker's own process, found at its start
+        self.loaded: Any = None  # a candidate's `LoadReply`: what a later job of the same code, kept, reports as its build
+        self.kept_key: tuple[str, ...] | None = None  # a candidate's key for the pool's kept workers (`steps.kept_key`)
 
     def _command(self) -> list[str]:
         """The worker's command line. Under a profiler (ncu), the profiler's front-end and the worker share one
@@ -364,8 +371,20 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    def pause(self, stopped: bool) -> None:
+        """Stop (SIGSTOP) or resume every process of the worker's session: a candidate kept between jobs runs nothing."""
+        if self._proc is None:
+            return
+        sig = signal.SIGSTOP if stopped else signal.SIGCONT
+        sends = [(os.killpg, self._proc.pid)] + [(os.kill, pid) for pid in session_members(self._proc.pid)]
+        for send, pid in sends:  # its group, and any member of its session that left the group
+            try:
+                send(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def leave_job(self) -> None:
-        """Kept past its job (a judge given back to the pool): the job's link to its directory goes, so that removing
+        """Kept past its job (given back to the pool): the job's link to its directory goes, so that removing
         the job's scratch leaves the directory, still the worker's own."""
         if self.job_link is not None:
             try:
