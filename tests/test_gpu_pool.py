@@ -35,11 +35,14 @@ def _gpu_pids() -> set[int]:
 async def test_a_cpu_worker_holds_no_device_context_and_a_cuda_one_does(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
+        def idle(backend: str) -> list:  # on a host of several GPUs, each GPU's kind is pinned to it
+            return [w for kind, ws in pool._idle.items() if kind[0] == backend for w in ws]
+
         with anyio.fail_after(240):
-            while not (pool._idle.get(("cpu", ())) and pool._idle.get(("cuda", ()))):
+            while not (idle("cpu") and idle("cuda")):
                 await anyio.sleep(0.2)
         on_gpu = _gpu_pids()
-        cpu_worker, cuda_worker = pool._idle[("cpu", ())][0], pool._idle[("cuda", ())][0]
+        cpu_worker, cuda_worker = idle("cpu")[0], idle("cuda")[0]
         assert _tree(cuda_worker.proc.pid) & on_gpu, f"the cuda worker shows no context: {on_gpu}"
         assert not _tree(cpu_worker.proc.pid) & on_gpu, "a cpu worker started a CUDA context"
 

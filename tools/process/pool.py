@@ -77,9 +77,11 @@ _LIGHT_HOLD_IDLE = 2  # a verify's hold lets a kind with fewer idle workers refi
 # on 1 or 2 GPUs alike; 2x H200, bench/explore/fork_scaling.py, 2026-11-27), and the code's load.
 # An agent's next candidate of a problem comes within minutes (a judge); a candidate's next step, within seconds.
 _KEEP_S = {"judge": 300.0, "candidate": 120.0}
-# Kept at most per role and kind (backend and GPU pin), the oldest going first: a judge per problem in play, a
-# candidate per agent between its steps (each a stopped process holding a device context, ~0.5 GB of the GPU).
-_KEPT_PER_DEVICE = {"judge": 4, "candidate": 8}
+# Kept at most per role and kind (backend and GPU pin): a judge per problem in play, the oldest going first; a
+# candidate per agent between its steps (each a stopped process holding a device context, ~0.5 GB of the GPU), the
+# newest not kept when full: jobs run in the order they came, so the candidates kept first are the next ones served
+# (20 candidates at once on one GPU with 8 kept, the oldest going: 45 candidate processes for 20, 2x H200).
+_KEPT_PER_DEVICE = {"judge": 4, "candidate": 16}
 _KEPT_MAX_BYTES = 2 * 2**30  # a worker whose job's ops reserved more is not kept: its problem wants the room
 _RESET_S = 30.0  # a reset (a gc and an empty cache) took 0.3-0.6 s on an H200 host; far past it, nothing to keep
 _KEPT_WAIT_S = 5.0  # a job waits this long at most for a kept worker still forgetting its last job
@@ -449,6 +451,8 @@ class WorkerPool:
         parked = self._kept[key]
         same_kind = [p for k, v in self._kept.items() if k[:3] == key[:3] for p in v]
         if len(same_kind) >= _KEPT_PER_DEVICE[worker.role]:
+            if worker.role == "candidate":
+                return False
             oldest = min(same_kind, key=lambda p: p[0])
             for v in self._kept.values():
                 if oldest in v:
