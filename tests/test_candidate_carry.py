@@ -36,7 +36,14 @@ async def _kept_pid(pool, n: int) -> int:
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    """The states of the worker's processes: it and its descendants (a sandboxed worker runs in a child of its own)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(c) for c in task.read_text().split()]
+    return "".join(sorted(found))
 
 
 async def _verify(ctx: ToolContext, code: str):

@@ -77,6 +77,12 @@ def test_the_least_loaded_gpu_is_chosen_ties_to_the_lowest_index():
     assert gpus.choose_gpu(avail, None, lambda p: load[p.gpu.index]).gpu.index == 1
     assert gpus.choose_gpu(avail, None, lambda p: 0).gpu.index == 0
     assert gpus.choose_gpu(avail, 2, lambda p: 99).gpu.index == 2  # an explicit index, however loaded
+    # A GPU that keeps a process of the job's code (its compile's candidate) counts one call less loaded.
+    kept_on_2 = lambda p: p.gpu.index == 2  # noqa: E731
+    assert gpus.choose_gpu(avail, None, lambda p: load[p.gpu.index], kept_on_2).gpu.index == 2
+    assert gpus.choose_gpu(avail, None, lambda p: 0, kept_on_2).gpu.index == 2
+    assert gpus.choose_gpu(avail, None, lambda p: {0: 0, 1: 0, 2: 2}[p.gpu.index], kept_on_2).gpu.index == 0
+    assert gpus.choose_gpu(avail, 1, lambda p: 0, kept_on_2).gpu.index == 1  # an explicit index wins
 
 
 def test_an_index_out_of_range_names_the_gpus_there_are():

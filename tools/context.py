@@ -25,6 +25,7 @@ from kforge.backends import Availability, DeviceFacts, backend_names
 from . import gpus
 from .tool_inputs import RequestError
 from .device_use import DeviceUse
+from .models import sha256_text
 from .process.pool import WorkerPool
 from .process.protocol import CeilingsRequest, ProbeRequest
 from .process.runner import WorkerProcess
@@ -131,11 +132,16 @@ class ToolContext:
                              pool=self.pool, extra_env=env, **kwargs)
 
     @asynccontextmanager
-    async def on_gpu(self, backend: str, gpu: int | None) -> AsyncIterator[gpus.Placement | None]:
-        """Run the block on GPU `gpu` of the backend, or the least loaded one (None for a CPU backend): the workers
-        it starts are pinned there, and its device lock, ceilings and baselines are that GPU's."""
+    async def on_gpu(self, backend: str, gpu: int | None, candidate_code: str | None = None,
+                     ) -> AsyncIterator[gpus.Placement | None]:
+        """Run the block on GPU `gpu` of the backend, or the least loaded one (None for a CPU backend), one that keeps
+        a process of `candidate_code` counting as less loaded: the workers it starts are pinned there, and its device
+        lock, ceilings and baselines are that GPU's."""
         avail = await self.require_backend(backend)
-        placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[gpus.gpu_id(p.gpu)])
+        kept = (self.pool.kept_pins("candidate", backend, sha256_text(candidate_code))
+                if self.pool is not None and candidate_code is not None else set())
+        placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[gpus.gpu_id(p.gpu)],
+                                    lambda p: gpus.pin_key(p) in kept)
         if placement is not None:
             self._gpu_calls[gpus.gpu_id(placement.gpu)] += 1
         try:

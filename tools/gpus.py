@@ -92,8 +92,16 @@ def device_key(avail: Availability, placement: Placement | None) -> str:
     return f"GPU {placement.gpu.index} ({placement.gpu.name})"
 
 
-def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Placement], int]) -> Placement | None:
-    """The placement of a job of `avail`'s backend: GPU `requested`, else the least loaded one (then the lowest index).
+def pin_key(placement: Placement | None) -> str:
+    """The pin of `placement` as one string (the kept workers' keys, `steps.kept_key`)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(pin_env(placement).items()))
+
+
+def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Placement], int],
+               kept_on: Callable[[Placement], bool] = lambda p: False) -> Placement | None:
+    """The placement of a job of `avail`'s backend: GPU `requested`, else the least loaded one (then the lowest index),
+    where a GPU that keeps a worker for the job's code (`kept_on`: its compile's or verify's candidate) counts one
+    call less loaded: the job then needs no new process.
 
     None for a backend without GPUs (CPU); RequestError (from `kforge.tools.context`) for an index out of range
     or a GPU asked of a backend that has none."""
@@ -106,7 +114,7 @@ def choose_gpu(avail: Availability, requested: int | None, load: Callable[[Place
                                "leave gpu out")
         return None
     if requested is None:
-        return min(choices, key=lambda p: (load(p), p.gpu.index))
+        return min(choices, key=lambda p: (load(p) - kept_on(p), not kept_on(p), p.gpu.index))
     for p in choices:
         if p.gpu.index == requested:
             return p
@@ -140,6 +148,6 @@ def on_one_gpu(tool: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]
     the baselines' key) is read where it is used."""
     @functools.wraps(tool)
     async def run(ctx: Any, request: Any, *args: Any, **kwargs: Any) -> R:
-        async with ctx.on_gpu(request.backend, request.gpu):
+        async with ctx.on_gpu(request.backend, request.gpu, getattr(request, "candidate_code", None)):
             return await tool(ctx, request, *args, **kwargs)
     return run

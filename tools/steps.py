@@ -10,7 +10,7 @@ from typing import Any
 
 from .context import ToolContext
 from .gpus import current as current_gpu
-from .gpus import pin_env
+from .gpus import pin_key
 from .models import BuildInfo, CompileResult, Diagnostic, Failure, JobSpec, sha256_text
 from .process.protocol import (EvidenceReply, EvidenceRequest, LoadReply, LoadRequest, PrepareReply, PrepareRequest,
                                SetupReply, SetupRequest, TrialRequest)
@@ -51,7 +51,7 @@ async def start_worker(workers: WorkerGroup, ctx: ToolContext, backend: str, scr
 
 def kept_key(role: str, backend: str, code: str) -> tuple[str, ...]:
     """Whose kept worker may serve a job (`WorkerPool.take_kept`): the same role, backend, GPU and code."""
-    return role, backend, ",".join(f"{k}={v}" for k, v in sorted(pin_env(current_gpu()).items())), sha256_text(code)
+    return role, backend, pin_key(current_gpu()), sha256_text(code)
 
 
 def keep_candidate(workers: WorkerGroup, worker: WorkerProcess | None) -> None:
