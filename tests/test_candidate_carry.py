@@ -84,3 +84,20 @@ async def test_a_kept_candidate_serves_only_its_own_code_and_a_failed_job_ends_i
         # The same code takes it back; it passes again, so it is kept again.
         assert (await _verify(ctx, RELU)).correct and pool.reused["candidate"] == 1
         assert await _kept_pid(pool, 2) == pid
+
+
+async def test_a_candidate_that_leaves_a_process_running_is_not_kept(tmp_path):
+    """A compile judges nothing of what the candidate's import started: a process left running there must not live on
+    beside other jobs, so the pool looks before it keeps one (`WorkerProcess.background_seen`)."""
+    sleeper = RELU.replace("import torch", "import subprocess\nimport torch\nsubprocess.Popen(['sleep', '60'])", 1)
+    assert "Popen" in sleeper
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        built = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=sleeper, use_store=False))
+        assert built.ok, str(built)
+        with anyio.fail_after(60):
+            while pool._resetting:
+                await anyio.sleep(0.05)
+        assert pool.kept["candidate"] == 0 and not _kept_candidates(pool)
+        honest = await compile_kernel(ctx, CompileRequest(backend="cpu", candidate_code=RELU, use_store=False))
+        assert honest.ok and await _kept_pid(pool, 1) > 0  # the same pool keeps an honest one

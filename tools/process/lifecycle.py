@@ -22,8 +22,8 @@ import anyio
 from kforge.backends.build.fast_build import job_cache_env
 from kforge.backends.host import process_ids, process_stat
 
-__all__ = ["Preemption", "SCRATCH_OWNER", "busy_threads", "close_together", "kill_group", "killpg", "namespace_processes",
-           "pid_alive", "preemptions", "sandboxed_worker", "scratch_name", "session_members", "trace", "traced",
+__all__ = ["Preemption", "SCRATCH_OWNER", "busy_threads", "close_together", "kill_group", "killpg", "namespace_pids",
+           "namespace_processes", "pid_alive", "preemptions", "sandboxed_worker", "scratch_name", "session_members", "trace", "traced",
            "worker_env"]
 
 # Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
@@ -119,23 +119,31 @@ def preemptions(outer_pid: int) -> Preemption | None:
         return None
 
 
-def namespace_processes(outer_pid: int) -> list[str]:
-    """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
-    worker itself (its PID 1), named as this process sees them: the server's own count, out of the
-    candidate's reach (`kforge.tools.process.sandbox`)."""
+def namespace_pids(outer_pid: int) -> list[int]:
+    """Every process in the PID namespace of the worker whose outer process is `outer_pid`, the worker (its PID 1)
+    first, as this process numbers them; none without a namespace (`kforge.tools.process.sandbox`)."""
     if (worker := sandboxed_worker(outer_pid)) is None:
         return []
     try:
         namespace = os.readlink(f"/proc/{worker}/ns/pid")
     except OSError:
         return []
-    found = []
+    found = [worker]
     for pid in process_ids():
         try:
-            if int(pid) in (worker, outer_pid) or os.readlink(f"/proc/{pid}/ns/pid") != namespace:
-                continue
+            if int(pid) not in (worker, outer_pid) and os.readlink(f"/proc/{pid}/ns/pid") == namespace:
+                found.append(int(pid))
         except OSError:
             continue
+    return found
+
+
+def namespace_processes(outer_pid: int) -> list[str]:
+    """The live processes in the PID namespace of the worker whose outer process is `outer_pid`, except the
+    worker itself (its PID 1), named as this process sees them: the server's own count, out of the
+    candidate's reach (`kforge.tools.process.sandbox`)."""
+    found = []
+    for pid in namespace_pids(outer_pid)[1:]:
         if (st := process_stat(pid)) is not None and st[1] != "Z":  # a zombie runs nothing
             found.append(f"process {pid} ({st[0]}), seen by the server in the worker's PID namespace")
     return found

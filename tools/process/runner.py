@@ -27,8 +27,8 @@ from ..disk import mark_loaded
 from ..models import Failure
 from .build_service import serve_build_request, spawn_pch_build
 from .channel import Channel, HandedFds, close_all
-from .lifecycle import (Preemption, busy_threads, close_together, kill_group, killpg, namespace_processes, preemptions,
-                        sandboxed_worker, session_members, trace, worker_env)
+from .lifecycle import (Preemption, busy_threads, close_together, kill_group, killpg, namespace_pids, namespace_processes,
+                        preemptions, sandboxed_worker, session_members, trace, worker_env)
 from .limits import WorkerLimits, confinement, sandbox_args
 from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRole, parse_reply
 
@@ -376,12 +376,27 @@ class WorkerProcess:
         if self._proc is None:
             return
         sig = signal.SIGSTOP if stopped else signal.SIGCONT
-        sends = [(os.killpg, self._proc.pid)] + [(os.kill, pid) for pid in session_members(self._proc.pid)]
-        for send, pid in sends:  # its group, and any member of its session that left the group
+        members = {*session_members(self._proc.pid), *namespace_pids(self._proc.pid)}
+        sends = [(os.killpg, self._proc.pid)] + [(os.kill, pid) for pid in members]
+        for send, pid in sends:  # its group, and any process of its session or PID namespace that left the group
             try:
                 send(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    async def stopped(self, within_s: float = 1.0) -> bool:
+        """Whether every process of it shows stopped (`pause(True)`: a signal takes effect once its target is next
+        scheduled), waiting up to `within_s`."""
+        if self._proc is None:
+            return False
+        with anyio.move_on_after(within_s):
+            while True:
+                pids = {self._proc.pid, *session_members(self._proc.pid), *namespace_pids(self._proc.pid)}
+                states = [st[1] for pid in pids if (st := process_stat(str(pid))) is not None]
+                if states and all(state in "TtZX" for state in states):
+                    return True
+                await anyio.sleep(0.005)
+        return False
 
     def leave_job(self) -> None:
         """Kept past its job (given back to the pool): the job's link to its directory goes, so that removing
