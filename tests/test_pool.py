@@ -32,8 +32,8 @@ async def _ready(pool, n: int) -> None:
 
 
 def _two_cpu_kinds(pool) -> None:
-    """A second cpu kind, as a GPU's pool keeps a synchronous-launch kind beside the plain one: for the tests of how
-    the pool treats kinds apart (a cpu pool keeps one kind, `Availability.sync_launch_env`)."""
+    """A second cpu kind, as a pool of two GPUs keeps a kind pinned to each: for the tests of how the pool treats kinds
+    apart (a cpu pool keeps one kind)."""
     pool.want("cpu", SYNC_LAUNCHES)
 
 
