@@ -173,6 +173,34 @@ async def test_a_short_wait_returns_a_handle_with_progress_then_the_result(tmp_p
     assert isinstance(JobManager(tools).view(job.id), CompileResult)
 
 
+class TwoStepRequest(SleepRequest):
+    """Two progress messages within a second, the second one (where it runs, say) before a long step."""
+
+    async def run(self, ctx: FakeTools, progress) -> CompileResult:
+        await progress(0, 2, "starting")
+        await progress(1, 2, "running on node B")
+        await anyio.sleep(self.seconds)
+        return await super().run(ctx, progress)
+
+
+async def test_the_jobs_list_shows_a_running_jobs_progress_though_the_store_lags(tmp_path):
+    """A running job's progress reaches the store at most once a second (each write is a commit on the event loop),
+    so the list of recent jobs (resource kforge://jobs) reads the jobs this server runs from the jobs themselves."""
+    tools = FakeTools(tmp_path)
+    manager = JobManager(tools, parallel=1)
+    async with manager.running():
+        job = await manager.submit(TwoStepRequest(candidate_code="x", seconds=1.0), "a")
+        with anyio.fail_after(5):
+            while job.message != "running on node B":
+                await anyio.sleep(0.01)
+        assert tools.store.get_job(job.id)["message"] == "starting"  # the store's copy lags, by design
+        [row] = [r for r in manager.recent() if r["job_id"] == job.id]
+        assert row["status"] == "running" and row["message"] == "running on node B"
+        await manager.wait(job, 10, _no_progress)
+    [row] = [r for r in manager.recent() if r["job_id"] == job.id]
+    assert row["status"] == "done"  # a finished job is read from the store, written whole when it ended
+
+
 async def test_failures_say_what_went_wrong(tmp_path):
     tools = FakeTools(tmp_path)
     manager = JobManager(tools, parallel=2)

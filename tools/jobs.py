@@ -316,9 +316,16 @@ class JobManager:
         return self.view(job_id)
 
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest jobs from the store, those this server runs as they are now (the store's copy of a running
+        job's progress is written at most once a second)."""
         keep = ("job_id", "tool", "backend", "client", "device", "status", "message", "error", "created_at",
                 "started_at", "finished_at")
-        return [{k: r[k] for k in keep} for r in self.store.jobs(limit=limit)]
+        rows = []
+        for r in self.store.jobs(limit=limit):
+            if (job := self._jobs.get(r["job_id"])) is not None:
+                r = {**r, **self._row(job)}
+            rows.append({k: r[k] for k in keep})
+        return rows
 
     # -- scheduling ------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> None:
