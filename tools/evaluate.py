@@ -166,7 +166,7 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
             judged_how = {"notes": outcome.notes, "exact": outcome.exact, "exact_note": outcome.exact_note}
             checks = run_checks + verify_checks(reports, outcome.trials, judged_how, outcome.nulls, evidence.custom_work,
                                                 precision, outcome.decoy)
-            if all(r.correct for r in reports) and not any(c.hard and c.status == "fail" for c in checks):
+            if _correct(None, reports, checks):
                 keep_candidate(workers, worker)  # for its profile
     warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)
@@ -192,12 +192,17 @@ def _verify_warnings(reports: list[TrialReport], weights: WeightSync) -> list[st
     return warnings
 
 
+def _correct(failure: Any, trials: list[TrialReport], checks: list[Any]) -> bool:
+    """The verdict: no failure, every trial (at least one) correct, and no hard check failed."""
+    return (failure is None and bool(trials) and all(t.correct for t in trials)
+            and not any(c.hard and c.status == "fail" for c in checks))
+
+
 def _finish_verify(ctx: ToolContext, spec: JobSpec, t0: float, **fields: Any) -> VerifyResult:
     trials = fields.get("trials") or []
     failure = fields.get("failure")
     checks = fields.get("checks") or []
-    correct = (failure is None and bool(trials) and all(t.correct for t in trials)
-               and not any(c.hard and c.status == "fail" for c in checks))
+    correct = _correct(failure, trials, checks)
     result = VerifyResult(spec=spec, ok=failure is None, correct=correct, seconds=round(time.perf_counter() - t0, 3),
                           **fields)
     # Kept only if it depends on nothing but the code and inputs: no timeouts, crashes, failures of the

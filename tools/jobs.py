@@ -356,15 +356,16 @@ class JobManager:
         self.store.update_job(job.id, status="running", started_at=now, message=job.message)
         job.touch()
 
-        stored_at = [0.0]
+        stored_at = 0.0
 
         async def progress(done: float, total: float | None, message: str) -> None:
+            nonlocal stored_at
             job.done, job.total, job.message = done, total, message
             # This server's waiters read the job itself; the store's copy (other servers' get_job, a restart)
             # is written at most once a second: a verify reports a dozen steps, each a commit on the event loop.
-            if time.monotonic() - stored_at[0] >= _PROGRESS_STORE_S:
+            if time.monotonic() - stored_at >= _PROGRESS_STORE_S:
                 self.store.update_job(job.id, done=done, total=total, message=message)
-                stored_at[0] = time.monotonic()
+                stored_at = time.monotonic()
             job.touch()
 
         try:

@@ -29,9 +29,8 @@ import re
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .verdict import why_not_stored
 
@@ -72,13 +71,14 @@ class ResultStore:
         self.home.mkdir(parents=True, exist_ok=True)
         self.path = home / "kforge.db"
         self._local = threading.local()
-        with self._write() as db:
+        with self._db() as db:
             db.executescript(_SCHEMA)
             if "crashes" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a store from before it
                 db.execute("ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0")
 
     def _db(self) -> sqlite3.Connection:
-        """This thread's connection (a forked child opens its own: SQLite's may not cross a fork)."""
+        """This thread's connection (a forked child opens its own: SQLite's may not cross a fork). `with` it is one
+        transaction: committed on success, rolled back on an exception."""
         db = getattr(self._local, "db", None)
         if db is None or self._local.pid != os.getpid():
             db = sqlite3.connect(self.path, timeout=30)
@@ -87,12 +87,6 @@ class ResultStore:
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db, self._local.pid = db, os.getpid()
         return db
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One transaction on this thread's connection: committed on success, rolled back on an exception."""
-        with self._db() as db:
-            yield db
 
     def close(self) -> None:
         """Close this thread's connection (the others close with their threads' ends)."""
@@ -107,13 +101,13 @@ class ResultStore:
 
         An answer the rule would not keep (stored before it, or by an older rule) is dropped, not served.
         """
-        with self._write() as db:
+        with self._db() as db:
             row = db.execute("SELECT result, created_at FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         result = json.loads(row[0])
         if why_not_stored(result) is not None:
-            with self._write() as db:
+            with self._db() as db:
                 db.execute("DELETE FROM results WHERE key = ? AND created_at = ?", (key, row[1]))
             return None
         return {**result, "stored_at": row[1]}
@@ -122,7 +116,7 @@ class ResultStore:
         """Keep `result` as the answer for `key` if it depends only on the code and inputs; True when kept."""
         if why_not_stored(result) is not None:
             return False
-        with self._write() as db:
+        with self._db() as db:
             db.execute("INSERT OR REPLACE INTO results (key, tool, created_at, result) VALUES (?, ?, ?, ?)",
                        (key, tool, time.time(), json.dumps({k: v for k, v in result.items() if k != "stored_at"})))
         return True
@@ -132,33 +126,33 @@ class ResultStore:
                        correct: bool | None = None, speedup_eager: float | None = None,
                        speedup_compile: float | None = None, median_us: float | None = None,
                        trusted: bool | None = None, profile_id: str | None = None) -> None:
-        with self._write() as db:
+        with self._db() as db:
             db.execute("INSERT INTO history VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (reference_sha256, backend, candidate_sha256, tool, time.time(), correct, speedup_eager,
                         speedup_compile, median_us, trusted, profile_id))
 
     def history(self, reference_sha256: str) -> list[dict[str, Any]]:
         """The problem's verifies and profiles, oldest first (the latest `_HISTORY_LIMIT`)."""
-        with self._write() as db:
+        with self._db() as db:
             rows = db.execute("SELECT * FROM (SELECT * FROM history WHERE reference_sha256 = ? ORDER BY created_at DESC "
                               "LIMIT ?) ORDER BY created_at", (reference_sha256, _HISTORY_LIMIT)).fetchall()
         return [{k: (bool(r[k]) if k in ("correct", "trusted") and r[k] is not None else r[k]) for k in r.keys()}
                 for r in rows]
 
     def problems_with_history(self) -> list[dict[str, Any]]:
-        with self._write() as db:
+        with self._db() as db:
             rows = db.execute("SELECT reference_sha256, COUNT(*), MAX(created_at) FROM history GROUP BY reference_sha256 "
                               "ORDER BY MAX(created_at) DESC").fetchall()
         return [{"reference_sha256": r[0], "entries": r[1], "last_at": r[2]} for r in rows]
 
     # -- profiles --------------------------------------------------------------------------------
     def put_profile(self, profile_id: str, key: str, backend: str, result: dict[str, Any]) -> None:
-        with self._write() as db:
+        with self._db() as db:
             db.execute("INSERT OR REPLACE INTO profiles (id, key, backend, created_at, result) VALUES (?, ?, ?, ?, ?)",
                        (profile_id, key, backend, time.time(), json.dumps(result)))
 
     def get_profile(self, profile_id: str) -> dict[str, Any] | None:
-        with self._write() as db:
+        with self._db() as db:
             row = db.execute("SELECT result FROM profiles WHERE id = ?", (profile_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
@@ -169,7 +163,7 @@ class ResultStore:
         verdict the environment decided (a failed background-work or timing check) is never served for a
         repeated request.
         """
-        with self._write() as db:
+        with self._db() as db:
             rows = db.execute("SELECT result, created_at FROM profiles WHERE key = ? ORDER BY created_at DESC LIMIT 50",
                               (key,)).fetchall()
         for text, created_at in rows:
@@ -179,7 +173,7 @@ class ResultStore:
         return None
 
     def list_profiles(self, limit: int = 50) -> list[dict[str, Any]]:
-        with self._write() as db:
+        with self._db() as db:
             rows = db.execute("SELECT id, backend, created_at FROM profiles ORDER BY created_at DESC LIMIT ?",
                               (limit,)).fetchall()
         return [{"profile_id": r[0], "backend": r[1], "created_at": r[2]} for r in rows]
@@ -208,7 +202,7 @@ class ResultStore:
     # -- jobs ------------------------------------------------------------------------------------
     def insert_job(self, row: dict[str, Any]) -> None:
         row = _job_columns(row)
-        with self._write() as db:
+        with self._db() as db:
             db.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
 
     def update_job(self, job_id: str, *, expect_owner: str | None = None, **fields: Any) -> bool:
@@ -220,18 +214,18 @@ class ResultStore:
         where, args = "job_id = ?", [job_id]
         if expect_owner is not None:
             where, args = where + " AND owner = ?", args + [expect_owner]
-        with self._write() as db:
+        with self._db() as db:
             cur = db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE {where}", (*values, *args))
             return cur.rowcount == 1
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        with self._write() as db:
+        with self._db() as db:
             row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         return _job_row(row) if row else None
 
     def jobs(self, *, statuses: tuple[str, ...] | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Jobs, newest first (oldest first when filtered by status: the order to resume them in)."""
-        with self._write() as db:
+        with self._db() as db:
             if statuses:
                 rows = db.execute(f"SELECT * FROM jobs WHERE status IN ({', '.join('?' * len(statuses))}) "
                                   "ORDER BY created_at LIMIT ?", (*statuses, limit)).fetchall()
@@ -241,7 +235,7 @@ class ResultStore:
 
     def prune_jobs(self, older_than_s: float) -> int:
         """Forget finished jobs (their requests hold whole sources) older than `older_than_s`."""
-        with self._write() as db:
+        with self._db() as db:
             cur = db.execute(f"DELETE FROM jobs WHERE status NOT IN ({', '.join('?' * len(ACTIVE_JOB_STATUSES))}) "
                              "AND created_at < ?", (*ACTIVE_JOB_STATUSES, time.time() - older_than_s))
             return cur.rowcount

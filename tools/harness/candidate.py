@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..process import protocol as p
 from .bench import Bench
-from .handoff import reserved_device_bytes, return_free_memory
+from .handoff import return_free_memory
 from .session import Session
 
 __all__ = ["Candidate"]
@@ -44,16 +44,7 @@ class Candidate:
 
     def reset(self, req: p.ResetRequest) -> p.ResetReply:
         """Forget the job, keeping the loaded module (`ResetRequest`): the state is a new Candidate's."""
-        import gc
-
-        if hasattr(self.sets, "drop"):
-            self.sets.drop()
-        self.session.shelf.clear()
-        self.session.forget_reference_inputs()  # the next job's reference may be another problem's
-        self.__dict__.update(Candidate(self.session).__dict__)  # (the handlers stay bound to this object)
-        gc.collect()
-        return_free_memory(self.backend.device, 0)
-        return p.ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
+        return self.session.forget_job(self, Candidate(self.session))
 
     def setup(self, req: p.SetupRequest) -> p.SetupReply:
         """Build ModelNew with the reference's initial weights; the trial inputs are made from the seeds.

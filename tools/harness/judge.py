@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..process import protocol as p
 from .bench import Bench
-from .handoff import reserved_device_bytes, return_free_memory
+from .handoff import return_free_memory
 from .session import Session
 
 __all__ = ["Judge"]
@@ -464,16 +464,7 @@ class Judge:
 
     def reset(self, req: p.ResetRequest) -> p.ResetReply:
         """Forget the job, keeping only the loaded reference (`ResetRequest`): the state is a new Judge's."""
-        import gc
-
-        if hasattr(self.sets, "drop"):
-            self.sets.drop()
-        self.session.shelf.clear()
-        self.__dict__.update(Judge(self.session).__dict__)  # (the handlers stay bound to this object)
-        gc.collect()
-        gc.freeze()  # what survives is the reference's, kept: the next reset scans only what its job made
-        return_free_memory(self.backend.device, 0)
-        return p.ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
+        return self.session.forget_job(self, Judge(self.session))
 
     def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
         """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from ..models import Failure
 from ..process.channel import close_all
-from ..process.protocol import LoadReply, LoadRequest
-from .handoff import OutputShelf
+from ..process.protocol import LoadReply, LoadRequest, ResetReply
+from .handoff import OutputShelf, reserved_device_bytes, return_free_memory
 
 __all__ = ["Session"]
 
@@ -65,9 +65,23 @@ class Session:
             self._reference_inputs = outcome.module
         return self._reference_inputs
 
-    def forget_reference_inputs(self) -> None:
-        """The next job (a kept candidate's) loads its own reference's `get_inputs`."""
+    def forget_job(self, role: Any, fresh: Any) -> ResetReply:
+        """A kept worker forgets its job (`ResetRequest`): `role` (the Judge or Candidate serving it) takes the state of
+        `fresh`, a new one of its kind (its handlers stay bound to `role`), the job's held outputs and the reference's
+        `get_inputs` module go (the next job's reference may be another problem's); the loaded user module stays.
+        What survives a full collection is frozen, so the next reset scans only what its job made, and cached device
+        memory goes back to the GPU."""
+        import gc
+
+        if hasattr(role.sets, "drop"):
+            role.sets.drop()
+        self.shelf.clear()
         self._reference_inputs = None
+        role.__dict__.update(fresh.__dict__)
+        gc.collect()
+        gc.freeze()
+        return_free_memory(self.backend.device, 0)
+        return ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
 
     def load(self, req: LoadRequest) -> LoadReply:
         """Build and import the user's module, then check it defines what its role needs (KernelBench format)."""

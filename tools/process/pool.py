@@ -408,8 +408,8 @@ class WorkerPool:
 
     def kept_pins(self, role: str, backend: str, sha256: str) -> set[str]:
         """The GPU pins (`gpus.pin_key`) where a worker of this role, backend and code is kept or being reset."""
-        return {k[2] for k, v in self._kept.items() if v and k[0] == role and k[1] == backend and k[3] == sha256} \
-            | {k[2] for k, n in self._resetting.items() if n and k[0] == role and k[1] == backend and k[3] == sha256}
+        keys = [k for k, parked in self._kept.items() if parked] + list(self._resetting)  # (a key at 0 is deleted)
+        return {k[2] for k in keys if (k[0], k[1], k[3]) == (role, backend, sha256)}
 
     def give_back_kept(self, key: tuple[str, ...], worker: _KeptWorker) -> bool:
         """Keep a warm worker whose job ended well for the next job of the same code (`take_kept`); False when the

@@ -371,13 +371,17 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    def _members(self) -> set[int]:
+        """Its process, and every process of its session or PID namespace (one may have left its group)."""
+        assert self._proc is not None
+        return {self._proc.pid, *session_members(self._proc.pid), *namespace_pids(self._proc.pid)}
+
     def pause(self, stopped: bool) -> None:
         """Stop (SIGSTOP) or resume every process of the worker's session: a candidate kept between jobs runs nothing."""
         if self._proc is None:
             return
         sig = signal.SIGSTOP if stopped else signal.SIGCONT
-        members = {*session_members(self._proc.pid), *namespace_pids(self._proc.pid)}
-        sends = [(os.killpg, self._proc.pid)] + [(os.kill, pid) for pid in members]
+        sends = [(os.killpg, self._proc.pid)] + [(os.kill, pid) for pid in self._members()]
         for send, pid in sends:  # its group, and any process of its session or PID namespace that left the group
             try:
                 send(pid, sig)
@@ -391,8 +395,7 @@ class WorkerProcess:
             return False
         with anyio.move_on_after(within_s):
             while True:
-                pids = {self._proc.pid, *session_members(self._proc.pid), *namespace_pids(self._proc.pid)}
-                states = [st[1] for pid in pids if (st := process_stat(str(pid))) is not None]
+                states = [st[1] for pid in self._members() if (st := process_stat(pid)) is not None]
                 if states and all(state in "TtZX" for state in states):
                     return True
                 await anyio.sleep(0.005)
