@@ -17,7 +17,8 @@ from typing import Any
 from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, GpuInfo, Timer
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "GpuInfo", "Timer",
-           "backend_class", "backend_names", "example_dir", "fault_markers", "import_backend_module", "load_backend"]
+           "backend_class", "backend_names", "example_dir", "fault_markers", "import_backend_module", "is_device_fault",
+           "is_out_of_memory", "load_backend"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -76,6 +77,19 @@ def fault_markers() -> tuple[str, ...]:
             continue
         found += [m for m in markers if m not in found]
     return tuple(found)
+
+
+def is_device_fault(text: str, backend: Any = None) -> bool:
+    """Whether an error's text names a device fault: one of `backend`'s (a class or an instance), or with none
+    given, of any registered backend's. The one test the loader, the verdict and verify's rerun all use."""
+    markers = getattr(backend, "fault_markers", ()) if backend is not None else fault_markers()
+    return any(m in text for m in markers or ())
+
+
+def is_out_of_memory(text: str) -> bool:
+    """Whether an error's text says that host or device memory ran out (`OUT_OF_MEMORY_MESSAGES`)."""
+    lowered = text.lower()
+    return any(m in lowered for m in OUT_OF_MEMORY_MESSAGES)
 
 
 def example_dir(name: str) -> Path | None:

@@ -199,6 +199,23 @@ class Backend(Protocol):
         """Bytes of memory the device has (the host's, for a device that computes in host memory)."""
         ...
 
+    def allocator_memory(self) -> tuple[int, int]:
+        """(reserved, allocated): bytes of device memory this process's allocator holds and hands out; (0, 0) for a
+        device that computes in host memory or that this process has not started (asking must not start it)."""
+        ...
+
+    def release_cached_memory(self) -> None:
+        """Give the allocator's cached free blocks back to the device: another process cannot use them."""
+        ...
+
+    def reset_memory_peaks(self) -> bool:
+        """Count the allocator's peaks afresh; False where there are none to count (host memory, not started)."""
+        ...
+
+    def memory_peaks(self) -> list[int]:
+        """The allocator's peaks since `reset_memory_peaks`: [reserved, allocated] bytes."""
+        ...
+
     @classmethod
     def example_dir(cls) -> Path | None:
         """The directory of this backend's verified example: candidate.py, and reference.py or problem.txt (a
@@ -303,6 +320,18 @@ class BackendBase:
         import os
 
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def allocator_memory(self) -> tuple[int, int]:
+        return (0, 0)  # host memory: the process's own, returned by the system allocator
+
+    def release_cached_memory(self) -> None:
+        return None
+
+    def reset_memory_peaks(self) -> bool:
+        return False
+
+    def memory_peaks(self) -> list[int]:
+        return []
 
     @classmethod
     def example_dir(cls) -> Path | None:

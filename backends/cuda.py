@@ -16,8 +16,8 @@ import subprocess
 import sys
 from typing import Any, Iterator
 
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
-                      measure_gpu_ceilings, nvidia_gpu_present, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+                      measure_gpu_ceilings, nvidia_gpu_present, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 
 __all__ = ["CudaBackend"]
@@ -31,7 +31,7 @@ def _nvcc_version(nvcc: str) -> str | None:
     return lines[0].strip() if lines else None
 
 
-class CudaBackend(BackendBase):
+class CudaBackend(CudaAllocator, BackendBase):
     name = "cuda"
     device = "cuda"
     kind = "gpu"
@@ -144,6 +144,7 @@ class CudaBackend(BackendBase):
 
         toolchain_id(False)
         toolchain_id(True)  # nvcc's identity too: CUDA sources are this backend's builds
+        preload_gpu_compiler()
 
     def warm_libraries(self) -> None:
         warm_gpu_libraries(self.device)

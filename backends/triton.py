@@ -13,8 +13,8 @@ import platform
 from typing import Any
 
 from .host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
-                      measure_gpu_ceilings, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+                      measure_gpu_ceilings, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 from .build.models import Diagnostic
 
@@ -30,7 +30,7 @@ def _has_gpu() -> bool:
         return False
 
 
-class TritonBackend(BackendBase):
+class TritonBackend(CudaAllocator, BackendBase):
     name = "triton"
     kind = "gpu"  # without a GPU, an instance says "cpu": the interpreter runs on host tensors
     limits_address_space = False  # on a GPU host the CUDA driver reserves huge virtual ranges
@@ -111,6 +111,11 @@ class TritonBackend(BackendBase):
 
     def strict_numerics(self) -> None:
         strict_gpu_numerics()
+
+    @classmethod
+    def preload(cls) -> None:
+        super().preload()
+        preload_gpu_compiler()
 
     def warm_libraries(self) -> None:
         if self._gpu:

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kforge.backends import fault_markers
+from kforge.backends import is_device_fault
 
 from .context import Progress, ToolContext, no_progress
 from .gpus import on_one_gpu
@@ -108,7 +108,7 @@ def _device_fault(fields: dict[str, Any]) -> bool:
     failure = fields.get("failure")
     if failure is not None and failure.kind == "device_fault":
         return True
-    return any(m in (t.error or "") for t in fields.get("trials") or [] for m in fault_markers())
+    return any(is_device_fault(t.error or "") for t in fields.get("trials") or [])
 
 
 async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progress: Progress, *,

@@ -36,7 +36,7 @@ from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, KeptOutputs, LaunchFloorRequest, LoadRequest, ProblemSizeRequest,
-                               ProfileRequest, ReadNcuRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
+                               ProfileRequest, ReadReportRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
                                TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess
 from .process.lifecycle import trace, traced
@@ -561,7 +561,7 @@ async def _ncu_pass(ctx: ToolContext, profiler: Any, backend: str, scratch: Path
     shutil.copy(rep, artifacts / "profile.ncu-rep")
     readable = judge.scratch / "profile.ncu-rep"  # the judge's sandbox shows it only its own directory
     shutil.copy(rep, readable)
-    reply = await judge.call(ReadNcuRequest(report=str(readable), custom_names=kernel_names), stage="ncu")
+    reply = await judge.call(ReadReportRequest(profiler=profiler.name, report=str(readable), custom_names=kernel_names), stage="ncu")
     return list(reply.kernels), reply.note
 
 

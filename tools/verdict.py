@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kforge.backends import OUT_OF_MEMORY_MESSAGES, fault_markers
+from kforge.backends import is_device_fault, is_out_of_memory
 
 from .models import Check, TrialReport
 from .static_scan import Finding
@@ -65,7 +65,7 @@ def why_not_stored(result: dict[str, Any]) -> str | None:
             return f"the {check.get('name')} check failed, and the environment can fail it"
     for trial in result.get("trials") or []:
         error = str(trial.get("error") or "")
-        if any(m in error.lower() for m in OUT_OF_MEMORY_MESSAGES) or any(m in error for m in fault_markers()):
+        if is_out_of_memory(error) or is_device_fault(error):
             return f"trial {trial.get('trial')} ran out of memory or hit a device fault"
     return None
 

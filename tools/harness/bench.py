@@ -43,7 +43,7 @@ class Bench:
             self.timing_sets = [seeded_inputs(source, seed, backend) for seed in seeds]
         except BaseException as exc:  # noqa: BLE001
             return TimingSetsReply(failure=self.session.failure(exc, "reference"))
-        return_free_memory(backend.device)
+        return_free_memory(backend)
         set_bytes = sum(a.numel() * a.element_size() for a in self.timing_sets[0] if isinstance(a, torch.Tensor))
         # A fresh copy per call keeps a candidate that writes into its inputs from changing the sets; for
         # sets too large to copy twice over, the sets are used as they are (verify checks input writes).
@@ -113,7 +113,7 @@ class Bench:
         reply = TimeReply(timing=timed.stats, samples_us=[round(x * 1e6, 4) for x in timed.samples_s],
                           fresh=timed.fresh, disturbed=timed.disturbed, integrity=self.session.integrity(),
                           revalidation=saved)
-        return_free_memory(backend.device)
+        return_free_memory(backend)
         return reply
 
 

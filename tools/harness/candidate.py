@@ -148,7 +148,7 @@ class Candidate:
         judge are let go too: it has read them (released only after the timing's revalidation)."""
         self.session.shelf.clear()
         self.bench.release_kept()
-        return_free_memory(self.backend.device)
+        return_free_memory(self.backend)
         return p.ReleaseReply()
 
     def evidence(self, req: p.EvidenceRequest) -> p.EvidenceReply:
@@ -256,7 +256,7 @@ class Candidate:
         """`_decoy_record` on timing set 0 itself, the tensors the timed calls saw (run after the judge read
         the timed outputs)."""
         record = self._decoy_record(self.bench.timing_sets[0], req.shift, "timing")
-        return_free_memory(self.backend.device)  # the first of its two calls' outputs
+        return_free_memory(self.backend)  # the first of its two calls' outputs
         return p.TimingDecoyReply(**record, call=-1, set=0)
 
     def profile(self, req: p.ProfileRequest) -> p.ProfileReply:

@@ -150,21 +150,17 @@ def release_opened() -> None:
 _KEEP_WITHIN_OP_BYTES = 2**30
 
 
-def return_free_memory(device: str, keep_bytes: int = _KEEP_WITHIN_OP_BYTES) -> None:
-    """Give the process's cached free blocks back to the GPU between steps when more than `keep_bytes` are
+def return_free_memory(backend: Any, keep_bytes: int = _KEEP_WITHIN_OP_BYTES) -> None:
+    """Give the process's cached free blocks back to the device between steps when more than `keep_bytes` are
     cached: on a problem of several GB the other worker, or this one's next step, needs the room."""
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_initialized() \
-            and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
-        torch.cuda.empty_cache()
+    reserved, allocated = backend.allocator_memory()
+    if reserved - allocated > keep_bytes:
+        backend.release_cached_memory()
 
 
-def reserved_device_bytes(device: str) -> int:
+def reserved_device_bytes(backend: Any) -> int:
     """What the process's allocator holds of the device's memory (0 for a device that computes in host memory)."""
-    import torch
-
-    return torch.cuda.memory_reserved() if device.startswith("cuda") and torch.cuda.is_initialized() else 0
+    return backend.allocator_memory()[0]
 
 
 _EXPORTABLE: list[bool] = []

@@ -89,7 +89,7 @@ class Judge:
                 p.CheckRequest: self.check, p.CheckRepeatRequest: self.check_repeat, p.CalibrateRequest: self.calibrate,
                 p.ProblemSizeRequest: self.problem_size, p.CheckDecoyRequest: self.check_decoy,
                 p.RevalidateRequest: self.revalidate, p.TimingSetsRequest: self.timing_sets, p.TimeRequest: self.time,
-                p.LaunchFloorRequest: self.launch_floor, p.ReadNcuRequest: self.read_ncu, p.ResetRequest: self.reset}
+                p.LaunchFloorRequest: self.launch_floor, p.ReadReportRequest: self.read_report, p.ResetRequest: self.reset}
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
@@ -177,7 +177,7 @@ class Judge:
         except BaseException as exc:  # noqa: BLE001
             return p.ExpectReply(failure=self.session.failure(exc, "reference"))
         finally:
-            return_free_memory(self.backend.device)
+            return_free_memory(self.backend)
         return p.ExpectReply(distribution=variant, note=note, seconds=seconds, exact=bool(self.exact),
                              exact_note=self.exact_note)
 
@@ -253,7 +253,7 @@ class Judge:
             del again
         del got
         release_opened()
-        return_free_memory(self.backend.device)
+        return_free_memory(self.backend)
         self.session.trace_parts = {"open": opened - started, "compare": compared - opened,
                                     "repeat_and_release": time.perf_counter() - compared}
         return p.CheckReply(trial=trial)
@@ -273,7 +273,7 @@ class Judge:
         verdict = self._repeat_verdict(again, req, record.devices, identical)
         del again
         release_opened()
-        return_free_memory(self.backend.device)
+        return_free_memory(self.backend)
         return p.CheckRepeatReply(repeat=verdict)
 
     def _repeat_verdict(self, again: list[Any], judging: p.Judging, devices: list[str | None],
@@ -324,7 +324,7 @@ class Judge:
             except Exception as exc:  # noqa: BLE001 - a null the reference cannot produce is not applicable
                 outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
             verdicts.append(outcome)
-            return_free_memory(self.backend.device)
+            return_free_memory(self.backend)
             parts[name] = time.perf_counter() - started
         self.session.trace_parts = parts
         return p.CalibrateReply(nulls=verdicts)
@@ -375,7 +375,7 @@ class Judge:
                 break
             except Exception:  # noqa: BLE001 - an op the counter cannot trace: leave FLOPs unknown
                 continue
-        return_free_memory(self.backend.device)
+        return_free_memory(self.backend)
         out = self.expected[0] if self.expected else None
         return p.ProblemSizeReply(problem_bytes=self.input_bytes + outputs, problem_flops=flops,
                                   dtype=str(out.dtype).removeprefix("torch.") if isinstance(out, torch.Tensor) else None)
@@ -404,7 +404,7 @@ class Judge:
         checks = self._compare(got, judging, expected=expected, exact=[])
         del got, expected
         release_opened()
-        return_free_memory(self.backend.device)
+        return_free_memory(self.backend)
         return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
 
     def check_decoy(self, req: p.CheckDecoyRequest) -> p.CheckDecoyReply:
@@ -431,7 +431,7 @@ class Judge:
                 wrong.append({"call": item.call, "problems": problems})
         if decoy is not None:  # the timing's last check: its inputs are not needed again
             self.bench.timing_sets = []
-            return_free_memory(self.backend.device)
+            return_free_memory(self.backend)
         return p.RevalidateReply(checked=len(req.items) - (decoy is not None), wrong=wrong, decoy=decoy)
 
     def timing_sets(self, req: p.TimingSetsRequest) -> p.TimingSetsReply:
@@ -466,12 +466,13 @@ class Judge:
         """Forget the job, keeping only the loaded reference (`ResetRequest`): the state is a new Judge's."""
         return self.session.forget_job(self, Judge(self.session))
 
-    def read_ncu(self, req: p.ReadNcuRequest) -> p.ReadNcuReply:
-        """Kernels of an Nsight Compute report (ncu's report module runs here, not beside the candidate)."""
-        from kforge.profilers.ncu import read_report
+    def read_report(self, req: p.ReadReportRequest) -> p.ReadReportReply:
+        """Kernels of a rerun profiler's report (Nsight Compute's report module runs here, not beside the candidate)."""
+        from kforge.profilers import load_profiler
 
         try:
-            kernels = read_report(Path(req.report), req.custom_names)
+            profiler = load_profiler(req.profiler)
+            kernels = profiler.read(Path(req.report), req.custom_names)
         except Exception as exc:  # noqa: BLE001 - a report we cannot read is a note, not a failed profile
-            return p.ReadNcuReply(kernels=[], note=f"could not read the Nsight Compute report: {type(exc).__name__}: {exc}")
-        return p.ReadNcuReply(kernels=kernels, note=None)
+            return p.ReadReportReply(kernels=[], note=f"could not read the {req.profiler} report: {type(exc).__name__}: {exc}")
+        return p.ReadReportReply(kernels=kernels, note=None)

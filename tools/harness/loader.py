@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kforge.backends import OUT_OF_MEMORY_MESSAGES, fault_markers
+from kforge.backends import is_device_fault, is_out_of_memory
 from kforge.backends.build.inline import BuildError, InlineBuilder, sweep_abandoned_builds, tail
 
 from ..models import BuildInfo, Diagnostic, Failure
@@ -90,11 +90,9 @@ def python_failure(exc: BaseException, *, stage: str, user_file: Path, kind: str
     line = _deepest_user_line(exc, user_file)
     text = str(exc)
     if kind is None:
-        markers = getattr(backend, "fault_markers", None) if backend is not None else fault_markers()
-        kind = ("device_fault" if any(m in text for m in markers or ())
+        kind = ("device_fault" if is_device_fault(text, backend)
                 else "syntax_error" if isinstance(exc, SyntaxError)
-                else "out_of_memory" if isinstance(exc, MemoryError)
-                or any(m in text.lower() for m in OUT_OF_MEMORY_MESSAGES)
+                else "out_of_memory" if isinstance(exc, MemoryError) or is_out_of_memory(text)
                 else "import_error" if isinstance(exc, ImportError) else "exception")
     message = f"{type(exc).__name__}: {exc}".strip()
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):

@@ -80,8 +80,8 @@ class Session:
         role.__dict__.update(fresh.__dict__)
         gc.collect()
         gc.freeze()
-        return_free_memory(self.backend.device, 0)
-        return ResetReply(reserved_bytes=reserved_device_bytes(self.backend.device))
+        return_free_memory(self.backend, 0)
+        return ResetReply(reserved_bytes=reserved_device_bytes(self.backend))
 
     def load(self, req: LoadRequest) -> LoadReply:
         """Build and import the user's module, then check it defines what its role needs (KernelBench format)."""

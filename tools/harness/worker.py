@@ -359,23 +359,21 @@ def _isolation(confinement: Any, network: str, backend: str | None = None, visib
     return report
 
 
-def _device_memory_around_op() -> Callable[[], dict[str, Any]]:
+def _device_memory_around_op(backend: Any) -> Callable[[], dict[str, Any]]:
     """Called before an op; what it returns is called after it: cached device memory beyond
-    `_KEPT_CACHE_BYTES` goes back to the GPU (between ops the other worker of the job runs, and on a
+    `_KEPT_CACHE_BYTES` goes back to the device (between ops the other worker of the job runs, and on a
     several-GB problem it needs that room: blocks cached by one process are invisible to the other), and
     the op's peaks of reserved and allocated device memory, for KFORGE_TRACE (never for a verdict)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():  # (is_available() would start the driver)
-        return dict
     try:
-        torch.cuda.reset_peak_memory_stats()
+        if backend is None or not backend.reset_memory_peaks():  # no device memory, or not started
+            return dict
     except Exception:  # noqa: BLE001 - a device the candidate's fault left unusable: the op reports that
         return dict
 
     def after() -> dict[str, Any]:
         try:
-            peaks = [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]
-            return_free_memory("cuda", _KEPT_CACHE_BYTES)
+            peaks = backend.memory_peaks()
+            return_free_memory(backend, _KEPT_CACHE_BYTES)
         except Exception:  # noqa: BLE001
             return {}
         return {"device_peak_bytes": peaks}
@@ -435,7 +433,7 @@ def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any],
         session.nonce, session.received_fds = msg.pop("nonce", None), msg.pop("fds")
         session.trace_parts = {}
         try:
-            after_op = _device_memory_around_op()
+            after_op = _device_memory_around_op(session.backend)
             answer = handle(table, init.role, msg)
             envelope = {"ok": True, **after_op(), "nonce": session.nonce}
             if session.trace_parts:

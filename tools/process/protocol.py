@@ -160,14 +160,15 @@ class LoadRequest(Request[LoadReply]):
     source: str
 
 
-class ReadNcuReply(OpReply):
+class ReadReportReply(OpReply):
     kernels: list[NcuKernel] = on_success(factory=list)
     note: str | None = None
 
 
-class ReadNcuRequest(Request[ReadNcuReply]):
-    """Read an Nsight Compute report (in the judge: ncu's report module is not the candidate's to run)."""
-    op: Literal["read_ncu"] = "read_ncu"
+class ReadReportRequest(Request[ReadReportReply]):
+    """Read a rerun profiler's report, such as Nsight Compute's (in the judge: its report module is not the candidate's to run)."""
+    op: Literal["read_report"] = "read_report"
+    profiler: str  # the rerun profiler that wrote it (`kforge.profilers`)
     report: str
     custom_names: list[str] = Field(default_factory=list)
 

@@ -1,0 +1,86 @@
+"""The device-specific pieces the harness asks of its backend (issue 18): the allocator's memory and the fault test.
+
+The harness used to ask `device.startswith("cuda")` and torch.cuda directly; now a backend answers, so a new device
+brings its own allocator. The GPU side (torch's CUDA allocator) is run by tests/test_gpu_pool.py and test_gpu_cuda.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kforge.backends import BackendBase, backend_class, is_device_fault, is_out_of_memory
+from kforge.backends._nvidia import CudaAllocator
+from kforge.tools.harness import worker
+from kforge.tools.harness.handoff import reserved_device_bytes, return_free_memory
+
+
+class FakeAllocator(BackendBase):
+    """A device whose allocator holds `reserved` bytes, `allocated` of them in use; counts its releases."""
+
+    name = "fake"
+
+    def __init__(self, reserved: int, allocated: int) -> None:
+        self.reserved, self.allocated, self.released, self.resets = reserved, allocated, 0, 0
+
+    def allocator_memory(self) -> tuple[int, int]:
+        return (self.reserved, self.allocated)
+
+    def release_cached_memory(self) -> None:
+        self.released += 1
+        self.reserved = self.allocated
+
+    def reset_memory_peaks(self) -> bool:
+        self.resets += 1
+        return True
+
+    def memory_peaks(self) -> list[int]:
+        return [self.reserved, self.allocated]
+
+
+def test_free_memory_goes_back_only_beyond_what_is_kept():
+    dev = FakeAllocator(reserved=3 << 30, allocated=1 << 30)  # 2 GiB cached free
+    return_free_memory(dev, keep_bytes=2 << 30)
+    assert dev.released == 0  # exactly at the limit: kept
+    return_free_memory(dev, keep_bytes=(2 << 30) - 1)
+    assert dev.released == 1 and reserved_device_bytes(dev) == 1 << 30
+    return_free_memory(dev, keep_bytes=0)
+    assert dev.released == 1  # nothing cached any more: nothing to give back
+
+
+def test_a_host_memory_device_holds_no_device_memory():
+    cpu = backend_class("cpu")()
+    assert cpu.allocator_memory() == (0, 0) and reserved_device_bytes(cpu) == 0
+    assert cpu.reset_memory_peaks() is False
+    assert worker._device_memory_around_op(cpu)() == {}
+    assert worker._device_memory_around_op(None)() == {}  # a probe worker has no backend
+
+
+def test_an_op_reports_the_allocators_peaks_and_returns_its_cache():
+    dev = FakeAllocator(reserved=5 << 30, allocated=1 << 30)
+    after = worker._device_memory_around_op(dev)
+    assert dev.resets == 1
+    assert after() == {"device_peak_bytes": [5 << 30, 1 << 30]}
+    assert dev.released == 1  # 4 GiB cached beyond the worker's keep
+
+
+def test_the_cuda_allocator_does_not_start_cuda_to_answer():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA already started in this process")
+    for name in ("cuda", "triton"):
+        cls = backend_class(name)
+        assert issubclass(cls, CudaAllocator)
+        dev = cls.__new__(cls)  # constructing may probe the device; the memory methods need no state
+        assert dev.allocator_memory() == (0, 0) and dev.reset_memory_peaks() is False
+        dev.release_cached_memory()
+    assert not torch.cuda.is_initialized()
+
+
+def test_device_faults_are_the_backends_own_or_any_registered():
+    text = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert is_device_fault(text, backend_class("cuda"))
+    assert not is_device_fault(text, backend_class("cpu"))  # a CPU backend names no device faults
+    assert is_device_fault(text)  # no backend given: any registered backend's markers
+    assert not is_device_fault("ValueError: shapes do not match")
+    assert is_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not is_out_of_memory(text)
