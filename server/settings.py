@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     ray_node_home: Path | None = Field(default=None, description="Data directory on each Ray node (its build caches, "
                                        "scratch and own store; '~' is the node's home); default: the node's user data directory.")
     ray_cpus_per_job: float = Field(default=1.0, gt=0, description="CPUs a cpu-backend job reserves on its Ray node; "
-                                    "Ray sets OMP_NUM_THREADS to it, so candidate and baselines run with that many threads.")
+                                    "candidate and baselines run with that many OpenMP threads, and a node runs one job per that many CPUs.")
     ray_max_jobs: int = Field(default=64, ge=1, description="Jobs handed to the Ray cluster at once; each starts when "
                               "a node has its resources (the rest wait in this server's queues).")
     kernelbench_dir: Path | None = Field(default=None, description="A KernelBench checkout (its root, or its "
@@ -254,5 +254,6 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     # The trace file is a path of this host: the nodes write none.
     node = NodeConfig(limits=replace(tools.limits, trace_file=None),
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
-                      keep_scratch=settings.keep_scratch)
+                      keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
+                      threads=max(1, int(settings.ray_cpus_per_job)))
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

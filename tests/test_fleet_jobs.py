@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import anyio
 import pytest
+
+from pydantic import BaseModel
 
 from kforge.backends import Availability
 from kforge.server.settings import Settings, ray_fleet, tool_context
 from kforge.tools.tool_inputs import RequestError
 from kforge.tools.dispatch import run_request
 from kforge.tools.jobs import JobLost, JobManager, JobStatus
+from kforge.tools.models import CompileResult, JobSpec
+from kforge.tools.process.limits import WorkerLimits
 
 from .conftest import kforge_command, server_env
 from .test_jobs import FakeTools, SleepRequest, _no_progress
@@ -101,23 +106,95 @@ def test_serve_with_ray_but_without_ray_installed_says_how_to_install_it(tmp_pat
     assert "needs Ray installed on this host and on every node: pip install 'kforge[ray]'" in proc.stderr
 
 
-def test_a_node_job_can_be_interrupted_where_its_ray_worker_inherited_an_ignored_sigint():
-    """`ray.cancel` interrupts a task through Python's SIGINT handler (`_thread.interrupt_main`), which does nothing
-    where SIGINT is ignored, as in every worker of a node started from a background shell. The node's job puts the
-    handler back first, so the interrupt lands. In a process of its own: it changes the process's signals."""
-    script = """
-import _thread, signal, time
-from kforge.tools.fleet_node import _let_ray_interrupt
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-_thread.interrupt_main()
-time.sleep(0.05)  # ignored: nothing is raised
-_let_ray_interrupt()
-try:
-    _thread.interrupt_main()
-    time.sleep(5)
-    print("not interrupted")
-except KeyboardInterrupt:
-    print("interrupted")
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
+class RecordingJob(BaseModel):
+    """A job type of its own (`dispatch.run_request` runs it): reports progress, records history in the node's store
+    from a task of its own, then finishes; or sleeps until cancelled, noting that."""
+
+    tool: str = "compile_kernel"
+    backend: str = "cpu"
+    candidate_code: str
+    seconds: float = 0.05
+
+    async def run(self, ctx, progress) -> CompileResult:
+        await progress(0, 1, f"working on {self.candidate_code}")
+        async with anyio.create_task_group() as tg:  # a write from a task the job started counts as the job's
+            tg.start_soon(lambda: _record(ctx, self.candidate_code))
+        try:
+            await anyio.sleep(self.seconds)
+        except anyio.get_cancelled_exc_class():
+            CANCELLED.append(self.candidate_code)
+            raise
+        spec = JobSpec(tool="compile_kernel", backend="cpu", candidate_sha256=self.candidate_code, options={},
+                       environment={})
+        return CompileResult(spec=spec, ok=True, build_seconds=0.0, load_seconds=self.seconds, from_cache=False)
+
+
+CANCELLED: list[str] = []
+
+
+async def _record(ctx, code: str) -> None:
+    ctx.store.record_history(reference_sha256="ref", backend="cpu", candidate_sha256=code, tool="compile_kernel")
+
+
+def _agent(tmp_path, monkeypatch, slots: int):
+    from kforge.tools import fleet_node
+
+    monkeypatch.setattr(fleet_node, "parse_request", RecordingJob.model_validate)
+    return fleet_node.NodeAgent(fleet_node.NodeConfig(limits=WorkerLimits(), home=str(tmp_path), slots=slots))
+
+
+async def _events(agent, code: str, seconds: float = 0.05) -> list:
+    return [e async for e in agent.run_job({"candidate_code": code, "seconds": seconds})]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a Ray actor's loop is asyncio's
+async def test_a_node_agent_runs_jobs_side_by_side_and_sends_each_its_own_store_writes(tmp_path, monkeypatch):
+    agent = _agent(tmp_path, monkeypatch, slots=2)
+    results: dict[str, list] = {}
+
+    async def one(code: str) -> None:
+        results[code] = await _events(agent, code, 0.3)
+
+    with anyio.fail_after(10):
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for code in ("a", "b"):
+                tg.start_soon(one, code)
+        assert time.monotonic() - started < 0.55  # two slots: the two jobs ran side by side
+    for code, events in results.items():
+        assert [e.kind for e in events] == ["started", "progress", "result"]
+        assert events[1].message == f"working on {code}"
+        assert events[2].result["spec"]["candidate_sha256"] == code
+        assert [h["candidate_sha256"] for h in events[2].writes.history] == [code]  # its own write only
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_node_agent_queues_jobs_beyond_its_slots(tmp_path, monkeypatch):
+    agent = _agent(tmp_path, monkeypatch, slots=1)
+    with anyio.fail_after(10):
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for code in ("a", "b"):
+                tg.start_soon(_events, agent, code, 0.3)
+        assert time.monotonic() - started >= 0.6  # one slot: one after the other
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_cancelling_a_node_agents_call_cancels_its_job(tmp_path, monkeypatch):
+    """`ray.cancel` of an async actor's call cancels the task that runs it: the job's own task is cancelled too, and
+    awaited, before the call ends (so its workers are killed first)."""
+    agent = _agent(tmp_path, monkeypatch, slots=1)
+    seen: list[str] = []
+
+    async def call() -> None:
+        async for event in agent.run_job({"candidate_code": "slow", "seconds": 30}):
+            seen.append(event.kind)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            while "progress" not in seen:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert CANCELLED[-1:] == ["slow"] and seen == ["started", "progress"]
+    assert [e.kind for e in await _events(agent, "next")] == ["started", "progress", "result"]  # its slot is free

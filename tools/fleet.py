@@ -1,19 +1,21 @@
 """The fleet: compile, verify and profile jobs run on a Ray cluster instead of this host.
 
 The server's `JobManager` stays the single owner of job state (the queue, the job store, get_job, cancel_job);
-`RayFleet` is only where a job executes. Each job is one Ray task (a streaming generator,
-`kforge.tools.fleet_node.run_job_here`) that runs the request through the same tool functions and isolated
-worker processes as a single host, on the node's own data directory, and streams back its progress, its result
-and the store records it wrote, which are written into the server's store.
+`RayFleet` is only where a job executes. Each node of the cluster runs one `NodeAgent` actor
+(`kforge.tools.fleet_node`), made when the server connects (and for nodes that join later): the node's KForge,
+with the same tool functions, isolated worker processes and warm worker pool as a single host, on the node's own
+data directory. A job is one call of an agent's streaming method, which sends back its progress, its result and the
+store records it wrote, which are written into the server's store.
 
-- **Resources:** a cpu-backend job reserves `cpus_per_job` CPUs of its node. On a cluster with GPUs, a job of
-  another backend reserves a GPU: a whole one to profile (timing never shares a GPU: Ray runs nothing else on
-  it meanwhile), `_UNTIMED_GPU_SHARE` of one to compile or verify.
-- **A node that dies mid-job** (Ray's `NodeDiedError`, `WorkerCrashedError`, ...) raises `JobLost`, naming the
-  node; the job manager queues the job again once, then fails it. Ray's own retry stays off (`max_retries=0`):
-  it would replay the stream of a job whose progress differs from run to run, and the job's message could not
-  say that it ran twice.
-- **Cancel:** `ray.cancel` on the task closes the generator on its node, which cancels the job there; its worker
+- **Placement:** a job goes to the agent, among those whose node offers its backend, with the fewest jobs in flight
+  for its size (an agent runs `slots` jobs at once, one per CPU it was given, and queues the rest). The agent holds
+  its node's CPUs and GPUs as Ray resources while it lives, so Ray places nothing else of KForge there; inside, its
+  `ToolContext` queues jobs per device as a single host does: a timing never shares a GPU.
+- **A node that dies mid-job** (the agent's actor dies with it: `ActorDiedError`; or Ray's `NodeDiedError`, ...)
+  raises `JobLost`, naming the node; the job manager queues the job again once, then fails it, and the dead agent
+  is dropped. Ray's own retries stay off (`max_restarts=0`, `max_task_retries=0`): a replayed stream of a job whose
+  progress differs from run to run could not say that it ran twice.
+- **Cancel:** `ray.cancel` on the call cancels its task in the agent, which cancels the job there; its worker
   processes are killed with their process groups, as on a single host.
 
 Ray is imported only when a fleet is configured (`kforge serve --ray`); without it nothing here runs.
@@ -25,6 +27,7 @@ import logging
 import os
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, AsyncIterator
 
@@ -38,7 +41,7 @@ from kforge.backends import Availability
 from .context import Progress
 
 from .tool_inputs import RequestError
-from .fleet_node import NodeConfig, probe_node, replay_writes, run_job_here
+from .fleet_node import NodeAgent, NodeConfig, replay_writes
 from .jobs import JobLost
 from .requests import JobRequest, result_model
 from .store import ResultStore
@@ -47,9 +50,6 @@ __all__ = ["FleetError", "RayFleet", "import_ray"]
 
 log = logging.getLogger("kforge.fleet")
 
-# A compile or verify takes this share of a GPU: several build and check at once, and a profile, which asks for
-# a whole GPU, waits until none runs there.
-_UNTIMED_GPU_SHARE = 0.25
 # A backend no node offered is looked for again (new nodes probed) at most this often (seconds).
 _REPROBE_S = 60.0
 # How long connecting to the cluster may take before the server gives up (a head answers in about a second).
@@ -65,7 +65,8 @@ class FleetError(RuntimeError):
 def _lost_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
     """Ray's errors that mean the node (or the Ray worker process on it) running the job is gone."""
     errors = ray.exceptions
-    return (errors.NodeDiedError, errors.WorkerCrashedError, errors.LocalRayletDiedError, errors.ObjectLostError)
+    return (errors.RayActorError, errors.NodeDiedError, errors.WorkerCrashedError, errors.LocalRayletDiedError,
+            errors.ObjectLostError)
 
 
 def import_ray() -> ModuleType:
@@ -92,9 +93,8 @@ class RayFleet:
             raise ValueError("cpus_per_job must be positive")
         self.address, self.node, self.store, self.cpus_per_job = address, node, store, cpus_per_job
         self._ray: ModuleType | None = None
-        self._job: Any = None
-        self._probe: Any = None
-        self._gpus = False
+        self._agent_class: Any = None
+        self._agents: dict[str, _Agent] = {}  # node id -> its agent
         self._offered: dict[str, Availability] | None = None
         self._probed_at = 0.0
         self._probe_lock = anyio.Lock()
@@ -116,13 +116,14 @@ class RayFleet:
                              "Start it first (`ray start --head` on one host, `ray start --address=HEAD:6379` on "
                              "the others), or leave --ray out to run jobs on this host") from None
         self._ray = ray
-        self._job = ray.remote(num_returns="streaming", max_retries=0)(run_job_here)
-        self._probe = ray.remote(max_retries=0)(probe_node)
-        self._gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self._agent_class = ray.remote(max_restarts=0, max_task_retries=0)(NodeAgent)
         log.warning("jobs run on the Ray cluster at %s: %s", self.address, ray.cluster_resources())
         try:
             yield self
         finally:
+            for agent in self._agents.values():
+                ray.kill(agent.actor)  # its node's workers die with it (their process groups)
+            self._agents.clear()
             self._ray = None
             await anyio.to_thread.run_sync(ray.shutdown)
 
@@ -142,18 +143,18 @@ class RayFleet:
         return found[name]
 
     def queue_for(self, avail: Availability) -> str:
-        return f"Ray cluster {'GPUs' if self._takes_gpu(avail.backend) else 'CPUs'}"
+        return "Ray cluster"
 
     async def run(self, request: JobRequest, progress: Progress, *, name: str) -> tuple[BaseModel, str]:
-        """Run `request` as a Ray task; its result (written into `store` first) and the node it ran on.
+        """Run `request` on a node's agent; its result (written into `store` first) and the node it ran on.
 
         Raises JobLost when the node died mid-job, RequestError when the node could not serve the request."""
         ray = self._connected()
-        resources = self._resources(request)
-        stream = self._job.options(name=name, **resources).remote(self.node, request.model_dump(mode="json"))
-        wants = ", ".join(f"{k.removeprefix('num_')} {v:g}" for k, v in resources.items())
-        await progress(0.0, None, f"sent to the Ray cluster; waiting for a node with free resources ({wants})")
-        where = "a Ray node not yet known"
+        agent = await self._choose(request.backend)
+        where = f"Ray node {agent.node_id[:12]}"
+        stream = agent.actor.run_job.options(name=name, num_returns="streaming").remote(request.model_dump(mode="json"))
+        agent.in_flight += 1
+        await progress(0.0, None, f"sent to {where}; waiting for one of its {agent.slots} job slots")
         ended = False
         try:
             async for ref in stream:
@@ -177,17 +178,19 @@ class RayFleet:
         except ray.exceptions.RayError as exc:
             ended = True
             if isinstance(exc, _lost_errors(ray)):
+                self._agents.pop(agent.node_id, None)  # its node is gone: the next job goes elsewhere
                 raise JobLost(f"{where} died mid-job (Ray: {type(exc).__name__})") from exc
             if isinstance(exc, ray.exceptions.TaskCancelledError):
-                raise JobLost(f"its Ray task on {where} was cancelled from outside KForge") from exc
+                raise JobLost(f"its Ray call on {where} was cancelled from outside KForge") from exc
             cause = getattr(exc, "cause", None) or exc
             raise RuntimeError(f"the job failed on {where}: {type(cause).__name__}: {cause}") from exc
         finally:
+            agent.in_flight -= 1
             if not ended:  # cancelled (cancel_job, a server shutdown) or stopped here: stop it there too
-                ray.cancel(stream)  # its node closes the generator: the job is cancelled, its workers killed
+                ray.cancel(stream)  # the agent cancels the job's task: the job is cancelled, its workers killed
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_WAIT_S):
                     await self._until_ended(stream)
-        raise JobLost(f"its Ray task on {where} ended without a result")
+        raise JobLost(f"its Ray call on {where} ended without a result")
 
     # -- helpers ---------------------------------------------------------------------------------
     def _connected(self) -> ModuleType:
@@ -195,15 +198,31 @@ class RayFleet:
             raise RuntimeError("the fleet is not connected (enter RayFleet.connected() first)")
         return self._ray
 
-    def _takes_gpu(self, backend: str) -> bool:
-        from kforge.backends import backend_class  # the backend's facts, without starting its device
+    async def _choose(self, backend: str) -> _Agent:
+        """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot."""
+        offering = [a for a in self._agents.values() if backend in a.offers]
+        if not offering:
+            await self.availability(fresh=True)  # the nodes that offered it died: a node may have joined since
+            offering = [a for a in self._agents.values() if backend in a.offers]
+        if not offering:
+            raise JobLost(f"no live Ray node offers the {backend} backend any more")
+        return min(offering, key=lambda a: (a.in_flight / a.slots, a.in_flight))
 
-        return self._gpus and getattr(backend_class(backend), "kind", "gpu") == "gpu"
+    def _agent_for(self, node: dict[str, Any]) -> _Agent:
+        """The node's agent, made on first sight: it holds the node's CPUs and GPUs while the server is connected."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def _resources(self, request: JobRequest) -> dict[str, float]:
-        if self._takes_gpu(request.backend):
-            return {"num_cpus": 1.0, "num_gpus": 1.0 if request.tool == "profile_kernel" else _UNTIMED_GPU_SHARE}
-        return {"num_cpus": self.cpus_per_job}
+        node_id = node["NodeID"]
+        if node_id not in self._agents:
+            cpus, gpus = node["Resources"].get("CPU", 0.0), node["Resources"].get("GPU", 0.0)
+            slots = self.node.slots or max(1, int(cpus / self.cpus_per_job))
+            config = replace(self.node, slots=slots)
+            actor = self._agent_class.options(
+                name=f"kforge-agent-{node_id[:12]}-{os.getpid()}", num_cpus=cpus, num_gpus=gpus,
+                max_concurrency=max(64, 4 * slots),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(config, cpus)
+            self._agents[node_id] = _Agent(node_id=node_id, actor=actor, slots=slots)
+        return self._agents[node_id]
 
     @staticmethod
     async def _until_ended(stream: Any) -> None:
@@ -214,31 +233,43 @@ class RayFleet:
             pass
 
     async def availability(self, *, fresh: bool = False) -> list[Availability]:
-        """Each backend as the first node that offers it reports it (else the first node's reason); the nodes are
-        probed once, and again when `fresh`."""
+        """Each backend as the first node that offers it reports it (else the first node's reason); each node's agent
+        is made and probed once, and new nodes when `fresh`."""
         ray = self._connected()
         async with self._probe_lock:
             if self._offered is None or fresh:
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
                 nodes = [n for n in ray.nodes()
                          if n["Alive"] and (n["Resources"].get("CPU") or n["Resources"].get("GPU"))]
                 if not nodes:
                     raise RequestError(f"the Ray cluster at {self.address!r} has no node with CPUs or GPUs to run jobs")
-                refs = [self._probe.options(
-                    num_cpus=0, num_gpus=_UNTIMED_GPU_SHARE if n["Resources"].get("GPU") else 0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(self.node)
-                    for n in nodes]
+                alive = {n["NodeID"] for n in nodes}
+                for gone in [k for k in self._agents if k not in alive]:
+                    self._agents.pop(gone)
+                agents = [self._agent_for(n) for n in nodes]
                 offered: dict[str, Availability] = {}
-                for node, ref in zip(nodes, refs):
-                    try:
-                        answer = await ref
-                    except ray.exceptions.RayError as exc:  # a node that died meanwhile offers nothing
-                        log.warning("Ray node %s could not be probed: %s", node["NodeID"][:12], type(exc).__name__)
-                        continue
-                    for found in map(Availability.model_validate, answer):
+                for agent in agents:
+                    if agent.probed is None:
+                        try:
+                            agent.probed = [Availability.model_validate(a) for a in await agent.actor.probe.remote()]
+                        except ray.exceptions.RayError as exc:  # a node that died meanwhile offers nothing
+                            log.warning("Ray node %s could not be probed: %s", agent.node_id[:12], type(exc).__name__)
+                            self._agents.pop(agent.node_id, None)
+                            continue
+                        agent.offers = {a.backend for a in agent.probed if a.ok}
+                    for found in agent.probed:
                         if found.backend not in offered or (found.ok and not offered[found.backend].ok):
                             offered[found.backend] = found
                 self._offered, self._probed_at = offered, time.monotonic()
-                self._gpus = any(n["Resources"].get("GPU") for n in nodes)
             return list(self._offered.values())
+
+
+@dataclass
+class _Agent:
+    """The server's view of one node's `NodeAgent`."""
+
+    node_id: str
+    actor: Any
+    slots: int
+    in_flight: int = 0
+    probed: list[Availability] | None = None
+    offers: set[str] = field(default_factory=set)

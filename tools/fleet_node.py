@@ -1,10 +1,16 @@
-"""What a Ray node runs for the fleet (`kforge.tools.fleet`): one job, through the same tool functions and the
-same isolated worker processes as a single host, on the node's own data directory.
+"""What a Ray node runs for the fleet (`kforge.tools.fleet`): a `NodeAgent` actor, one per node, that runs the
+node's jobs through the same tool functions and the same isolated worker processes as a single host, with a warm
+worker pool of its own and the node's own data directory.
 
-The job arrives as its request (candidate and reference source, options) and a `NodeConfig`; nothing of the
-server's data directory travels. The node streams `NodeEvent`s back: where it runs, its progress, and at the
-end its result with the store records it wrote (results, history, profiles and their artifacts), which the
-server writes into its own store, so get_job, the profiles, their artifacts and the history stay whole there.
+Why an actor: a job run as a plain Ray task started its workers cold (a 4-5 s interpreter and torch import each,
+two or three per job) and forgot its baselines and kept workers with its Ray worker. The agent lives as long as
+the server's connection: its pool keeps workers warm, kept judges and candidates carry from one job to the next,
+and its `ToolContext` queues the node's jobs per device as a single host does (timings never share a device).
+
+A job arrives as its request (candidate and reference source, options); nothing of the server's data directory
+travels. The agent streams `NodeEvent`s back: where it runs, its progress, and at the end its result with the store
+records it wrote (results, history, profiles and their artifacts), which the server writes into its own store, so
+get_job, the profiles, their artifacts and the history stay whole there.
 
 Ray imports this module on the node by reference (every node has kforge installed); it imports ray only to
 name the node it runs on.
@@ -12,17 +18,15 @@ name the node it runs on.
 
 from __future__ import annotations
 
-import queue
-import signal
+import asyncio
+import contextvars
+import os
 import socket
-import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, AsyncIterator, Literal
 
 import anyio
-import anyio.from_thread
 import platformdirs
 
 from kforge import __version__
@@ -35,24 +39,28 @@ from .requests import parse_request
 from .process.limits import WorkerLimits
 from .store import ResultStore
 
-__all__ = ["NodeConfig", "NodeEvent", "StoreWrites", "node_home", "probe_node", "replay_writes", "run_job_here"]
+__all__ = ["NodeAgent", "NodeConfig", "NodeEvent", "StoreWrites", "node_home", "replay_writes"]
 
 # A profile's artifacts (Chrome trace, worker logs) go back with its result up to this size; past it the rest
 # stay on the node and the server's copy lists what it has.
 _ARTIFACTS_MAX_BYTES = 256 * 2**20
-# How often the stream looks whether the job finished while no progress came (seconds).
-_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """What a node needs besides the request: where its data directory is and the workers' limits.
+    """What a node needs besides the request: where its data directory is, the workers' limits, how many workers
+    its pool keeps warm per kind, and how many jobs it runs at once.
 
-    `home` None: the node's own default data directory (the user data directory of the account Ray runs as)."""
+    `home` None: the node's own default data directory (the user data directory of the account Ray runs as).
+    `slots` None: one job per CPU the agent was given (`RayFleet` gives it the node's CPUs, and as many slots as
+    jobs of `threads` CPUs fit)."""
 
     limits: WorkerLimits
     home: str | None = None
     keep_scratch: bool = False
+    warm_workers: int = 0
+    slots: int | None = None
+    threads: int | None = None  # OpenMP threads of a cpu-backend job's workers (its CPUs); None: as Ray set them
 
 
 @dataclass
@@ -81,61 +89,50 @@ class NodeEvent:
     writes: StoreWrites | None = None
 
 
-class _RecordingStore(ResultStore):
-    """The node's own store, noting every write so it can be sent to the server."""
+# The writes of the job whose task (or a task it started) writes to the store: an agent runs several jobs at once.
+_job_writes: contextvars.ContextVar[StoreWrites | None] = contextvars.ContextVar("kforge_job_writes", default=None)
 
-    def __init__(self, home: Path) -> None:
-        super().__init__(home)
-        self.writes = StoreWrites()
-        self._profile_dirs: set[str] = set()
+
+class _RecordingStore(ResultStore):
+    """The node's own store, noting each write in the writes of the job that made it, to be sent to the server."""
 
     def put_result(self, key: str, tool: str, result: dict[str, Any]) -> bool:
         kept = super().put_result(key, tool, result)
-        if kept:
-            self.writes.results.append((key, tool, result))
+        if kept and (writes := _job_writes.get()) is not None:
+            writes.results.append((key, tool, result))
         return kept
 
     def record_history(self, **fields: Any) -> None:
         super().record_history(**fields)
-        self.writes.history.append(fields)
+        if (writes := _job_writes.get()) is not None:
+            writes.history.append(fields)
 
     def put_profile(self, profile_id: str, key: str, backend: str, result: dict[str, Any]) -> None:
         super().put_profile(profile_id, key, backend, result)
-        self.writes.profiles.append((profile_id, key, backend, result))
+        if (writes := _job_writes.get()) is not None:
+            writes.profiles.append((profile_id, key, backend, result))
 
     def artifact_dir(self, profile_id: str) -> Path:
-        self._profile_dirs.add(profile_id)
+        if (writes := _job_writes.get()) is not None:
+            writes.artifacts.setdefault(profile_id, {})
         return super().artifact_dir(profile_id)
 
-    def collect(self) -> StoreWrites:
-        """The writes, with the artifact files of every profile the job wrote (up to `_ARTIFACTS_MAX_BYTES`)."""
+    def collect(self, writes: StoreWrites) -> StoreWrites:
+        """`writes`, with the artifact files of every profile the job wrote (up to `_ARTIFACTS_MAX_BYTES`)."""
         budget = _ARTIFACTS_MAX_BYTES
-        for profile_id in sorted(self._profile_dirs):
+        for profile_id in sorted(writes.artifacts):
             files: dict[str, bytes] = {}
             for name in self.artifact_names(profile_id):
                 path = self.artifact_path(profile_id, name)
                 if path is not None and path.stat().st_size <= budget:
                     files[name] = path.read_bytes()
                     budget -= len(files[name])
-            self.writes.artifacts[profile_id] = files
-        return self.writes
+            writes.artifacts[profile_id] = files
+        return writes
 
 
 def node_home(config: NodeConfig) -> Path:
     return Path(config.home).expanduser() if config.home else Path(platformdirs.user_data_dir("kforge"))
-
-
-# One ToolContext per node configuration in this (Ray worker) process: the backends are probed once, and the
-# baseline timings it remembers are reused as on a single host. Ray runs one task at a time in a worker.
-_contexts: dict[NodeConfig, ToolContext] = {}
-
-
-def _tools(config: NodeConfig) -> ToolContext:
-    if config not in _contexts:
-        home = node_home(config)
-        sweep_leftovers(home / "jobs")  # of this node's earlier Ray workers that died mid-job
-        _contexts[config] = ToolContext(home=home, limits=config.limits, keep_scratch=config.keep_scratch)
-    return _contexts[config]
 
 
 def _where() -> tuple[str, str]:
@@ -148,59 +145,78 @@ def _where() -> tuple[str, str]:
         return "", socket.gethostname()
 
 
-def _let_ray_interrupt() -> None:
-    """Let `ray.cancel` interrupt this task: Ray raises KeyboardInterrupt in the task's thread through Python's SIGINT
-    handler (`_thread.interrupt_main`), which does nothing where SIGINT is ignored. A Ray node started from a
-    background shell (`ray start ... &`, nohup, a job scheduler) passes an ignored SIGINT down to every worker: a
-    cancelled job then ran on, its workers too (the fleet's cancel test under a backgrounded pytest, 2026-11-27)."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+class NodeAgent:
+    """A node's KForge (a Ray actor, asyncio): one `ToolContext` on the node's data directory, its warm pool,
+    and at most `slots` jobs at a time; the rest wait here, in order, for a slot."""
 
+    def __init__(self, config: NodeConfig, cpus: float = 1.0) -> None:
+        self.config = config
+        if config.threads:  # the agent holds the node's CPUs, and Ray set OMP_NUM_THREADS to all of them: a job's
+            os.environ["OMP_NUM_THREADS"] = str(config.threads)  # workers (who inherit it) get their own share
+        home = node_home(config)
+        sweep_leftovers(home / "jobs")  # of this node's earlier agents that died mid-job
+        self.tools = ToolContext(home=home, limits=config.limits, keep_scratch=config.keep_scratch)
+        self.tools.store = self.store = _RecordingStore(home)
+        self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
+        self._pool_task: asyncio.Task[None] | None = None
+        self._node, self._address = _where()
 
-def run_job_here(config: NodeConfig, request: dict[str, Any]) -> Iterator[NodeEvent]:
-    """Run one job request on this node, yielding its events (a Ray streaming generator task's body).
+    async def _with_pool(self) -> None:
+        """Keep the node's warm workers while the agent lives (its pool runs in this task, as a server's lifespan)."""
+        async with self.tools.warm_workers(self.config.warm_workers):
+            await anyio.sleep_forever()
 
-    The job runs in an event loop of its own thread (an anyio blocking portal), exactly as the server runs it
-    (`dispatch.run_request` with a `ToolContext` of this node); this thread relays its progress. When Ray cancels the
-    task (`ray.cancel`), the generator is closed: the job's task is cancelled, so its worker processes are
-    killed with their process groups as on a single host, and the portal waits for that before it returns."""
-    _let_ray_interrupt()
-    node, address = _where()
-    yield NodeEvent(kind="started", node=node, address=address, version=__version__)
-    tools = _tools(config)
-    tools.store = store = _RecordingStore(tools.home)
-    events: queue.SimpleQueue[NodeEvent] = queue.SimpleQueue()
+    def _start_pool(self) -> None:
+        if self._pool_task is None and self.config.warm_workers > 0:
+            self._pool_task = asyncio.ensure_future(self._with_pool())
 
-    async def progress(done: float, total: float | None, message: str) -> None:
-        events.put(NodeEvent(kind="progress", done=done, total=total, message=message))
+    async def probe(self) -> list[dict[str, Any]]:
+        """The backends this node offers (`ToolContext.availability`, probed in a worker), as JSON; starts the pool."""
+        found = [a.model_dump(mode="json") for a in await self.tools.availability()]
+        self._start_pool()
+        return found
 
-    async def run() -> dict[str, Any]:
-        result = await run_request(tools, parse_request(request), progress)
-        return result.model_dump(mode="json", exclude_none=True)
+    async def run_job(self, request: dict[str, Any]) -> AsyncIterator[NodeEvent]:
+        """Run one job request on this node, yielding its events (a Ray streaming generator method).
 
-    with anyio.from_thread.start_blocking_portal() as portal:
-        future: Future[dict[str, Any]] = portal.start_task_soon(run)
-        try:
-            while not (future.done() and events.empty()):
-                try:
-                    yield events.get(timeout=_POLL_S)
-                except queue.Empty:
-                    continue
-        except BaseException:  # GeneratorExit (ray.cancel), KeyboardInterrupt: stop the job, kill its workers
-            future.cancel()
-            raise
-    try:
-        result = future.result()
-    except RequestError as exc:
-        yield NodeEvent(kind="request_error", node=node, address=address, message=str(exc))
-        return
-    yield NodeEvent(kind="result", node=node, address=address, result=result, writes=store.collect())
+        The job runs in a task of its own, exactly as the server runs it (`dispatch.run_request`); this generator
+        relays its progress. When Ray cancels the call (`ray.cancel`: the generator's task is cancelled), the job's
+        task is cancelled and awaited, so its worker processes are killed with their process groups as on a
+        single host before the cancel completes."""
+        self._start_pool()
+        async with self.slots:
+            yield NodeEvent(kind="started", node=self._node, address=self._address, version=__version__)
+            events: asyncio.Queue[NodeEvent] = asyncio.Queue()
+            writes = StoreWrites()
 
+            async def progress(done: float, total: float | None, message: str) -> None:
+                events.put_nowait(NodeEvent(kind="progress", done=done, total=total, message=message))
 
-def probe_node(config: NodeConfig) -> list[dict[str, Any]]:
-    """The backends this node offers (`ToolContext.availability`, probed in a worker), as JSON."""
-    tools = _tools(config)
-    return [a.model_dump(mode="json") for a in anyio.run(tools.availability)]
+            async def run() -> dict[str, Any]:
+                _job_writes.set(writes)  # this task's context: the job's tasks inherit it
+                result = await run_request(self.tools, parse_request(request), progress)
+                return result.model_dump(mode="json", exclude_none=True)
+
+            job = asyncio.ensure_future(run())
+            try:
+                while not (job.done() and events.empty()):
+                    getter = asyncio.ensure_future(events.get())
+                    await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        yield getter.result()
+                    else:
+                        getter.cancel()
+            except BaseException:  # cancelled (ray.cancel), closed: stop the job, its workers killed, then go
+                job.cancel()
+                await asyncio.wait({job})
+                raise
+            try:
+                result = job.result()
+            except RequestError as exc:
+                yield NodeEvent(kind="request_error", node=self._node, address=self._address, message=str(exc))
+                return
+            yield NodeEvent(kind="result", node=self._node, address=self._address, result=result,
+                            writes=self.store.collect(writes))
 
 
 def replay_writes(store: ResultStore, writes: StoreWrites) -> None:
