@@ -19,6 +19,7 @@ from kforge.tools.dispatch import run_request
 from kforge.tools.jobs import JobLost, JobManager, JobStatus
 from kforge.tools.models import CompileResult, JobSpec
 from kforge.tools.process.limits import WorkerLimits
+from kforge.tools.store import ResultStore
 
 from .conftest import kforge_command, server_env
 from .test_jobs import FakeTools, SleepRequest, _no_progress
@@ -198,3 +199,52 @@ async def test_cancelling_a_node_agents_call_cancels_its_job(tmp_path, monkeypat
             tg.cancel_scope.cancel()
     assert CANCELLED[-1:] == ["slow"] and seen == ["started", "progress"]
     assert [e.kind for e in await _events(agent, "next")] == ["started", "progress", "result"]  # its slot is free
+
+
+class _Call:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class _Actor:
+    """A node agent's handle whose `probe` never answers (Ray cannot start it), or fails (its node died)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        async def never():
+            await anyio.sleep_forever()
+
+        async def died():
+            raise _FakeRay.exceptions.RayError("node died")
+
+        self.probe = _Call(died if fails else never)
+
+
+class _FakeRay:
+    class exceptions:
+        class RayError(Exception):
+            pass
+
+    killed: list = []
+
+    @classmethod
+    def kill(cls, actor) -> None:
+        cls.killed.append(actor)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_node_whose_agent_does_not_start_is_dropped_and_not_tried_again_at_once(tmp_path, monkeypatch):
+    """A node whose CPUs or GPUs other work holds never starts its agent: Ray's actor stays pending and its probe never
+    answers. The fleet must not wait on it forever: it gives up after `_AGENT_START_S`, kills the pending actor, and
+    leaves the node alone for `_REFUSED_S` (a job would otherwise wait that long at every look for new nodes)."""
+    from kforge.tools import fleet
+    from kforge.tools.fleet_node import NodeConfig
+
+    monkeypatch.setattr(fleet, "_AGENT_START_S", 0.2)
+    ray_fleet = fleet.RayFleet("auto", NodeConfig(limits=WorkerLimits()), ResultStore(tmp_path))
+    for node_id, actor in (("pending", _Actor()), ("dead", _Actor(fails=True))):
+        agent = fleet._Agent(node_id=node_id, actor=actor, slots=1)
+        ray_fleet._agents[node_id] = agent
+        with anyio.fail_after(5):
+            await ray_fleet._probe_agent(_FakeRay, agent)
+        assert agent.probed is None and node_id not in ray_fleet._agents and actor in _FakeRay.killed
+        assert node_id in ray_fleet._refused

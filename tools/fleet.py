@@ -54,6 +54,11 @@ log = logging.getLogger("kforge.fleet")
 _REPROBE_S = 60.0
 # How long connecting to the cluster may take before the server gives up (a head answers in about a second).
 _CONNECT_TIMEOUT_S = 30.0
+# How long a node's agent may take to start and probe its backends (it waits for the node's CPUs and GPUs to be free,
+# then probes in a cold worker: seconds, tens on a small busy machine).
+_AGENT_START_S = 120.0
+# A node whose agent did not start is tried again after this long (seconds).
+_REFUSED_S = 600.0
 # After ray.cancel, how long to wait for the node to report the task ended (its workers killed).
 _CANCEL_WAIT_S = 20.0
 
@@ -95,6 +100,7 @@ class RayFleet:
         self._ray: ModuleType | None = None
         self._agent_class: Any = None
         self._agents: dict[str, _Agent] = {}  # node id -> its agent
+        self._refused: dict[str, float] = {}  # node id -> when its agent last failed to start
         self._offered: dict[str, Availability] | None = None
         self._probed_at = 0.0
         self._probe_lock = anyio.Lock()
@@ -121,8 +127,7 @@ class RayFleet:
         try:
             yield self
         finally:
-            for agent in self._agents.values():
-                ray.kill(agent.actor)  # its node's workers die with it (their process groups)
+            await self._stop_agents(ray)
             self._agents.clear()
             self._ray = None
             await anyio.to_thread.run_sync(ray.shutdown)
@@ -198,8 +203,23 @@ class RayFleet:
             raise RuntimeError("the fleet is not connected (enter RayFleet.connected() first)")
         return self._ray
 
+    async def _stop_agents(self, ray: ModuleType) -> None:
+        """Each agent ends its pool (its warm workers killed), then goes; one that does not answer in time goes anyway."""
+        agents = list(self._agents.values())
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_WAIT_S):
+            for agent in agents:
+                try:
+                    await agent.actor.stop.remote()
+                except ray.exceptions.RayError:  # its node is gone already
+                    pass
+        for agent in agents:
+            ray.kill(agent.actor)
+
     async def _choose(self, backend: str) -> _Agent:
-        """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot."""
+        """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot; nodes that
+        joined since the last look (at most `_REPROBE_S` ago) get their agent first."""
+        if time.monotonic() - self._probed_at > _REPROBE_S:
+            await self.availability(fresh=True)
         offering = [a for a in self._agents.values() if backend in a.offers]
         if not offering:
             await self.availability(fresh=True)  # the nodes that offered it died: a node may have joined since
@@ -224,6 +244,25 @@ class RayFleet:
             self._agents[node_id] = _Agent(node_id=node_id, actor=actor, slots=slots)
         return self._agents[node_id]
 
+    async def _probe_agent(self, ray: ModuleType, agent: _Agent) -> None:
+        """Start `agent` and ask what its node offers; an agent that does not start in time (Ray cannot give it the
+        node's resources) or whose node died is dropped, and its node not tried again for `_REFUSED_S`."""
+        answer, why = None, (f"its agent did not start within {_AGENT_START_S:g} s (are the node's CPUs and GPUs taken "
+                             "by other work?)")
+        try:
+            with anyio.move_on_after(_AGENT_START_S):
+                answer = await agent.actor.probe.remote()
+        except ray.exceptions.RayError as exc:  # a node that died meanwhile offers nothing
+            why = f"it could not be probed ({type(exc).__name__})"
+        if answer is None:
+            log.warning("Ray node %s runs no KForge jobs for now: %s", agent.node_id[:12], why)
+            ray.kill(agent.actor)
+            self._agents.pop(agent.node_id, None)
+            self._refused[agent.node_id] = time.monotonic()
+            return
+        agent.probed = [Availability.model_validate(a) for a in answer]
+        agent.offers = {a.backend for a in agent.probed if a.ok}
+
     @staticmethod
     async def _until_ended(stream: Any) -> None:
         try:
@@ -245,17 +284,16 @@ class RayFleet:
                 alive = {n["NodeID"] for n in nodes}
                 for gone in [k for k in self._agents if k not in alive]:
                     self._agents.pop(gone)
-                agents = [self._agent_for(n) for n in nodes]
+                now = time.monotonic()
+                agents = [self._agent_for(n) for n in nodes if now - self._refused.get(n["NodeID"], -1e9) > _REFUSED_S]
+                async with anyio.create_task_group() as tg:  # new agents start and probe side by side
+                    for agent in agents:
+                        if agent.probed is None:
+                            tg.start_soon(self._probe_agent, ray, agent)
                 offered: dict[str, Availability] = {}
                 for agent in agents:
                     if agent.probed is None:
-                        try:
-                            agent.probed = [Availability.model_validate(a) for a in await agent.actor.probe.remote()]
-                        except ray.exceptions.RayError as exc:  # a node that died meanwhile offers nothing
-                            log.warning("Ray node %s could not be probed: %s", agent.node_id[:12], type(exc).__name__)
-                            self._agents.pop(agent.node_id, None)
-                            continue
-                        agent.offers = {a.backend for a in agent.probed if a.ok}
+                        continue  # it did not start: `_probe_agent` said why
                     for found in agent.probed:
                         if found.backend not in offered or (found.ok and not offered[found.backend].ok):
                             offered[found.backend] = found

@@ -170,6 +170,13 @@ class NodeAgent:
         if self._pool_task is None and self.config.warm_workers > 0:
             self._pool_task = asyncio.ensure_future(self._with_pool())
 
+    async def stop(self) -> None:
+        """End the pool (its warm workers and fork servers killed with their process groups) before the actor goes."""
+        if self._pool_task is not None:
+            self._pool_task.cancel()
+            await asyncio.wait({self._pool_task})
+            self._pool_task = None
+
     async def probe(self) -> list[dict[str, Any]]:
         """The backends this node offers (`ToolContext.availability`, probed in a worker), as JSON; starts the pool."""
         found = [a.model_dump(mode="json") for a in await self.tools.availability()]
