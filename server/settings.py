@@ -254,6 +254,5 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     # The trace file is a path of this host: the nodes write none.
     node = NodeConfig(limits=replace(tools.limits, trace_file=None),
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
-                      keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
-                      threads=max(1, int(settings.ray_cpus_per_job)))
+                      keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

@@ -218,15 +218,15 @@ class RayFleet:
     async def _choose(self, backend: str) -> _Agent:
         """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot; nodes that
         joined since the last look (at most `_REPROBE_S` ago) get their agent first."""
-        if time.monotonic() - self._probed_at > _REPROBE_S:
+        def offering() -> list[_Agent]:
+            return [a for a in self._agents.values() if backend in a.offers]
+
+        # (None offering it: its nodes died, and a node may have joined since.)
+        if time.monotonic() - self._probed_at > _REPROBE_S or not offering():
             await self.availability(fresh=True)
-        offering = [a for a in self._agents.values() if backend in a.offers]
-        if not offering:
-            await self.availability(fresh=True)  # the nodes that offered it died: a node may have joined since
-            offering = [a for a in self._agents.values() if backend in a.offers]
-        if not offering:
+        if not (agents := offering()):
             raise JobLost(f"no live Ray node offers the {backend} backend any more")
-        return min(offering, key=lambda a: (a.in_flight / a.slots, a.in_flight))
+        return min(agents, key=lambda a: (a.in_flight / a.slots, a.in_flight))
 
     def _agent_for(self, node: dict[str, Any]) -> _Agent:
         """The node's agent, made on first sight: it holds the node's CPUs and GPUs while the server is connected."""
@@ -236,7 +236,7 @@ class RayFleet:
         if node_id not in self._agents:
             cpus, gpus = node["Resources"].get("CPU", 0.0), node["Resources"].get("GPU", 0.0)
             slots = self.node.slots or max(1, int(cpus / self.cpus_per_job))
-            config = replace(self.node, slots=slots)
+            config = replace(self.node, slots=slots, threads=max(1, int(self.cpus_per_job)))
             actor = self._agent_class.options(
                 name=f"kforge-agent-{node_id[:12]}-{os.getpid()}", num_cpus=cpus, num_gpus=gpus,
                 max_concurrency=max(64, 4 * slots),

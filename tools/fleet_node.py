@@ -60,7 +60,7 @@ class NodeConfig:
     keep_scratch: bool = False
     warm_workers: int = 0
     slots: int | None = None
-    threads: int | None = None  # OpenMP threads of a cpu-backend job's workers (its CPUs); None: as Ray set them
+    threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
 
 
 @dataclass
@@ -193,7 +193,7 @@ class NodeAgent:
         self._start_pool()
         async with self.slots:
             yield NodeEvent(kind="started", node=self._node, address=self._address, version=__version__)
-            events: asyncio.Queue[NodeEvent] = asyncio.Queue()
+            events: asyncio.Queue[NodeEvent | None] = asyncio.Queue()  # None: the job ended
             writes = StoreWrites()
 
             async def progress(done: float, total: float | None, message: str) -> None:
@@ -205,14 +205,10 @@ class NodeAgent:
                 return result.model_dump(mode="json", exclude_none=True)
 
             job = asyncio.ensure_future(run())
+            job.add_done_callback(lambda _: events.put_nowait(None))  # after every progress event it sent
             try:
-                while not (job.done() and events.empty()):
-                    getter = asyncio.ensure_future(events.get())
-                    await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        yield getter.result()
-                    else:
-                        getter.cancel()
+                while (event := await events.get()) is not None:
+                    yield event
             except BaseException:  # cancelled (ray.cancel), closed: stop the job, its workers killed, then go
                 job.cancel()
                 await asyncio.wait({job})
