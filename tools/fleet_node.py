@@ -140,6 +140,8 @@ def _where() -> tuple[str, str]:
     try:
         import ray  # present on every Ray node; imported here only to name the node
 
+        if not ray.is_initialized():  # not in a Ray worker: asking the runtime context would start a local Ray
+            return "", socket.gethostname()
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
     except Exception:  # noqa: BLE001 - naming the node must not fail the job
         return "", socket.gethostname()
