@@ -201,6 +201,40 @@ def preload_gpu_compiler() -> None:
     import torch._inductor.compile_fx  # noqa: F401
     import triton.compiler  # noqa: F401
 
+    _activate_triton_driver()
+
+
+def _activate_triton_driver() -> None:
+    """Make Triton's CUDA driver here, once, before any fork. Making it builds Triton's `cuda_utils` helper from C
+    source with the host's C compiler into the Triton cache, and a worker's Triton cache is its job's own (issue 17:
+    one job's entries would be loaded by the next), so every judge and Triton candidate ran that compiler again at its
+    first Triton kernel. It is built into a directory of its own, loaded, and the directory removed; the forks inherit
+    the loaded module. Nothing here starts CUDA: the driver only binds torch.cuda's functions (and is made directly,
+    not through `driver.active`, whose lookup asks `torch.cuda.is_available()`). Where this fails, Triton makes its
+    driver at first use, as before."""
+    import tempfile
+
+    try:
+        import triton.runtime.driver as triton_driver
+        from triton.backends.nvidia.driver import CudaDriver
+    except ImportError:
+        return
+    before = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        with tempfile.TemporaryDirectory(prefix="kforge-triton-driver-") as cache:
+            os.environ["TRITON_CACHE_DIR"] = cache
+            driver = CudaDriver()
+    except Exception:  # noqa: BLE001 - no C compiler, another Triton: the lazy path still works
+        return
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = before
+    triton_driver.driver.set_active(driver)
+    if getattr(triton_driver.driver, "_default", driver) is None:  # `driver.default` would build another
+        triton_driver.driver._default = driver
+
 
 class CudaAllocator:
     """The `Backend` memory methods of a backend on torch's CUDA caching allocator (cuda, triton). Asked of a

@@ -1,0 +1,150 @@
+"""Where the rest of a new problem's torch.compile goes once the zygote has paid the imports (issue 16, must-hold 4).
+
+Session 18 measured a judge's first compile of a KernelBench reference at 2.2-3.7 s after the imports
+(`compile_cost.py`), against 0.8-0.9 s with a warm cache. This looks inside it, in a process forked the way a
+judge is (the imports and the named preload in the parent, the compile in a child with empty caches of its own):
+Triton's host-side C modules (its `cuda_utils` driver helper and one `__triton_launcher` per kernel signature, each a
+C compiler run into the per-job Triton cache), Triton's kernel compiles, and the profile's top entries.
+
+    python3 bench/explore/compile_breakdown.py --kernelbench .kb --out DIR [--problems level2/12 level1/40]
+
+Configurations: "imports" (the zygote's preload as it is), "imports+driver" (the parent also makes Triton's CUDA
+driver active, building `cuda_utils` into a cache of its own before any fork; checks that CUDA is not started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CHILD = r"""
+import cProfile, importlib.util, io, json, os, pstats, sys, tempfile, time
+cfg = json.loads(sys.argv[2])
+t = time.perf_counter()
+import torch
+import torch._inductor.async_compile, torch._inductor.codegen.triton, torch._inductor.compile_fx  # noqa
+import triton, triton.compiler  # noqa
+torch._inductor.config.compile_threads = 1
+import triton.backends.nvidia.driver as nvd
+imports_s = time.perf_counter() - t
+driver_s = None
+if cfg.get("driver"):
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kf-zygote-triton-")
+    t = time.perf_counter()
+    import triton.runtime.driver as rd
+    rd.driver.set_active(nvd.CudaDriver())
+    driver_s = time.perf_counter() - t
+started_before_fork = torch.cuda.is_initialized()
+builds = []
+real = nvd.compile_module_from_src
+def timed(src, name, *a, **k):
+    t = time.perf_counter()
+    try:
+        return real(src, name, *a, **k)
+    finally:
+        builds.append([name, round(time.perf_counter() - t, 3)])
+nvd.compile_module_from_src = timed
+r, w = os.pipe()
+pid = os.fork()
+if pid:
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.waitpid(pid, 0)
+    out = json.loads(data)
+    out.update(imports_s=imports_s, driver_s=driver_s, cuda_started_before_fork=started_before_fork)
+    print(json.dumps(out))
+    sys.exit(0)
+os.close(r)
+cache = tempfile.mkdtemp(prefix="kf-job-")
+os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+spec = importlib.util.spec_from_file_location("problem", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+torch.manual_seed(0)
+model = mod.Model(*mod.get_init_inputs()).cuda()
+inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
+res = {}
+with torch.no_grad():
+    model(*inputs); torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    compiled = torch.compile(model)
+    compiled(*inputs); torch.cuda.synchronize()
+    prof.disable()
+    res["compile_s"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    compiled(*inputs); torch.cuda.synchronize()
+    res["second_call_ms"] = round((time.perf_counter() - t) * 1e3, 3)
+    # The same problem again in this process, a new instance (the profile's judge after a verify's): cached?
+    model2 = mod.Model(*mod.get_init_inputs()).cuda()
+    t = time.perf_counter()
+    torch.compile(model2)(*inputs); torch.cuda.synchronize()
+    res["new_instance_compile_s"] = round(time.perf_counter() - t, 3)
+res["c_builds"] = builds
+stats = pstats.Stats(prof)
+rows = []
+for (file, line, fn), (cc, nc, tt, ct, callers) in stats.stats.items():
+    rows.append((ct, f"{os.path.basename(file)}:{line}:{fn}", nc))
+rows.sort(reverse=True)
+keep = ("compile", "build", "launcher", "subprocess", "ptx", "cubin", "lower", "codegen", "trace", "aot", "autotune",
+        "bench", "load_binary", "make_", "run", "fx", "graph")
+res["top"] = [[round(ct, 3), name, nc] for ct, name, nc in rows if any(k in name.lower() for k in keep)][:40]
+sub = [(ct, name, nc) for ct, name, nc in rows if name.startswith("subprocess.py")]
+res["subprocess"] = [[round(ct, 3), name, nc] for ct, name, nc in sub[:6]]
+res["cuda_started_in_child"] = torch.cuda.is_initialized()
+os.write(w, json.dumps(res).encode())
+os._exit(0)
+"""
+
+
+def problem_path(kb: Path, name: str) -> Path:
+    level, num = name.split("/")
+    hits = sorted((kb / "KernelBench" / level).glob(f"{num}_*.py"))
+    if not hits:
+        raise SystemExit(f"no problem {name} under {kb}")
+    return hits[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernelbench", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--problems", nargs="+", default=["level2/12", "level1/40", "level2/76"])
+    args = ap.parse_args()
+    rows = []
+    for name in args.problems:
+        path = problem_path(args.kernelbench, name)
+        for label, cfg in (("imports", {}), ("imports+driver", {"driver": True})):
+            proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), json.dumps(cfg)], capture_output=True,
+                                  text=True, timeout=300, env=dict(os.environ, TRITON_CACHE_DIR=tempfile.mkdtemp()))
+            res = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-3000:]}
+            rows.append({"problem": path.stem, "config": label, **res})
+            brief = {k: v for k, v in rows[-1].items() if k not in ("top", "subprocess")}
+            print(json.dumps(brief), flush=True)
+    print("\n| problem | config | compile s | C builds (name s) | new instance s | CUDA started before fork |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['problem']} | {r['config']} | error | | | |")
+            continue
+        builds = ", ".join(f"{n} {s}" for n, s in r["c_builds"])
+        print(f"| {r['problem']} | {r['config']} | {r['compile_s']} | {builds} | {r['new_instance_compile_s']} | "
+              f"{r['cuda_started_before_fork']} |")
+    for r in rows[:2]:
+        print(f"\n{r['problem']} {r['config']} top:")
+        for row in r.get("top", [])[:25] + r.get("subprocess", []):
+            print("  ", row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compile-breakdown.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
