@@ -212,18 +212,23 @@ def _activate_triton_driver() -> None:
     the loaded module. Nothing here starts CUDA: the driver only binds torch.cuda's functions (and is made directly,
     not through `driver.active`, whose lookup asks `torch.cuda.is_available()`). Where this fails, Triton makes its
     driver at first use, as before."""
+    import importlib
     import tempfile
 
     try:
-        import triton.runtime.driver as triton_driver
+        # The module, not `triton.runtime.driver` the attribute: the package rebinds that name to its DriverConfig.
+        config = importlib.import_module("triton.runtime.driver").driver
         from triton.backends.nvidia.driver import CudaDriver
-    except ImportError:
+    except (ImportError, AttributeError):
         return
     before = os.environ.get("TRITON_CACHE_DIR")
     try:
         with tempfile.TemporaryDirectory(prefix="kforge-triton-driver-") as cache:
             os.environ["TRITON_CACHE_DIR"] = cache
             driver = CudaDriver()
+        config.set_active(driver)
+        if getattr(config, "_default", driver) is None:  # `config.default` would build another
+            config._default = driver
     except Exception:  # noqa: BLE001 - no C compiler, another Triton: the lazy path still works
         return
     finally:
@@ -231,9 +236,6 @@ def _activate_triton_driver() -> None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = before
-    triton_driver.driver.set_active(driver)
-    if getattr(triton_driver.driver, "_default", driver) is None:  # `driver.default` would build another
-        triton_driver.driver._default = driver
 
 
 class CudaAllocator:

@@ -124,6 +124,39 @@ def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check()
     assert slowed.status == "fail" and "below its clock" in slowed.evidence and "SW power cap" in slowed.evidence
 
 
+def test_a_baseline_noisy_on_its_own_is_not_ranked_against_but_a_noisy_candidate_still_fails():
+    """Measured on a 16-core H200 (2026-11-27): a ReLU candidate at 6.37 us (IQR 6.05-6.66) against eager 6.37 us
+    (6.02-6.72) and a torch.compile of it at 31.95 us (20.28-54.75: its host path outlasts the flush before each
+    call). The torch.compile comparison ranks nothing, and it is that baseline's own noise, not the candidate's."""
+    from kforge.profilers.report import Baseline, TimingStats
+
+    def stats_of(label, median, q1, q3):
+        return TimingStats(label=label, samples=2000, median_us=median, mean_us=median, std_us=1.0, min_us=q1 * 0.9,
+                           max_us=q3 * 1.5, q1_us=q1, q3_us=q3, rel_sem=0.01)
+
+    stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
+    reval = {"checked": 9, "wrong": []}
+    eager = Baseline(name="eager", timing=stats_of("eager", 6.37, 6.02, 6.72), speedup=1.0, speedup_ci=(0.95, 1.06))
+    compiled = Baseline(name="torch.compile", timing=stats_of("torch.compile", 31.95, 20.28, 54.75), speedup=5.02,
+                        speedup_ci=(0.31, 80.10))
+
+    def check(candidate, *baselines):
+        report = SimpleNamespace(bandwidth_fraction=0.5, compute_fraction=None, baselines=baselines, candidate=candidate)
+        return {c.name: c for c in timing_checks(stats, reval, report, "strict")}["stable_timing"]
+
+    steady = stats_of("candidate", 6.37, 6.05, 6.66)
+    both = check(steady, eager, compiled)
+    assert both.status == "pass" and "torch.compile not ranked against" in both.evidence, both.evidence
+    assert "vs eager x1.00 in [0.95, 1.06]" in both.evidence
+    # The noisy baseline alone ranks nothing: the speedup means nothing.
+    assert check(steady, compiled).status == "fail"
+    # A candidate as noisy as that baseline: the wide comparison is shared, and it fails.
+    assert check(stats_of("candidate", 6.4, 4.0, 9.0), eager, compiled).status == "fail"
+    # Eager wide too (with its own series tight): not the baseline's noise alone; it fails.
+    wide_eager = Baseline(name="eager", timing=eager.timing, speedup=1.0, speedup_ci=(0.8, 1.3))
+    assert check(steady, wide_eager, compiled).status == "fail"
+
+
 def test_the_servers_clock_fails_a_median_faster_than_the_calls_ran_and_skips_a_busy_host():
     from kforge.tools.verdict import wall_anchor_check
 

@@ -9,7 +9,8 @@ C compiler run into the per-job Triton cache), Triton's kernel compiles, and the
     python3 bench/explore/compile_breakdown.py --kernelbench .kb --out DIR [--problems level2/12 level1/40]
 
 Configurations: "imports" (the zygote's preload as it is), "imports+driver" (the parent also makes Triton's CUDA
-driver active, building `cuda_utils` into a cache of its own before any fork; checks that CUDA is not started).
+driver active as the zygote now does, `kforge.backends._nvidia._activate_triton_driver`; checks that CUDA is not
+started before the fork).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 _CHILD = r"""
 import cProfile, importlib.util, io, json, os, pstats, sys, tempfile, time
 cfg = json.loads(sys.argv[2])
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # as KForge's workers (a compile pool's start would start CUDA)
 t = time.perf_counter()
 import torch
 import torch._inductor.async_compile, torch._inductor.codegen.triton, torch._inductor.compile_fx  # noqa
@@ -34,10 +36,9 @@ import triton.backends.nvidia.driver as nvd
 imports_s = time.perf_counter() - t
 driver_s = None
 if cfg.get("driver"):
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kf-zygote-triton-")
     t = time.perf_counter()
-    import triton.runtime.driver as rd
-    rd.driver.set_active(nvd.CudaDriver())
+    from kforge.backends._nvidia import _activate_triton_driver
+    _activate_triton_driver()  # what the zygote does
     driver_s = time.perf_counter() - t
 started_before_fork = torch.cuda.is_initialized()
 builds = []
