@@ -76,7 +76,7 @@ async def test_honest_candidate_end_to_end(kforge_home, cpu_example):
         assert eager.get("reused_after_s") is None  # timed in this run
         lo, hi = eager["speedup_ci"]
         assert lo <= eager["speedup"] <= hi and eager["comparison"] in ("faster", "slower", "no measurable difference")
-        assert report["candidate"]["rounds"] == 3 and report["candidate"]["threads"] >= 1
+        assert report["candidate"]["rounds"] in (3, 5) and report["candidate"]["threads"] >= 1
         assert report["candidate"]["q1_us"] <= report["candidate"]["median_us"] <= report["candidate"]["q3_us"]
         assert {c["name"] for c in prof["checks"]} >= {"probe_memo", "stable_timing", "timed_outputs"}
         # The next profile times eager again (the canary) and may reuse torch.compile only while eager agrees.
