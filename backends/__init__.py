@@ -12,13 +12,13 @@ import importlib
 from importlib.metadata import entry_points
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, GpuInfo, Timer
+from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, DeviceNodes, GpuInfo, Timer
 
-__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "GpuInfo", "Timer",
-           "backend_class", "backend_names", "example_dir", "fault_markers", "import_backend_module", "is_device_fault",
-           "is_out_of_memory", "load_backend"]
+__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
+           "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
+           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -77,6 +77,42 @@ def fault_markers() -> tuple[str, ...]:
             continue
         found += [m for m in markers if m not in found]
     return tuple(found)
+
+
+def _classes() -> list[Any]:
+    """Every registered backend's class that imports (a broken plug-in must not break the others)."""
+    found = []
+    for name in backend_names():
+        try:
+            found.append(backend_class(name))
+        except Exception:  # noqa: BLE001
+            continue
+    return found
+
+
+def host_device_nodes() -> list[str]:
+    """Every device node of every registered backend on this host (`Backend.host_device_nodes`)."""
+    nodes: list[str] = []
+    for cls in _classes():
+        nodes += [n for n in getattr(cls, "host_device_nodes", lambda: [])() if n not in nodes]
+    return nodes
+
+
+def device_nodes(backend: str | None, env: Mapping[str, str]) -> DeviceNodes:
+    """The device nodes a worker of `backend` with environment `env` may open (`Backend.device_nodes`). For no
+    backend (the probe, a profiler's run) or one not known here: what every registered backend's pin allows, since
+    such a worker may start any device (every node where one backend leaves them all open)."""
+    try:
+        classes = [backend_class(backend)] if backend else _classes()
+    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
+        classes = _classes()
+    picked = [cls.device_nodes(env) for cls in classes if hasattr(cls, "device_nodes")]
+    if len(picked) == 1:
+        return picked[0]
+    env_updates = {k: v for p in picked for k, v in p.env.items()}
+    if open_all := [p for p in picked if p.nodes is None]:
+        return DeviceNodes(None, next((p.why_all_open for p in open_all if p.why_all_open), ""), env_updates)
+    return DeviceNodes(tuple(dict.fromkeys(n for p in picked for n in p.nodes or ())), "", env_updates)
 
 
 def is_device_fault(text: str, backend: Any = None) -> bool:

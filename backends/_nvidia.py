@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
-from .base import DeviceFacts, GpuInfo
+from .base import DeviceFacts, DeviceNodes, GpuInfo
 
-__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "CudaAllocator", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "preload_gpu_compiler", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
 
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -236,6 +237,91 @@ def _activate_triton_driver() -> None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = before
+
+
+# Nodes every CUDA process opens whichever GPU it uses (the driver's control, unified memory, MIG's capabilities).
+_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+_DRIVER = "/proc/driver/nvidia"
+
+
+def nvidia_gpus(driver: str = _DRIVER) -> list[dict[str, str]]:
+    """The GPUs the driver lists, in PCI bus order: "uuid" ("GPU-..."), "minor" (its node is /dev/nvidia<minor>) and
+    "model", from `<driver>/gpus/<bus id>/information` (empty where a field or the file cannot be read)."""
+    try:
+        buses = sorted(os.listdir(os.path.join(driver, "gpus")))  # "0000:17:00.0": text order is bus order
+    except OSError:
+        return []
+    found = []
+    for bus in buses:
+        try:
+            text = Path(driver, "gpus", bus, "information").read_text()
+        except OSError:
+            text = ""  # kept in its place: an index counts it
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+        found.append({"uuid": fields.get("GPU UUID", ""), "minor": fields.get("Device Minor", ""),
+                      "model": fields.get("Model", "")})
+    return found
+
+
+def _pinned_gpus(visible: str, gpus: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The driver's GPUs (`nvidia_gpus`) that each entry of a CUDA_VISIBLE_DEVICES names, or None where one is not found
+    (or has no node of its own)."""
+    found: list[dict[str, str]] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            # An index counts CUDA's devices, ranked fastest first (CUDA_DEVICE_ORDER's default; a worker gets no
+            # other), ties in PCI bus order: bus order where every GPU is one model, else not known here.
+            same_model = len({g["model"] for g in gpus}) == 1
+            match = [gpus[int(entry)]] if same_model and int(entry) < len(gpus) else []
+        else:  # a uuid, or (as CUDA takes it) a unique start of one
+            want = entry.lower().removeprefix("gpu-")
+            match = [g for g in gpus if want and g["uuid"].lower().removeprefix("gpu-").startswith(want)]
+        if len(match) != 1 or not match[0]["minor"].isdigit():
+            return None
+        found += match
+    return found
+
+
+class NvidiaDeviceNodes:
+    """`Backend.device_nodes` and `host_device_nodes` of a backend on NVIDIA GPUs (cuda, triton): a worker opens its
+    pinned GPUs' nodes and the driver's control nodes, and no other GPU's."""
+
+    @classmethod
+    def host_device_nodes(cls, dev: str = "/dev") -> list[str]:
+        """NVIDIA's device nodes (every GPU of the host; CUDA_VISIBLE_DEVICES picks among them)."""
+        try:
+            nodes = [os.path.join(dev, n) for n in os.listdir(dev) if n.startswith("nvidia")]
+        except OSError:
+            return []
+        caps = os.path.join(dev, "nvidia-caps")
+        return nodes + ([caps] if os.path.isdir(caps) and caps not in nodes else [])
+
+    @classmethod
+    def device_nodes(cls, env: Mapping[str, str], dev: str = "/dev", driver: str = _DRIVER) -> DeviceNodes:
+        """No node without an NVIDIA GPU here, or for an empty pin (CUDA in it sees no GPU, and neither may code run
+        there). Every node (None) for a worker pinned to none (the probe, a host of one GPU) and for a pin not found
+        here (an MIG instance, a GPU the driver does not list): said in `why_all_open`. Else the pinned GPUs' own
+        nodes and the control nodes (the kernel lets a process reach a GPU through /dev/nvidiactl only once it has
+        opened that GPU's node), and where the pin has an index, the pin by UUID (`env`): CUDA counts an index among
+        the GPUs it can open, so with GPU 1's node alone open "1" names none (a server started with
+        CUDA_VISIBLE_DEVICES=1 on a host of two had no CUDA in its workers, H200 x2, 2026-11-27)."""
+        if not cls.host_device_nodes(dev):
+            return DeviceNodes(())
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and not visible.strip():
+            return DeviceNodes(())
+        if visible is None:
+            return DeviceNodes(None)
+        gpus = nvidia_gpus(driver)
+        pinned = _pinned_gpus(visible, gpus)
+        if pinned is None:
+            return DeviceNodes(None, f"GPU device nodes: CUDA_VISIBLE_DEVICES={visible} is no GPU listed in "
+                                     f"{driver}/gpus: every GPU's node is open to the worker")
+        names = [f"nvidia{m}" for m in dict.fromkeys(g["minor"] for g in pinned)] + list(_CONTROL_NODES)
+        nodes = tuple(p for p in (os.path.join(dev, n) for n in names) if os.path.exists(p))
+        by_uuid = (",".join(g["uuid"] for g in pinned) if nodes and all(g["uuid"] for g in pinned)
+                   and any(e.strip().isdigit() for e in visible.split(",")) else None)
+        return DeviceNodes(nodes, env={"CUDA_VISIBLE_DEVICES": by_uuid} if by_uuid else {})
 
 
 class CudaAllocator:

@@ -20,12 +20,13 @@ availability that a probe worker reports, and the plain class facts `kforge.back
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterator, Literal, Mapping, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceKind", "GpuInfo",
+__all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceKind", "DeviceNodes", "GpuInfo",
            "Timer", "map_structure"]
 
 #: "cpu": tensors live in host memory and calls are synchronous; "gpu": a device with its own memory and queue.
@@ -83,6 +84,19 @@ class DeviceFacts(BaseModel):
     peak_tflops: dict[str, float] = Field(default_factory=dict, description="Measured ceilings per dtype.")
     kind: DeviceKind | None = Field(default=None, description="'gpu' or 'cpu' (the backend's `kind`); the analyst "
                                     "picks its remedies by it.")
+
+
+@dataclass(frozen=True)
+class DeviceNodes:
+    """The device nodes a worker of a backend may open (`Backend.device_nodes`), which its sandbox allows alone."""
+
+    #: Paths under /dev; () none (a CPU-like device, or a pin to no device); None every node of the host (a pin that
+    #: names no device listed here: the worker keeps what it had, and `why_all_open` says so).
+    nodes: tuple[str, ...] | None = ()
+    why_all_open: str = ""
+    #: Environment the worker takes before its device starts, so that its pin names the same device once only these
+    #: nodes are open (CUDA counts an index among the GPUs it can open).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -185,6 +199,18 @@ class Backend(Protocol):
         ...
 
     @classmethod
+    def device_nodes(cls, env: Mapping[str, str]) -> DeviceNodes:
+        """The device nodes a worker of this backend may open, given its environment (the pin to its device, e.g.
+        CUDA_VISIBLE_DEVICES): what its sandbox allows. A class method: the worker asks before its device starts."""
+        ...
+
+    @classmethod
+    def host_device_nodes(cls) -> list[str]:
+        """Every device node of this backend's kind on the host (what a worker the server pinned to none may open;
+        descriptors of the others are closed in every worker)."""
+        ...
+
+    @classmethod
     def preload(cls) -> None:
         """What a fork server pays once for every worker of this backend (the compilers' identities that build keys
         include). A class method: constructing a backend may start its device, and a device context does not
@@ -240,6 +266,14 @@ class BackendBase:
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")
+
+    @classmethod
+    def device_nodes(cls, env: Mapping[str, str]) -> DeviceNodes:
+        return DeviceNodes(())  # a device that computes in host memory opens no device node
+
+    @classmethod
+    def host_device_nodes(cls) -> list[str]:
+        return []
 
     def available(self, ok: bool, reason: str, **facts: Any) -> Availability:
         """An `Availability` carrying this backend's class facts (kind, synchronous-launch environment)."""

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any, Iterator
 
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, NvidiaDeviceNodes, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, nvidia_gpu_present, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 
@@ -31,7 +31,7 @@ def _nvcc_version(nvcc: str) -> str | None:
     return lines[0].strip() if lines else None
 
 
-class CudaBackend(CudaAllocator, BackendBase):
+class CudaBackend(CudaAllocator, NvidiaDeviceNodes, BackendBase):
     name = "cuda"
     device = "cuda"
     kind = "gpu"

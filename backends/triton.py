@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from .host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (FAULT_MARKERS, SYNC_LAUNCH_ENV, CudaAllocator, EventTimer, NvidiaDeviceNodes, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 from .build.models import Diagnostic
@@ -30,7 +30,7 @@ def _has_gpu() -> bool:
         return False
 
 
-class TritonBackend(CudaAllocator, BackendBase):
+class TritonBackend(CudaAllocator, NvidiaDeviceNodes, BackendBase):
     name = "triton"
     kind = "gpu"  # without a GPU, an instance says "cpu": the interpreter runs on host tensors
     limits_address_space = False  # on a GPU host the CUDA driver reserves huge virtual ranges

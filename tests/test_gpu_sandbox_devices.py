@@ -16,7 +16,7 @@ from kforge.tools import gpus
 from kforge.tools.context import ToolContext
 from kforge.tools.process.protocol import LoadRequest
 from kforge.tools.process.runner import WorkerGroup
-from kforge.tools.process.sandbox import nvidia_gpus
+from kforge.backends._nvidia import nvidia_gpus
 
 from .test_sandbox_devices import PROBE, probe_report
 

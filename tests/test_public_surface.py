@@ -31,9 +31,10 @@ ROOT = Path(__file__).parents[1]
 
 # Each package's declared surface. Change it here when a package's surface changes on purpose.
 PACKAGES: dict[str, list[str]] = {
-    "kforge.backends": ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "GpuInfo",
-                        "Timer", "backend_class", "backend_names", "example_dir", "fault_markers",
-                        "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend"],
+    "kforge.backends": ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes",
+                        "GpuInfo", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir",
+                        "fault_markers", "host_device_nodes", "import_backend_module", "is_device_fault",
+                        "is_out_of_memory", "load_backend"],
     "kforge.backends.build": ["compiler_report", "cuda_split", "diagnostics", "fast_build", "inline", "models",
                               "nvrtc"],
     "kforge.profilers": ["load_profiler", "profiler_for", "profiler_names"],

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge.tools.process.sandbox import Confinement, _describe_nodes, gpu_nodes, nvidia_gpus, pin_by_uuid
+from kforge.backends import device_nodes
+from kforge.backends._nvidia import NvidiaDeviceNodes, nvidia_gpus
+from kforge.tools.process.sandbox import Confinement, _describe_nodes
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
 
@@ -43,6 +45,38 @@ def _dev(root: Path, names=_NODES) -> Path:
     for name in names:
         (root / name).touch()
     return root
+
+
+def _env(pin: str | None) -> dict[str, str]:
+    return {} if pin is None else {"CUDA_VISIBLE_DEVICES": pin}
+
+
+def gpu_nodes(backend: str, pin: str | None, *, dev: str, driver: str) -> tuple[tuple[str, ...] | None, str]:
+    """What a worker of `backend` pinned to `pin` may open on the fake host: the NVIDIA backends' `device_nodes` (the
+    cuda and triton backends share it), the registry's answer for any other (a CPU-like device's asks no host)."""
+    if backend in ("cuda", "triton", ""):
+        picked = NvidiaDeviceNodes.device_nodes(_env(pin), dev=dev, driver=driver)
+    else:
+        picked = device_nodes(backend, _env(pin))
+    return picked.nodes, picked.why_all_open
+
+
+def pin_by_uuid(pin: str | None, *, dev: str, driver: str) -> str | None:
+    """The pin the worker takes once only its nodes are open (`DeviceNodes.env`), None where it keeps its own."""
+    return NvidiaDeviceNodes.device_nodes(_env(pin), dev=dev, driver=driver).env.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_the_backends_name_their_own_nodes():
+    """The registry asks the worker's backend (`Backend.device_nodes`): the cuda and triton backends share NVIDIA's
+    answer, the CPU backend opens none whatever its pin, and no backend (the probe) gets what any backend allows."""
+    from kforge.backends import backend_class
+
+    assert backend_class("cuda").device_nodes is NvidiaDeviceNodes.device_nodes or \
+        backend_class("cuda").device_nodes.__func__ is NvidiaDeviceNodes.device_nodes.__func__
+    assert issubclass(backend_class("triton"), NvidiaDeviceNodes) and issubclass(backend_class("cuda"), NvidiaDeviceNodes)
+    assert device_nodes("cpu", _env(AAA)).nodes == ()
+    here = NvidiaDeviceNodes.device_nodes(_env(None))
+    assert device_nodes(None, {}).nodes == here.nodes  # this host's own NVIDIA nodes: every one, or none at all
 
 
 @pytest.fixture
@@ -88,18 +122,15 @@ def test_a_pin_not_found_keeps_every_node_and_says_why(host, tmp_path):
                                                                               f"{host['dev']}/nvidia-uvm")
 
 
-def test_an_index_pin_names_its_gpu_by_uuid_where_only_its_node_is_open(host):
+def test_an_index_pin_names_its_gpu_by_uuid_where_only_its_node_is_open(host, tmp_path):
     """CUDA counts an index among the GPUs it can open: with GPU 1's node alone open, "1" names no device."""
-    driver = host["driver"]
     for pin, uuids in (("1", BBB), ("0", AAA), ("1, 0", f"{BBB},{AAA}"), (f"{AAA},1", f"{AAA},{BBB}")):
-        nodes = gpu_nodes("cuda", pin, **host)[0]
-        assert pin_by_uuid(pin, nodes, driver=driver) == uuids, pin
-    only = gpu_nodes("cuda", "1", **host)[0]
-    assert pin_by_uuid(BBB, only, driver=driver) is None  # a uuid already names it whatever is open
-    assert pin_by_uuid("1", None, driver=driver) is None  # every node open: CUDA counts as the host does
-    assert pin_by_uuid("1", (), driver=driver) is None  # no GPU at all
-    assert pin_by_uuid(None, only, driver=driver) is None
-    assert pin_by_uuid("2", only, driver=driver) is None  # no such GPU: left as it is (the report says why)
+        assert pin_by_uuid(pin, **host) == uuids, pin
+    assert pin_by_uuid(BBB, **host) is None  # a uuid already names it whatever is open
+    assert pin_by_uuid("2", **host) is None  # no such GPU: every node open, CUDA counts as the host does (said why)
+    assert pin_by_uuid(None, **host) is None
+    none_here = str(_dev(tmp_path / "bare", ("null",)))
+    assert pin_by_uuid("1", dev=none_here, driver=host["driver"]) is None  # no GPU at all
 
 
 def test_a_host_without_nvidia_nodes_gives_none(tmp_path):
@@ -207,7 +238,8 @@ def _require_landlock(report: dict) -> None:
 _ENTER = """
     import errno
     held = {n: os.open("/dev/" + n, os.O_RDWR) for n in ("nvidia0", "nvidia1")}  # as a zygote's NVML holds its nodes
-    nodes, why = sb.gpu_nodes(CONFIG["backend"], CONFIG["pin"])
+    from kforge.backends import device_nodes
+    nodes = device_nodes(CONFIG["backend"], {} if CONFIG["pin"] is None else {"CUDA_VISIBLE_DEVICES": CONFIG["pin"]}).nodes
     report = sb.enter(sb.Confinement(home=CONFIG["home"], gpu_nodes=nodes))
 
 

@@ -262,9 +262,8 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
         own = (first["scratch"],) if first.get("scratch") else ()
         os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
-                               backend_name, visible)
+                               backend_name)
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
             os.environ.update(job_cache_env(first["scratch"]))
         try:
@@ -305,11 +304,10 @@ def main() -> None:
     init = _read(channel)  # before the sandbox: the job's backend (and its GPU pin) pick the device nodes it may open
     if init is None:
         return
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if "--landlock" in sys.argv:  # under ncu, in the sandbox it shares with ncu's front-end: Landlock is its own
-        isolation = _landlock_here(_confinement("--landlock"), init.get("backend"), visible)
+        isolation = _landlock_here(_confinement("--landlock"), init.get("backend"))
     else:
-        isolation = _isolation(_confinement(), "host", init.get("backend"), visible)  # before torch: still one thread
+        isolation = _isolation(_confinement(), "host", init.get("backend"))  # before torch: still one thread
     _serve(channel, None, isolation, init)
 
 
@@ -322,12 +320,12 @@ def _confinement(flag: str = "--sandbox") -> Any:
     return Confinement.from_arg(sys.argv[sys.argv.index(flag) + 1])
 
 
-def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -> dict[str, Any]:
+def _landlock_here(confinement: Any, backend: str | None) -> dict[str, Any]:
     """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
     with ncu's front-end was entered before ncu started, and reported by it (`kforge.tools.process.ncu_launch`)."""
     from ..process.sandbox import apply_landlock, with_gpu_nodes
 
-    confinement, why = with_gpu_nodes(confinement, backend, visible)
+    confinement, why = with_gpu_nodes(confinement, backend)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
     # Python's main (H100, 2026-11-25), which stays outside it. Said, not assumed. (An exec right after would end
     # that thread and keep the domain, so the new image's threads all start inside it; not yet run on a GPU.)
@@ -343,16 +341,17 @@ def _landlock_here(confinement: Any, backend: str | None, visible: str | None) -
             "network": "shared with its profiler"}
 
 
-def _isolation(confinement: Any, network: str, backend: str | None = None, visible: str | None = None) -> dict[str, Any]:
+def _isolation(confinement: Any, network: str, backend: str | None = None) -> dict[str, Any]:
     """Enter the sandbox (`kforge.tools.process.sandbox`) where one was asked for; what holds, and what is missing. The
-    GPU device nodes it may open follow from the worker's backend and its CUDA_VISIBLE_DEVICES (`visible`), known
-    only here (a cold worker's from its first message, a forked one's from the zygote's), unless the server chose."""
+    device nodes it may open follow from the worker's backend and its environment's pin to a device
+    (`Backend.device_nodes`), known only here (a cold worker's from its first message, a forked one's from the
+    pool's), unless the server chose."""
     if confinement is None:
         return {"host_pid": os.getpid(), "applied": [], "missing": ["sandbox: not asked for (KFORGE_WORKER_SANDBOX=0)"],
                 "network": network}
     from ..process.sandbox import enter, network_state, with_gpu_nodes
 
-    confinement, why = with_gpu_nodes(confinement, backend, visible)
+    confinement, why = with_gpu_nodes(confinement, backend)
     report = enter(confinement)
     report["missing"] += [why] if why else []
     report["network"] = network_state(report, network)

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> None:
     split = argv.index("--")
     # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.
     # (An index pin becomes UUIDs here, which ncu and its target inherit: they see only the pinned GPUs' nodes.)
-    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None, os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
+    conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None)[0]
     # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
     # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
     report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes

@@ -12,8 +12,8 @@ a cold worker before it imports torch); it returns in a new process and the call
   and `cache/` read-only (builds are promoted into it by the server, never written by a worker), the token file and the host's password hashes and keys covered by empty files. Other jobs' scratch
   is not there to see; the judge gets the candidate's CPU outputs as descriptors (`kforge.tools.process.channel`).
 - **Landlock**: files are read-only except the worker's writable directories; device nodes are only the
-  null devices and the GPU nodes `gpu_nodes` picks (none for the CPU backend and builds, only its own GPU's for a
-  worker pinned to one); no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
+  null devices and the device nodes the worker's backend picks (`Backend.device_nodes`: none for the CPU backend
+  and builds, only its own GPU's for a worker pinned to one); no TCP; no signals or abstract sockets outside the sandbox (where the kernel's
   Landlock ABI has them).
 - **no_new_privs, no capabilities, and a system-call filter** (libseccomp, through pyseccomp): no ptrace,
   no reading other processes' memory, no new namespaces, no mounts, no kernel modules, BPF or io_uring.
@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Confinement", "apply_landlock", "enter", "gpu_nodes", "network_state", "nvidia_gpus", "pin_by_uuid",
-           "trial", "with_gpu_nodes"]
+__all__ = ["Confinement", "apply_landlock", "enter", "network_state", "trial", "with_gpu_nodes"]
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -380,7 +379,7 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any], *, sc
     read = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
     rules = [(p, read) for p in (*_SYSTEM_READ, *_readable_paths(), *confinement.extra_readable,
                                  *confinement.shared_read_only())]
-    devices = _gpu_devices() if confinement.gpu_nodes is None else list(confinement.gpu_nodes)
+    devices = _host_device_nodes() if confinement.gpu_nodes is None else list(confinement.gpu_nodes)
     rules += [("/dev", _LL_READ_DIR)] + [(d, _LL_FILE_RIGHTS) for d in (*_NULL_DEVICES, *devices)]
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
     # The CUDA driver names its threads through /proc/self/task/<tid>/comm during cuInit, which fails (error
@@ -415,124 +414,20 @@ def _landlock_allow(libc: Any, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
-def _gpu_devices() -> list[str]:
-    """NVIDIA's device nodes (every GPU of the host; CUDA_VISIBLE_DEVICES picks among them)."""
-    try:
-        return [f"/dev/{n}" for n in os.listdir("/dev") if n.startswith("nvidia")] + (
-            ["/dev/nvidia-caps"] if os.path.isdir("/dev/nvidia-caps") else [])
-    except OSError:
-        return []
-
-
-# Nodes every CUDA process opens whichever GPU it uses (the driver's control, unified memory, MIG's capabilities).
-_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
-
-
-def nvidia_gpus(driver: str = "/proc/driver/nvidia") -> list[dict[str, str]]:
-    """The GPUs the driver lists, in PCI bus order: "uuid" ("GPU-..."), "minor" (its node is /dev/nvidia<minor>) and
-    "model", from `<driver>/gpus/<bus id>/information` (empty where a field or the file cannot be read)."""
-    try:
-        buses = sorted(os.listdir(os.path.join(driver, "gpus")))  # "0000:17:00.0": text order is bus order
-    except OSError:
-        return []
-    found = []
-    for bus in buses:
-        try:
-            text = Path(driver, "gpus", bus, "information").read_text()
-        except OSError:
-            text = ""  # kept in its place: an index counts it
-        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
-        found.append({"uuid": fields.get("GPU UUID", ""), "minor": fields.get("Device Minor", ""),
-                      "model": fields.get("Model", "")})
-    return found
-
-
-def gpu_nodes(backend: str | None, visible: str | None, *, dev: str = "/dev",
-              driver: str = "/proc/driver/nvidia") -> tuple[tuple[str, ...] | None, str]:
-    """The NVIDIA device nodes a worker of `backend` whose CUDA_VISIBLE_DEVICES is `visible` may open, and, where a
-    pin could not be matched to a node, why every node stays open to it (else "").
-
-    No node (()) for a backend of a CPU-like device (`Backend.kind`) or an empty pin: CUDA in it sees no GPU, and neither
-    may code run there. Every node
-    (None) for a worker pinned to none (the probe, a host of one GPU) and for a pin not found here (an MIG instance,
-    a GPU the driver does not list): as before, said in the report. Else the pinned GPUs' own nodes and the control
-    nodes; the kernel lets a process reach a GPU through /dev/nvidiactl only once it has opened that GPU's node."""
-    try:
-        if not any(n.startswith("nvidia") for n in os.listdir(dev)):
-            return (), ""  # no NVIDIA GPU here
-    except OSError:
-        return (), ""
-    if _cpu_like(backend) or (visible is not None and not visible.strip()):
-        return (), ""
-    if visible is None:
-        return None, ""
-    pinned = _pinned_gpus(visible, nvidia_gpus(driver))
-    if pinned is None:
-        return None, (f"GPU device nodes: CUDA_VISIBLE_DEVICES={visible} is no GPU listed in {driver}/gpus: "
-                      "every GPU's node is open to the worker")
-    minors = [g["minor"] for g in pinned]
-    nodes = [f"nvidia{m}" for m in dict.fromkeys(minors)] + list(_CONTROL_NODES)
-    return tuple(p for p in (os.path.join(dev, n) for n in nodes) if os.path.exists(p)), ""
-
-
-def _pinned_gpus(visible: str, gpus: list[dict[str, str]]) -> list[dict[str, str]] | None:
-    """The driver's GPUs (`nvidia_gpus`) that each entry of a CUDA_VISIBLE_DEVICES names, or None where one is not found
-    (or has no node of its own)."""
-    found: list[dict[str, str]] = []
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit():
-            # An index counts CUDA's devices, ranked fastest first (CUDA_DEVICE_ORDER's default; a worker gets no
-            # other), ties in PCI bus order: bus order where every GPU is one model, else not known here.
-            same_model = len({g["model"] for g in gpus}) == 1
-            match = [gpus[int(entry)]] if same_model and int(entry) < len(gpus) else []
-        else:  # a uuid, or (as CUDA takes it) a unique start of one
-            want = entry.lower().removeprefix("gpu-")
-            match = [g for g in gpus if want and g["uuid"].lower().removeprefix("gpu-").startswith(want)]
-        if len(match) != 1 or not match[0]["minor"].isdigit():
-            return None
-        found += match
-    return found
-
-
-def pin_by_uuid(visible: str | None, nodes: tuple[str, ...] | None, driver: str = "/proc/driver/nvidia") -> str | None:
-    """The CUDA_VISIBLE_DEVICES a worker must take once only `nodes` of the host's GPUs are open to it: the pin with
-    each index replaced by its GPU's UUID; None where it may keep its own (no index in it, every node open, no GPU).
-
-    CUDA counts an index among the GPUs it can open. With one GPU's node open, the host's GPU 1 is the worker's only
-    device, so "1" names none: a server started with CUDA_VISIBLE_DEVICES=1 on a host of two had no CUDA in its
-    workers (H200 x2, 2026-11-27). A UUID names the same GPU whatever is open."""
-    if not visible or not nodes or not any(e.strip().isdigit() for e in visible.split(",")):
-        return None
-    pinned = _pinned_gpus(visible, nvidia_gpus(driver))
-    if pinned is None or not all(g["uuid"] for g in pinned):
-        return None
-    return ",".join(g["uuid"] for g in pinned)
-
-
-def _cpu_like(backend: str | None) -> bool:
-    """Whether `backend` declares a CPU-like device (its class's `kind`); False for none (the probe) or a name no
-    backend here has, which keep the nodes their pin gives them."""
-    if not backend:
-        return False
-    from kforge.backends import backend_class
-
-    try:
-        return getattr(backend_class(backend), "kind", "gpu") == "cpu"
-    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
-        return False
-
-
-def with_gpu_nodes(confinement: Confinement, backend: str | None, visible: str | None) -> tuple[Confinement, str]:
-    """The confinement with its device nodes picked (`gpu_nodes`) where the server left them to the worker, and why
-    every node stays open where a pin could not be matched (else ""). Called by the process about to be confined,
-    before CUDA starts: where only the pinned GPUs' nodes will be open, it names them by UUID in this process's
-    CUDA_VISIBLE_DEVICES (`pin_by_uuid`), which its children inherit."""
+def with_gpu_nodes(confinement: Confinement, backend: str | None,
+                   env: dict[str, str] | None = None) -> tuple[Confinement, str]:
+    """The confinement with its device nodes picked by the worker's backend (`kforge.backends.device_nodes`, from
+    `env`, this process's environment by default) where the server left them to the worker, and why every node stays
+    open where a pin could not be matched (else ""). Called by the process about to be confined, before its device
+    starts: what the backend says the worker must set for its pin to name the same device once only these nodes are
+    open (a GPU's UUID for its index) goes into this process's environment, which its children inherit."""
     if confinement.gpu_nodes is not None:
         return confinement, ""
-    nodes, why = gpu_nodes(backend, visible)
-    if (pin := pin_by_uuid(visible, nodes)) is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = pin
-    return replace(confinement, gpu_nodes=nodes), why
+    from kforge.backends import device_nodes
+
+    picked = device_nodes(backend, os.environ if env is None else env)
+    os.environ.update(picked.env)
+    return replace(confinement, gpu_nodes=picked.nodes), picked.why_all_open
 
 
 def network_state(report: dict[str, Any], before: str = "host") -> str:
@@ -542,16 +437,28 @@ def network_state(report: dict[str, Any], before: str = "host") -> str:
     return next((m for m in report["missing"] if "namespace" in m), before)
 
 
+def _host_device_nodes() -> list[str]:
+    from kforge.backends import host_device_nodes
+
+    return host_device_nodes()
+
+
 def _describe_nodes(nodes: list[str]) -> str:
-    """The report's line on the device nodes allowed: "device nodes: nvidia0 + control", "no GPU device nodes"."""
-    gpus = sorted((n for n in map(os.path.basename, nodes) if n.removeprefix("nvidia").isdigit()), key=lambda n: int(n[6:]))
+    """The report's line on the device nodes allowed: "device nodes: nvidia0 + control", "no GPU device nodes". A
+    node whose name ends in its number is one device's; the others are shared (a driver's control nodes)."""
+    def number(name: str) -> int:
+        digits = name[len(name.rstrip("0123456789")):]
+        return int(digits) if digits else -1
+
+    names = [os.path.basename(n) for n in nodes]
+    devices = sorted((n for n in names if number(n) >= 0), key=lambda n: (n.rstrip("0123456789"), number(n)))
     if not nodes:
         return "no GPU device nodes"
-    return f"device nodes: {', '.join(gpus) or 'no GPU'} + control"
+    return f"device nodes: {', '.join(devices) or 'no GPU'}" + (" + control" if len(devices) < len(names) else "")
 
 
 def _drop_device_descriptors(allowed: tuple[str, ...] | None) -> None:
-    """Point descriptors of NVIDIA device nodes the worker may not open at /dev/null: Landlock checks a file when it
+    """Point descriptors of device nodes (`_host_device_nodes`) the worker may not open at /dev/null: Landlock checks a file when it
     is opened, and a forked worker inherits what its zygote holds (NVML, which torch.cuda.is_available() may start
     there, holds GPUs' nodes open). A library that still uses one gets an error, never another file under its number."""
     if allowed is None:
@@ -560,12 +467,13 @@ def _drop_device_descriptors(allowed: tuple[str, ...] | None) -> None:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:
         return
+    host_nodes = _host_device_nodes()
     for fd in fds:
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.startswith("/dev/nvidia") and not any(_beneath(target, a) for a in allowed):
+        if any(_beneath(target, n) for n in host_nodes) and not any(_beneath(target, a) for a in allowed):
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, fd, inheritable=os.get_inheritable(fd))
             os.close(null)
