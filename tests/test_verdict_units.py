@@ -189,6 +189,13 @@ def test_the_servers_clock_allows_the_hosts_launch_pace_on_a_device_and_still_fa
     assert lie.status == "fail" and "faster than the calls really ran" in lie.evidence
     honest = wall_anchor_check(SimpleNamespace(median_us=1000.0), {**anchor, "per_call_us": 1010.0, "floor_us": 11.0})
     assert honest.status == "pass" and "no less than 765.9 us" in honest.evidence
+    # The judge's floor wanted but not measured (every op of its preempted: 2x H100, 20 candidates in flight,
+    # 2026-11-28, an honest 10.1 us ReLU at 19.8 us per call): a busy host, not the code; a device-bound lie still fails.
+    unmeasured = {**anchor, "floor_us": None, "floor_wanted": True, "measurements": 3}
+    busy = wall_anchor_check(SimpleNamespace(median_us=10.1), {**unmeasured, "per_call_us": 19.8})
+    assert busy.status == "skip" and "launch pace" in busy.evidence and "could not be measured" in busy.evidence
+    assert wall_anchor_check(gemm, {**unmeasured, "calls": 3, "per_call_us": 1000.0}).status == "fail"
+    assert wall_anchor_check(SimpleNamespace(median_us=10.1), {**unmeasured, "per_call_us": 11.0}).status == "pass"
 
 
 @pytest.mark.anyio

@@ -333,7 +333,7 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
     cand_us, fixed_us = per_call_us("candidate")
     short, long = walls["candidate"][calls], walls["candidate"][2 * calls]
     return {"calls": calls, "batches": min(len(short), len(long)), "tried": tried, "per_call_us": cand_us,
-            "fixed_us": fixed_us, "floor_us": per_call_us("floor")[0]}
+            "fixed_us": fixed_us, "floor_us": per_call_us("floor")[0], "floor_wanted": judge is not None}
 
 
 async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[KeptOutputs],
