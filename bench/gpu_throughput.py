@@ -397,7 +397,7 @@ async def _cancel(url: str, job_ids: list[str]) -> None:
 
 
 async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str, ray_nodes: int, server_pid: int,
-                 trace: Path) -> dict:
+                 traces: list[Path]) -> dict:
     """List the backends, warm up, then the measured window; the clients' records, the host's load and where the
     server's and its workers' time went during the window."""
     nonce = secrets.token_hex(4)
@@ -440,7 +440,7 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
 
     # The measured window.
     rec = Recorder()
-    trace_from = trace.stat().st_size if trace.exists() else 0
+    trace_from = {t: t.stat().st_size if t.exists() else 0 for t in traces}
     # On Ray the jobs run in the local cluster's processes, children of this process (the clients' share is small).
     load = HostLoad(server_pid, also=(os.getpid(),) if config == "ray" else ()).start()
     t0 = time.perf_counter()
@@ -450,7 +450,7 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
                 jobs = [(code_of(f"c{c}k{k}"), f"c{c}k{k}", None) for k in range(args.candidates)]
                 tg.start_soon(_client, url, args, jobs, rec)
     wall = time.perf_counter() - t0
-    out["host_load"], out["ops"] = load.stop(), _trace_ops(trace, trace_from)
+    out["host_load"], out["ops"] = load.stop(), _trace_ops(trace_from)
     out["timed_out"] = scope.cancelled_caught
     if left := sorted(rec.inflight):  # past --config-timeout-s: cancel what still runs, and say so
         await _cancel(url, left)
@@ -459,21 +459,23 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
     return out
 
 
-def _trace_ops(trace: Path, offset: int, top: int = 20) -> dict[str, dict[str, float]]:
-    """Per op of the server's trace (KFORGE_TRACE) written after `offset`: count, seconds in all, median seconds; the
-    `top` largest in all. A fork's op names its GPU pin: those of one backend count together."""
-    if not trace.exists():
-        return {}
+def _trace_ops(traces: dict[Path, int], top: int = 20) -> dict[str, dict[str, float]]:
+    """Per op of the traces (KFORGE_TRACE: the server's; on Ray also its nodes' agents', `NodeConfig.trace`), each
+    read from its offset: count, seconds in all, median seconds; the `top` largest in all. A fork's op names its GPU
+    pin: those of one backend count together."""
     spans: dict[str, list[float]] = {}
-    with open(trace) as f:
-        f.seek(offset)
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # a line being written as the window closed
-            op = e["op"].split(" CUDA_VISIBLE_DEVICES=")[0]
-            spans.setdefault(f"{e['role']}.{op}", []).append(e["s"])
+    for trace, offset in traces.items():
+        if not trace.exists():
+            continue
+        with open(trace) as f:
+            f.seek(offset)
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # a line being written as the window closed
+                op = e["op"].split(" CUDA_VISIBLE_DEVICES=")[0]
+                spans.setdefault(f"{e['role']}.{op}", []).append(e["s"])
     ops = {k: {"n": len(v), "total_s": round(sum(v), 2), "p50_s": round(statistics.median(v), 3)}
            for k, v in spans.items()}
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]["total_s"])[:top])
@@ -801,7 +803,7 @@ def _run_config(name: str, args: argparse.Namespace, gpu_ids: list[str], smi: di
         server = _start_server(home, port, env, extra)
         try:
             drive = anyio.run(_drive, args, f"http://127.0.0.1:{port}/mcp", name, candidate, ray_nodes, server.pid,
-                              home / "trace.jsonl")
+                              [home / "trace.jsonl", home / "ray-nodes" / "trace.jsonl"])
         finally:
             _stop(server)
     except Exception as exc:  # noqa: BLE001 - said in the results; the other configurations stand

@@ -251,8 +251,9 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     worker limits; their data directory is `ray_node_home`, else their own default (not this server's)."""
     if not settings.ray:
         return None
-    # The trace file is a path of this host: the nodes write none.
+    # The trace file is a path of this host: a node traces into its own data directory (`NodeConfig.trace`).
     node = NodeConfig(limits=replace(tools.limits, trace_file=None),
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
-                      keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers)
+                      keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
+                      trace=settings.trace is not None)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

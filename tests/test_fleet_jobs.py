@@ -248,3 +248,15 @@ async def test_a_node_whose_agent_does_not_start_is_dropped_and_not_tried_again_
             await ray_fleet._probe_agent(_FakeRay, agent)
         assert agent.probed is None and node_id not in ray_fleet._agents and actor in _FakeRay.killed
         assert node_id in ray_fleet._refused
+
+
+def test_a_node_traces_into_its_own_data_directory_never_the_servers_path(tmp_path):
+    """The server's trace file is a path of its host; a node asked to trace writes `trace.jsonl` in its own data
+    directory (`bench/gpu_throughput.py` reads both), and one not asked writes none."""
+    from kforge.tools import fleet_node
+
+    servers = WorkerLimits(trace_file=str(tmp_path / "server-trace.jsonl"))
+    traced = fleet_node.NodeAgent(fleet_node.NodeConfig(limits=servers, home=str(tmp_path / "a"), trace=True))
+    assert traced.tools.limits.trace_file == str(tmp_path / "a" / "trace.jsonl")
+    quiet = fleet_node.NodeAgent(fleet_node.NodeConfig(limits=servers, home=str(tmp_path / "b")))
+    assert quiet.tools.limits.trace_file is None

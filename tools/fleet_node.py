@@ -22,7 +22,7 @@ import asyncio
 import contextvars
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal
 
@@ -61,6 +61,7 @@ class NodeConfig:
     warm_workers: int = 0
     slots: int | None = None
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
+    trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
 
 
 @dataclass
@@ -157,7 +158,9 @@ class NodeAgent:
             os.environ["OMP_NUM_THREADS"] = str(config.threads)  # workers (who inherit it) get their own share
         home = node_home(config)
         sweep_leftovers(home / "jobs")  # of this node's earlier agents that died mid-job
-        self.tools = ToolContext(home=home, limits=config.limits, keep_scratch=config.keep_scratch)
+        # The server's trace file is a path of its own host: a node traces into its own data directory.
+        limits = replace(config.limits, trace_file=str(home / "trace.jsonl") if config.trace else None)
+        self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch)
         self.tools.store = self.store = _RecordingStore(home)
         self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
         self._pool_task: asyncio.Task[None] | None = None
