@@ -18,7 +18,7 @@ from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, De
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
            "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
-           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend"]
+           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "worker_env_names"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -77,6 +77,12 @@ def fault_markers() -> tuple[str, ...]:
             continue
         found += [m for m in markers if m not in found]
     return tuple(found)
+
+
+@functools.cache
+def worker_env_names() -> tuple[str, ...]:
+    """The server's variables a worker inherits for some registered backend (`Backend.worker_env_names`)."""
+    return tuple(dict.fromkeys(n for cls in _classes() for n in getattr(cls, "worker_env_names", ())))
 
 
 def _classes() -> list[Any]:

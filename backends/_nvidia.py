@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .base import DeviceFacts, DeviceNodes, GpuInfo
 
-__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "preload_gpu_compiler", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
 
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -18,6 +18,8 @@ FAULT_MARKERS = ("illegal memory access", "misaligned address", "unspecified lau
 # The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool. Launches are
 # synchronous, so a fault is reported at the launch that made it.
 SYNC_LAUNCH_ENV = {"CUDA_LAUNCH_BLOCKING": "1"}
+# The server's variables a worker on an NVIDIA GPU inherits: the toolkit's place, the GPUs it may see, the arch to build.
+WORKER_ENV_NAMES = ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST")
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
@@ -32,8 +34,8 @@ def nvidia_gpu_present() -> bool:
 
 
 def list_gpus() -> list[GpuInfo]:
-    """Each GPU this process sees, in torch's (CUDA's) order: its `index` is what the tools' `gpu` names, and
-    CUDA_VISIBLE_DEVICES=<uuid> pins a worker to it whatever the order. Called in the probe worker only."""
+    """Each GPU this process sees, in torch's (CUDA's) order: its `index` is what the tools' `gpu` names, and its
+    `pin`, CUDA_VISIBLE_DEVICES=<uuid>, confines a worker to it whatever the order. Called in the probe worker only."""
     import torch
 
     gpus = []
@@ -45,8 +47,16 @@ def list_gpus() -> list[GpuInfo]:
         bus = getattr(props, "pci_bus_id", None)
         pci = (f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
                if isinstance(bus, int) else None)
-        gpus.append(GpuInfo(index=i, name=props.name, uuid=uuid, pci_bus_id=pci, memory_bytes=props.total_memory))
+        gpus.append(GpuInfo(index=i, name=props.name, uuid=uuid, pci_bus_id=pci, memory_bytes=props.total_memory,
+                            pin={"CUDA_VISIBLE_DEVICES": uuid or _visible_entry(i)}))
     return gpus
+
+
+def _visible_entry(index: int) -> str:
+    """GPU `index` as this process's CUDA_VISIBLE_DEVICES names it (a worker's setting replaces the server's, whose
+    own list the probe inherits), for a torch that gives no uuid."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 class EventTimer:

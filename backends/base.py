@@ -46,6 +46,9 @@ class GpuInfo(BaseModel):
     uuid: str | None = Field(default=None, description="As nvidia-smi prints it ('GPU-...'); workers are pinned by it.")
     pci_bus_id: str | None = Field(default=None, description="As nvidia-smi prints it ('00000000:19:00.0').")
     memory_bytes: int | None = None
+    pin: dict[str, str] = Field(default_factory=dict, description=(
+        "The environment that confines a worker to this GPU alone, as its backend pins one (NVIDIA: "
+        "CUDA_VISIBLE_DEVICES=<uuid>); set by the backend's probe."))
     peak_bandwidth_gbs: float | None = Field(default=None, description="Measured device-copy bandwidth, once measured.")
     peak_tflops: dict[str, float] = Field(default_factory=dict, description="Measured matmul rates, once measured.")
 
@@ -129,6 +132,8 @@ class Backend(Protocol):
     fault_markers: tuple[str, ...]
     #: Environment of a worker whose launches must be synchronous (a fault then points at its launch).
     sync_launch_env: dict[str, str]
+    #: Variables of the server's environment a worker inherits for this backend (its toolkit's, its device pin's).
+    worker_env_names: tuple[str, ...]
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""
@@ -263,6 +268,7 @@ class BackendBase:
     limits_address_space: bool = True
     fault_markers: tuple[str, ...] = ()
     sync_launch_env: dict[str, str] = {}
+    worker_env_names: tuple[str, ...] = ()
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")

@@ -28,7 +28,8 @@ CPU = Availability(backend="cpu", ok=True, reason="test", device_name="test-cpu"
 
 
 def fake_gpus(n: int) -> list[GpuInfo]:
-    return [GpuInfo(index=i, name="Fake GPU", uuid=f"GPU-0000000{i}-fake", memory_bytes=80 * 2**30) for i in range(n)]
+    return [GpuInfo(index=i, name="Fake GPU", uuid=f"GPU-0000000{i}-fake", memory_bytes=80 * 2**30,
+                    pin={"CUDA_VISIBLE_DEVICES": f"GPU-0000000{i}-fake"}) for i in range(n)]
 
 
 def fake_cuda(n: int) -> Availability:
@@ -109,12 +110,19 @@ def test_workers_are_pinned_to_their_gpu_only_where_there_are_several(tmp_path):
     assert warm_kinds(CPU) == [{}]  # calls on a CPU are synchronous already: one kind (`Availability.sync_launch_env`)
 
 
-def test_without_a_uuid_the_pin_is_the_index_within_the_servers_own_visible_devices(monkeypatch):
-    second = gpus.Placement(GpuInfo(index=1, name="Fake GPU"), 2)
+def test_a_worker_takes_the_pin_its_backend_gave_the_gpu(monkeypatch):
+    """The pin is the backend's (`GpuInfo.pin`, from its probe): the tools copy it, whatever its variables. NVIDIA's
+    names a GPU by uuid, and without one (a torch that gives none) by the index within the server's own
+    CUDA_VISIBLE_DEVICES, which a worker's setting replaces."""
+    from kforge.backends._nvidia import _visible_entry
+
+    other = gpus.Placement(GpuInfo(index=1, name="Other", pin={"OTHER_VISIBLE_DEVICES": "7"}), 2)
+    assert gpus.pin_env(other) == {"OTHER_VISIBLE_DEVICES": "7"}
+    assert gpus.pin_env(gpus.Placement(other.gpu, 1)) == {}  # one GPU needs no pin
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert gpus.pin_env(second) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert _visible_entry(1) == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # the server sees physical GPUs 4 and 6 as 0 and 1
-    assert gpus.pin_env(second) == {"CUDA_VISIBLE_DEVICES": "6"}
+    assert _visible_entry(1) == "6"
 
 
 async def test_a_tool_call_pins_its_workers_and_takes_the_least_busy_gpu(tmp_path):

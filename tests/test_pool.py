@@ -313,7 +313,7 @@ async def test_a_hold_on_one_gpu_leaves_another_gpus_refills_alone(tmp_path):
         with anyio.fail_after(240):
             while _idle(pool, *on_a.items()) < 1 or _idle(pool, *on_b.items()) < 1 or pool._under_way:
                 await anyio.sleep(0.1)
-        release = pool.hold_forks(gpu="GPU-a")
+        release = pool.hold_forks(gpu=frozenset(on_a.items()))
         taken = [pool.take("cpu", on_a), pool.take("cpu", on_b)]
         kind_a, kind_b = ("cpu", tuple(on_a.items())), ("cpu", tuple(on_b.items()))
         with anyio.fail_after(5):  # GPU b's refill starts at once ...

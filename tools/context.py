@@ -304,7 +304,7 @@ def warm_kinds(avail: Availability) -> list[dict[str, str]]:
     return kinds
 
 
-def _gpu_pin() -> str | None:
+def _gpu_pin() -> frozenset[tuple[str, str]] | None:
     """The pin of the GPU the running tool call was placed on, where the host has several (the pool's holds
     then cover that GPU's workers only), else None."""
-    return gpus.pin_env(gpus.current()).get("CUDA_VISIBLE_DEVICES")
+    return gpus.pin_items(gpus.current())

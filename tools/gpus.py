@@ -6,15 +6,15 @@ loaded one (fewest queued and running jobs on it; ties go to the lower index). W
 placement lives in a context variable, so every worker the job starts (`ToolContext.worker`, in any of
 its tasks) is pinned to that GPU without threading an argument through every helper.
 
-Pinning is by UUID (`CUDA_VISIBLE_DEVICES=GPU-...`): inside the worker the GPU is cuda:0, and the pin
-holds whatever order CUDA enumerates devices in. With one GPU (or none) nothing is pinned and the device
+A worker is pinned by the environment its backend's probe gave the GPU (`GpuInfo.pin`; NVIDIA's by UUID,
+`CUDA_VISIBLE_DEVICES=GPU-...`): inside the worker the GPU is cuda:0, and the pin holds whatever order CUDA
+enumerates devices in. With one GPU (or none) nothing is pinned and the device
 keeps the name it always had, so a one-GPU host behaves as before apart from the result naming its GPU.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 from kforge.backends import Availability, GpuInfo
 
 __all__ = ["Placement", "ceilings_name", "choose_gpu", "current", "describe_gpu", "device_key", "gpu_id", "on_one_gpu",
-           "pin_env", "placed_on", "placements"]
+           "pin_env", "pin_items", "placed_on", "placements"]
 
 R = TypeVar("R")
 
@@ -71,16 +71,16 @@ def placed_on(placement: Placement | None) -> Iterator[Placement | None]:
 
 
 def pin_env(placement: Placement | None) -> dict[str, str]:
-    """The environment that confines a worker to the placement's GPU (before CUDA starts; it reads it once)."""
+    """The environment that confines a worker to the placement's GPU (`GpuInfo.pin`, the backend's: set before the
+    device starts, which reads it once); none where one GPU needs no pin."""
     if placement is None or not placement.pinned:
         return {}
-    if placement.gpu.uuid:
-        return {"CUDA_VISIBLE_DEVICES": placement.gpu.uuid}
-    # No uuid (a torch without it): the index, within the server's own CUDA_VISIBLE_DEVICES where it set one,
-    # since the worker's setting replaces the server's.
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    index = placement.gpu.index
-    return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
+    return dict(placement.gpu.pin)
+
+
+def pin_items(placement: Placement | None) -> frozenset[tuple[str, str]] | None:
+    """`pin_env` as a set of items (the pool's holds name a GPU so), None where the placement is not pinned."""
+    return frozenset(pin_env(placement).items()) or None
 
 
 def device_key(avail: Availability, placement: Placement | None) -> str:

@@ -26,11 +26,11 @@ __all__ = ["Preemption", "SCRATCH_OWNER", "busy_threads", "close_together", "kil
            "namespace_processes", "pid_alive", "preemptions", "sandboxed_worker", "scratch_name", "session_members", "trace", "traced",
            "worker_env"]
 
-# Variables a worker may inherit; everything else (tokens, API keys, ...) is dropped.
+# Variables a worker may inherit, with those the backends name (`Backend.worker_env_names`: a device's toolkit and
+# pin); everything else (tokens, API keys, ...) is dropped.
 _ENV_ALLOWLIST = (
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "PYTHONPATH", "LD_LIBRARY_PATH",
-    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CXX", "CC", "MAX_JOBS",
-    "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET", "SSL_CERT_FILE",
+    "CXX", "CC", "MAX_JOBS", "SSL_CERT_FILE",
     # OpenMP's thread count, waiting and binding, as the operator set them for the server: the CPU backend
     # gives candidate, eager and torch.compile the same team (OMP_NUM_THREADS, else every usable CPU), and
     # the same knobs make a worker's OpenMP behave as `torch.utils.benchmark` run from the operator's shell.
@@ -40,7 +40,10 @@ _ENV_ALLOWLIST = (
 
 
 def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOWLIST}
+    from kforge.backends import worker_env_names
+
+    allowed = (*_ENV_ALLOWLIST, *worker_env_names())
+    env = {k: v for k, v in os.environ.items() if k in allowed}
     here = Path(__file__).resolve().parents[2]  # the kforge package directory
     if here.name == "kforge":  # a plain checkout on sys.path: make it importable for the child too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here.parent), env.get("PYTHONPATH")) if p)

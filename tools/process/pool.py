@@ -94,9 +94,18 @@ def _kind(backend: str, extra_env: dict[str, str] | None) -> _Kind:
     return backend, tuple(sorted((extra_env or {}).items()))
 
 
-def _pin(kind: _Kind) -> str | None:
-    """The GPU a kind's workers are pinned to (`kforge.tools.gpus.pin_env`), or None."""
-    return dict(kind[1]).get("CUDA_VISIBLE_DEVICES")
+# A GPU as the pool's holds name it: the items of its pin (`kforge.tools.gpus.pin_items`), None for every GPU.
+Pin = frozenset[tuple[str, str]]
+
+
+def _pinned_elsewhere(kind: _Kind, gpu: Pin | None) -> bool:
+    """Whether the kind's workers are pinned to another GPU than `gpu`: their environment sets a variable of that pin
+    (a GPU kind of the same backend family) to another value. A kind with none of its variables (a CPU kind, or
+    every kind on a host of one GPU) is pinned nowhere else."""
+    if gpu is None:
+        return False
+    env = dict(kind[1])
+    return any(k in env for k, _ in gpu) and not all(env.get(k) == v for k, v in gpu)
 
 
 class ForkedProcess:
@@ -345,7 +354,7 @@ class WorkerPool:
         self.started = self.served = 0
         # Holds in progress (`hold_forks`), by (light, the GPU they hold or None for every one): timings and
         # verifies about to start or running, during which no new fork starts
-        self._holds: Counter[tuple[bool, str | None]] = Counter()
+        self._holds: Counter[tuple[bool, Pin | None]] = Counter()
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
@@ -486,7 +495,7 @@ class WorkerPool:
                 if not parked:
                     self._kept.pop(key, None)
 
-    def hold_forks(self, light: bool = False, gpu: str | None = None) -> Callable[[], None]:
+    def hold_forks(self, light: bool = False, gpu: Pin | None = None) -> Callable[[], None]:
         """Start no fork until the returned release is called (once or more), except forks a job waits for.
 
         A fork starts a device context and warms the libraries (~1.3 s of GPU and CPU work on an H100):
@@ -500,7 +509,7 @@ class WorkerPool:
         a 4.3 GB problem's verify; but a verify that held every refill left the profile after it waiting
         0.4-1.2 s for its workers (H100, 2026-11-24).
 
-        `gpu` (the `CUDA_VISIBLE_DEVICES` pin of the job's GPU on a host of several): only the kinds pinned to
+        `gpu` (the pin of the job's GPU on a host of several, `gpus.pin_items`): only the kinds pinned to
         that GPU, and the unpinned ones, are held; another GPU's refills go on. None holds every kind."""
         key = (light, gpu)
         self._holds[key] += 1
@@ -526,18 +535,16 @@ class WorkerPool:
 
     def _covered(self, kind: _Kind, light: bool | None = None) -> bool:
         """Whether a hold of this weight (None: of either) covers the kind (`hold_forks`)."""
-        pin = _pin(kind)
-        return any((light is None or held_light == light) and (gpu is None or pin is None or gpu == pin)
+        return any((light is None or held_light == light) and not _pinned_elsewhere(kind, gpu)
                    for held_light, gpu in self._holds)
 
-    def pause_forks(self, light: bool = False, gpu: str | None = None) -> None:
+    def pause_forks(self, light: bool = False, gpu: Pin | None = None) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
         keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind; a
         kind some job already waits for is not stopped, nor, if `light`, one short of idle workers, nor one
         pinned to another GPU than `gpu`."""
         for fork in self._under_way:
-            pin = _pin(fork.kind)
-            if gpu is not None and pin is not None and pin != gpu:
+            if _pinned_elsewhere(fork.kind, gpu):
                 continue
             if not self._waiting[fork.kind] and not (light and self._short(fork.kind)):
                 fork.stop()
