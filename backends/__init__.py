@@ -18,7 +18,8 @@ from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, De
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
            "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
-           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "worker_env_names"]
+           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "scan_rules",
+           "worker_env_names"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -83,6 +84,19 @@ def fault_markers() -> tuple[str, ...]:
 def worker_env_names() -> tuple[str, ...]:
     """The server's variables a worker inherits for some registered backend (`Backend.worker_env_names`)."""
     return tuple(dict.fromkeys(n for cls in _classes() for n in getattr(cls, "worker_env_names", ())))
+
+
+@functools.cache
+def scan_rules(backend: str | None) -> tuple[tuple[tuple[str, bool, str, str], ...], tuple[tuple[str, bool, str, str], ...]]:
+    """The static scan's (native, Python) rules of `backend` (`Backend.native_scan_rules`, `python_scan_rules`); of
+    every registered backend for None or a name not known here (a candidate may target any of them)."""
+    try:
+        classes = [backend_class(backend)] if backend else _classes()
+    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
+        classes = _classes()
+    native = tuple(dict.fromkeys(r for c in classes for r in getattr(c, "native_scan_rules", ())))
+    python = tuple(dict.fromkeys(r for c in classes for r in getattr(c, "python_scan_rules", ())))
+    return native, python
 
 
 def _classes() -> list[Any]:

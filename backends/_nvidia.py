@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .base import DeviceFacts, DeviceNodes, GpuInfo
 
-__all__ = ["FAULT_MARKERS", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+__all__ = ["FAULT_MARKERS", "NATIVE_SCAN_RULES", "PYTHON_SCAN_RULES", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "preload_gpu_compiler", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
 
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -18,6 +18,21 @@ FAULT_MARKERS = ("illegal memory access", "misaligned address", "unspecified lau
 # The CUDA runtime reads this once, at start-up: such workers are a kind of their own in the pool. Launches are
 # synchronous, so a fault is reported at the launch that made it.
 SYNC_LAUNCH_ENV = {"CUDA_LAUNCH_BLOCKING": "1"}
+# What the static scan looks for in a candidate for an NVIDIA GPU (`Backend.native_scan_rules`, `python_scan_rules`):
+# the runtime's own ways past the harness, and what is honest but must be read against the runtime checks.
+NATIVE_SCAN_RULES = (
+    ("l2_persistence", True, r"cudaLimitPersistingL2CacheSize|accessPolicyWindow|cudaAccessPropertyPersisting|hitProp",
+     "native code sets up persisting L2 lines, which survive the harness's cache flush"),
+    ("harness_patch", True, r"cudaEventElapsedTime", "native code reads the runtime's event timers"),
+    ("streams", False, r"cudaStreamCreate\w*|cudaStreamNonBlocking|getStreamFromPool",
+     "native code creates its own CUDA stream; work there must finish inside the call"),
+    ("precision", False, r"__float2half|__float2bfloat16|__half\b|__nv_bfloat16|wmma::|mma\.sync",
+     "native code computes in reduced precision (fine under precision='mixed', a failure under strict if it shows in "
+     "the error)"),
+)
+PYTHON_SCAN_RULES = (
+    ("streams", False, r"(^|\.)cuda\.(Stream|stream|ExternalStream)$", "work on another stream must finish inside the call"),
+)
 # The server's variables a worker on an NVIDIA GPU inherits: the toolkit's place, the GPUs it may see, the arch to build.
 WORKER_ENV_NAMES = ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST")
 

@@ -134,6 +134,11 @@ class Backend(Protocol):
     sync_launch_env: dict[str, str]
     #: Variables of the server's environment a worker inherits for this backend (its toolkit's, its device pin's).
     worker_env_names: tuple[str, ...]
+    #: The static scan's rules for this device (`kforge.tools.static_scan`): (rule, hard, regex, message) matched
+    #: against native source in the candidate's strings ...
+    native_scan_rules: tuple[tuple[str, bool, str, str], ...]
+    #: ... and against the dotted names it uses in Python (`torch.cuda.Stream`).
+    python_scan_rules: tuple[tuple[str, bool, str, str], ...]
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""
@@ -269,6 +274,8 @@ class BackendBase:
     fault_markers: tuple[str, ...] = ()
     sync_launch_env: dict[str, str] = {}
     worker_env_names: tuple[str, ...] = ()
+    native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
+    python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")

@@ -59,6 +59,20 @@ def test_static_scan_rules(snippet, rule, hard):
     assert (rule, hard) in found, found
 
 
+def test_the_device_rules_of_the_static_scan_are_the_backends():
+    """A CUDA stream or persisting-L2 setup is the NVIDIA backends' rule (`Backend.native_scan_rules`,
+    `python_scan_rules`): found for cuda and triton, and with no backend named; the cpu backend has none of its own,
+    while the rules of any device (threads, patched timers) hold there too."""
+    stream = "import torch\ns = torch.cuda.Stream()"
+    l2 = 'src = """\ncudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, n);\n"""'
+    for backend in ("cuda", "triton", None):
+        assert "streams" in {f.rule for f in scan_candidate(stream, backend)}, backend
+        assert "l2_persistence" in {f.rule for f in scan_candidate(l2, backend)}, backend
+    assert not scan_candidate(stream, "cpu") and not scan_candidate(l2, "cpu")
+    assert "harness_patch" in {f.rule for f in scan_candidate("import time\ntime.perf_counter = lambda: 0.0", "cpu")}
+    assert "native_threads" in {f.rule for f in scan_candidate('src = """\nstd::thread t(f);\n"""', "cpu")}
+
+
 def test_static_scan_has_no_hard_findings_on_honest_candidates():
     honest = list((ROOT / "resources" / "examples").glob("*/candidate.py")) + list((ROOT / "bench" / "candidates").glob("*.py"))
     assert len(honest) >= 6

@@ -116,7 +116,7 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
     """One run of the candidate's trials against the judge: the fields of its `VerifyResult`."""
     backend, reference_code, candidate_code = request.backend, request.reference_code, request.candidate_code
     trials, atol, rtol, precision = request.trials, request.atol, request.rtol, request.precision
-    scan = static_check(scan_candidate(candidate_code))
+    scan = static_check(scan_candidate(candidate_code, backend))
     init_seed, seeds = fresh_seeds(trials)
     steps = 4.0
     judging = {"atol": atol, "rtol": rtol, "precision": precision}

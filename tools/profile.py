@@ -235,7 +235,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     if not output_correct:
         warnings.append("the candidate's output did not match the reference on the profiled inputs; "
                         "fix correctness first (verify_against_reference)")
-    checks = ([static_check(scan_candidate(candidate_code))] + timing_checks(candidate_stats, revalidated, report, precision)
+    checks = ([static_check(scan_candidate(candidate_code, backend))] + timing_checks(candidate_stats, revalidated, report, precision)
               + [wall_anchor_check(candidate_stats, anchor)] + integrity_checks(cand["integrity"], precision))
     trusted = bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,

@@ -39,27 +39,26 @@ _PROTECTED_ROOTS = {"time", "torch", "builtins", "triton", "numpy", "np", "os", 
 _PRECISION_CALLS = {"half", "bfloat16", "set_float32_matmul_precision"}
 _PRECISION_FLAGS = {"allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"}
 
-_NATIVE_RULES = [  # (rule, hard, pattern, message) for C++/CUDA text
+_NATIVE_RULES = (  # (rule, hard, pattern, message) for native text, any device; a backend adds its own
     ("native_threads", True, r"\bstd::thread\b|\bpthread_create\b|\bstd::async\b|\bfork\s*\(",
      "native code starts threads or processes"),
-    ("l2_persistence", True, r"cudaLimitPersistingL2CacheSize|accessPolicyWindow|cudaAccessPropertyPersisting|hitProp",
-     "native code sets up persisting L2 lines, which survive the harness's cache flush"),
-    ("harness_patch", True, r"\bdlsym\b|\bmprotect\b|\bptrace\b|cudaEventElapsedTime|/proc/self",
+    ("harness_patch", True, r"\bdlsym\b|\bmprotect\b|\bptrace\b|/proc/self",
      "native code reaches for the runtime's symbols, memory protections or timers"),
-    ("streams", False, r"cudaStreamCreate\w*|cudaStreamNonBlocking|getStreamFromPool",
-     "native code creates its own CUDA stream; work there must finish inside the call"),
-    ("precision", False, r"__float2half|__float2bfloat16|__half\b|__nv_bfloat16|wmma::|mma\.sync",
-     "native code computes in reduced precision (fine under precision='mixed', a failure under strict if it shows in the error)"),
-]
+)
 
 
-def scan_candidate(source: str) -> list[Finding]:
-    """Findings in `source`, hard ones first, at most one per rule and line."""
+def scan_candidate(source: str, backend: str | None = None) -> list[Finding]:
+    """Findings in `source`, hard ones first, at most one per rule and line: the rules of any device, and those of
+    `backend`'s (`Backend.native_scan_rules`, `python_scan_rules`; every registered backend's for None)."""
+    from kforge.backends import scan_rules
+
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []  # the loader reports syntax errors with their location
     found: dict[tuple[str, int | None], Finding] = {}
+    native, python = scan_rules(backend)
+    native = _NATIVE_RULES + native
 
     def add(rule: str, hard: bool, node: ast.AST | None, message: str, line: int | None = None) -> None:
         at = line if line is not None else getattr(node, "lineno", None)
@@ -67,8 +66,13 @@ def scan_candidate(source: str) -> list[Finding]:
 
     for node in ast.walk(tree):
         _python_rules(node, add)
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            for rule, hard, pattern, message in python:
+                if re.search(pattern, dotted):
+                    add(rule, hard, node, f"uses {dotted}: {message}")
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "\n" in node.value:
-            _native_rules(node, add)
+            _native_rules(node, add, native)
     return sorted(found.values(), key=lambda f: (not f.hard, f.line or 0))
 
 
@@ -101,8 +105,6 @@ def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
             add("lazy_tensor", True, node, "creates a tensor subclass: outputs must be plain torch.Tensors")
         if node.attr in _PRECISION_CALLS:
             add("precision", False, node, f"casts with .{node.attr}(): reduced precision inside the kernel")
-        if node.attr in {"Stream", "stream", "ExternalStream"} and "cuda" in dotted:
-            add("streams", False, node, f"uses {dotted}: work on another stream must finish inside the call")
     elif isinstance(node, ast.Assign) or isinstance(node, ast.AugAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for t in targets:
@@ -134,9 +136,9 @@ def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
             add("introspection", True, node, f"opens {arg.value}: reading process memory or descriptors is not allowed")
 
 
-def _native_rules(node: ast.Constant, add) -> None:  # noqa: ANN001 - local callback
+def _native_rules(node: ast.Constant, add, rules: tuple[tuple[str, bool, str, str], ...]) -> None:  # noqa: ANN001
     text: str = node.value
-    for rule, hard, pattern, message in _NATIVE_RULES:
+    for rule, hard, pattern, message in rules:
         for m in re.finditer(pattern, text):
             line = node.lineno + text.count("\n", 0, m.start())
             add(rule, hard, None, f"{message} ({m.group(0)})", line=line)
