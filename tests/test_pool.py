@@ -404,3 +404,48 @@ async def test_a_fork_that_gives_no_answer_is_killed_and_its_kind_tried_again_be
             while not all(_gone(p) for p in forked):
                 await anyio.sleep(0.05)
         assert forked and all(_gone(p) for p in forked), problem  # killed, not left readying
+
+
+def _blocked_signals(pid: int) -> set[int]:
+    """The signals blocked in process `pid` (its main thread's mask, from /proc)."""
+    mask = int(re.search(r"SigBlk:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal masks in /proc")
+async def test_workers_start_with_no_signal_blocked_whatever_their_parent_blocked(tmp_path):
+    """A Ray actor blocks SIGINT, and a mask is inherited by every process below: `perf stat`, stopped by SIGINT,
+    then never stopped (each profile on a Ray node waited 10 s and lost its counters). A worker clears its mask,
+    cold or warm, so what it starts sees signals as on a plain host."""
+    import signal
+
+    def tree(pid: int) -> set[int]:
+        found, todo = set(), [pid]
+        while todo:
+            p = todo.pop()
+            found.add(p)
+            for task in Path(f"/proc/{p}/task").glob("*/children"):
+                todo += [int(c) for c in task.read_text().split()]
+        return found
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        ctx = ToolContext(home=tmp_path / "home")
+        async with ctx.warm_workers(1) as pool:
+            pool.want("cpu")
+            with anyio.fail_after(240):
+                while _idle(pool) < 1:
+                    await anyio.sleep(0.1)
+            with ctx.scratch("signals") as scratch:
+                async with WorkerGroup(ctx.pool) as group:
+                    warm = await group.start(ctx.worker("cpu", scratch / "warm", "candidate"))
+                    cold = await group.start(ctx.worker("cpu", scratch / "cold", "candidate", extra_env={"X_COLD": "1"}))
+                    for worker in (warm, cold):
+                        pids = tree(worker._proc.pid)
+                        python = [p for p in pids if "kforge.tools.harness.worker" in
+                                  Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+                        assert python, pids
+                        assert all(signal.SIGINT not in _blocked_signals(p) for p in python), \
+                            {p: _blocked_signals(p) for p in python}
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

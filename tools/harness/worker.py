@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 import tempfile
@@ -285,6 +286,10 @@ _NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def main() -> None:
+    # No signal blocked, whatever the parent blocked: a Ray actor blocks SIGINT, and its mask, inherited by every
+    # process below it, kept `perf stat` from ever seeing the SIGINT that stops it (each profile on a Ray node
+    # waited 10 s for it, then lost its counters; 2-core VM, 2026-11-28).
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # Keep the protocol on private fds; user code gets /dev/null for stdin and a log file for 1/2.
     first_fd = os.dup(0)
     null_fd = os.open(os.devnull, os.O_RDONLY)
