@@ -90,10 +90,7 @@ def worker_env_names() -> tuple[str, ...]:
 def scan_rules(backend: str | None) -> tuple[tuple[tuple[str, bool, str, str], ...], tuple[tuple[str, bool, str, str], ...]]:
     """The static scan's (native, Python) rules of `backend` (`Backend.native_scan_rules`, `python_scan_rules`); of
     every registered backend for None or a name not known here (a candidate may target any of them)."""
-    try:
-        classes = [backend_class(backend)] if backend else _classes()
-    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
-        classes = _classes()
+    classes = _classes_for(backend)
     native = tuple(dict.fromkeys(r for c in classes for r in getattr(c, "native_scan_rules", ())))
     python = tuple(dict.fromkeys(r for c in classes for r in getattr(c, "python_scan_rules", ())))
     return native, python
@@ -110,6 +107,17 @@ def _classes() -> list[Any]:
     return found
 
 
+def _classes_for(backend: str | None) -> list[Any]:
+    """`backend`'s class; every registered backend's for None or a name not known here (or whose module does not
+    import): a worker of no named backend may use any device, and a candidate may target any of them."""
+    if backend:
+        try:
+            return [backend_class(backend)]
+        except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
+            pass
+    return _classes()
+
+
 def host_device_nodes() -> list[str]:
     """Every device node of every registered backend on this host (`Backend.host_device_nodes`)."""
     nodes: list[str] = []
@@ -122,11 +130,7 @@ def device_nodes(backend: str | None, env: Mapping[str, str]) -> DeviceNodes:
     """The device nodes a worker of `backend` with environment `env` may open (`Backend.device_nodes`). For no
     backend (the probe, a profiler's run) or one not known here: what every registered backend's pin allows, since
     such a worker may start any device (every node where one backend leaves them all open)."""
-    try:
-        classes = [backend_class(backend)] if backend else _classes()
-    except Exception:  # noqa: BLE001 - unknown, or a plug-in that does not import
-        classes = _classes()
-    picked = [cls.device_nodes(env) for cls in classes if hasattr(cls, "device_nodes")]
+    picked = [cls.device_nodes(env) for cls in _classes_for(backend) if hasattr(cls, "device_nodes")]
     if len(picked) == 1:
         return picked[0]
     env_updates = {k: v for p in picked for k, v in p.env.items()}

@@ -12,18 +12,9 @@ import pytest
 
 from kforge.tools.context import ToolContext
 
+from .test_pool import _tree
+
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
-
-
-def _tree(pid: int) -> set[int]:
-    """The pid and its descendants (a sandboxed worker runs as the child of the pid the server knows)."""
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            todo += [int(c) for c in task.read_text().split()]
-    return found
 
 
 def _gpu_pids() -> set[int]:

@@ -406,6 +406,17 @@ async def test_a_fork_that_gives_no_answer_is_killed_and_its_kind_tried_again_be
         assert forked and all(_gone(p) for p in forked), problem  # killed, not left readying
 
 
+def _tree(pid: int) -> set[int]:
+    """The pid and its descendants (a sandboxed worker runs as the child of the pid the server knows)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(c) for c in task.read_text().split()]
+    return found
+
+
 def _blocked_signals(pid: int) -> set[int]:
     """The signals blocked in process `pid` (its main thread's mask, from /proc)."""
     mask = int(re.search(r"SigBlk:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
@@ -418,15 +429,6 @@ async def test_workers_start_with_no_signal_blocked_whatever_their_parent_blocke
     then never stopped (each profile on a Ray node waited 10 s and lost its counters). A worker clears its mask,
     cold or warm, so what it starts sees signals as on a plain host."""
     import signal
-
-    def tree(pid: int) -> set[int]:
-        found, todo = set(), [pid]
-        while todo:
-            p = todo.pop()
-            found.add(p)
-            for task in Path(f"/proc/{p}/task").glob("*/children"):
-                todo += [int(c) for c in task.read_text().split()]
-        return found
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -441,7 +443,7 @@ async def test_workers_start_with_no_signal_blocked_whatever_their_parent_blocke
                     warm = await group.start(ctx.worker("cpu", scratch / "warm", "candidate"))
                     cold = await group.start(ctx.worker("cpu", scratch / "cold", "candidate", extra_env={"X_COLD": "1"}))
                     for worker in (warm, cold):
-                        pids = tree(worker._proc.pid)
+                        pids = _tree(worker._proc.pid)
                         python = [p for p in pids if "kforge.tools.harness.worker" in
                                   Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
                         assert python, pids

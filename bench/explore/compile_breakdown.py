@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from compile_cost import problem_path  # the sibling explore (this directory is the script's path)
+
 _CHILD = r"""
 import cProfile, importlib.util, io, json, os, pstats, sys, tempfile, time
 cfg = json.loads(sys.argv[2])
@@ -90,14 +92,6 @@ res["subprocess"] = [[round(ct, 3), name, nc] for ct, name, nc in sub[:6]]
 res.update(imports_s=imports_s, driver_s=driver_s, cuda_started_before_compile=started_before_compile)
 print(json.dumps(res))
 """
-
-
-def problem_path(kb: Path, name: str) -> Path:
-    level, num = name.split("/")
-    hits = sorted((kb / "KernelBench" / level).glob(f"{num}_*.py"))
-    if not hits:
-        raise SystemExit(f"no problem {name} under {kb}")
-    return hits[0]
 
 
 def main() -> None:
