@@ -25,7 +25,10 @@ Each configuration runs one after another with its own fresh data directory and 
           so that only its own processes are stopped): a head node with the first GPU and one worker node with
           the second (each node's processes see only its GPU), half the cores each; then
           `serve --ray <head address>`, every job a Ray task on a node (README: Fleet (Ray)).
-Workload: C concurrent MCP clients (streamable HTTP, one session each), each with K candidates in flight at once;
+Workload: C concurrent MCP clients (streamable HTTP, one session each), each with K candidates, all in flight at once
+(a burst: every candidate's first process is forked at the window's start, and the host starts device contexts
+one at a time, ~4 per second on any number of GPUs) or --in-flight N at a time (steady: an agent's next candidate
+as one ends);
 every candidate is the candidate file plus a comment with its own counter (distinct text: nothing comes from the
 result store; use_store=false too) and goes compile_kernel -> verify_against_reference -> profile_kernel
 (hardware_counters=false), `gpu` left out so the server places each job on the least loaded GPU. Each call is
@@ -50,6 +53,7 @@ with --backend cpu no configuration has a GPU and the ratios mean nothing (said 
 from __future__ import annotations
 
 import argparse
+import gzip
 import csv
 import hashlib
 import io
@@ -371,12 +375,19 @@ def _session(url: str):
 
 
 async def _client(url: str, args: argparse.Namespace, jobs: list[tuple[str, str, int | None]], rec: Recorder) -> None:
+    """One MCP client: its candidates' pipelines, at most `--in-flight` at once (default: all), in order."""
     http, url = _session(url)
+    slots = anyio.Semaphore(args.in_flight or len(jobs) or 1)
+
+    async def one(code: str, label: str, gpu: int | None) -> None:
+        async with slots:
+            await _pipeline(client, args, code, label, gpu, rec)
+
     async with http:
         async with Client(streamable_http_client(url, http_client=http)) as client:
             async with anyio.create_task_group() as tg:
                 for code, label, gpu in jobs:
-                    tg.start_soon(_pipeline, client, args, code, label, gpu, rec)
+                    tg.start_soon(one, code, label, gpu)
 
 
 async def _one_session(url: str, fn):
@@ -450,7 +461,14 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
                 jobs = [(code_of(f"c{c}k{k}"), f"c{c}k{k}", None) for k in range(args.candidates)]
                 tg.start_soon(_client, url, args, jobs, rec)
     wall = time.perf_counter() - t0
-    out["host_load"], out["ops"] = load.stop(), _trace_ops(trace_from)
+    window = _window_lines(trace_from)
+    out["host_load"], out["ops"] = load.stop(), _trace_ops(window)
+    if args.keep_traces:  # every op of the window, for a closer look (which GPU, which process, when)
+        args.out.mkdir(parents=True, exist_ok=True)
+        kept = args.out / f"gpu-throughput-{args.tag}-{config}-trace.jsonl.gz"
+        with gzip.open(kept, "wt") as f:
+            f.writelines(json.dumps(e) + "\n" for e in window)
+        out["trace_file"] = kept.name
     out["timed_out"] = scope.cancelled_caught
     if left := sorted(rec.inflight):  # past --config-timeout-s: cancel what still runs, and say so
         await _cancel(url, left)
@@ -459,11 +477,10 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
     return out
 
 
-def _trace_ops(traces: dict[Path, int], top: int = 20) -> dict[str, dict[str, float]]:
-    """Per op of the traces (KFORGE_TRACE: the server's; on Ray also its nodes' agents', `NodeConfig.trace`), each
-    read from its offset: count, seconds in all, median seconds; the `top` largest in all. A fork's op names its GPU
-    pin: those of one backend count together."""
-    spans: dict[str, list[float]] = {}
+def _window_lines(traces: dict[Path, int]) -> list[dict]:
+    """The lines of the traces (KFORGE_TRACE: the server's; on Ray also its nodes' agents', `NodeConfig.trace`), each
+    read from its offset."""
+    lines = []
     for trace, offset in traces.items():
         if not trace.exists():
             continue
@@ -471,11 +488,19 @@ def _trace_ops(traces: dict[Path, int], top: int = 20) -> dict[str, dict[str, fl
             f.seek(offset)
             for line in f:
                 try:
-                    e = json.loads(line)
+                    lines.append(json.loads(line))
                 except ValueError:
                     continue  # a line being written as the window closed
-                op = e["op"].split(" CUDA_VISIBLE_DEVICES=")[0]
-                spans.setdefault(f"{e['role']}.{op}", []).append(e["s"])
+    return lines
+
+
+def _trace_ops(window: list[dict], top: int = 20) -> dict[str, dict[str, float]]:
+    """Per op of the window's trace lines: count, seconds in all, median seconds; the `top` largest in all. A fork's
+    op names its GPU pin: those of one backend count together."""
+    spans: dict[str, list[float]] = {}
+    for e in window:
+        op = e["op"].split(" CUDA_VISIBLE_DEVICES=")[0]
+        spans.setdefault(f"{e['role']}.{op}", []).append(e["s"])
     ops = {k: {"n": len(v), "total_s": round(sum(v), 2), "p50_s": round(statistics.median(v), 3)}
            for k, v in spans.items()}
     return dict(sorted(ops.items(), key=lambda kv: -kv[1]["total_s"])[:top])
@@ -761,7 +786,8 @@ def _write(report: dict, args: argparse.Namespace) -> Path:
           f"{run['date']}, host {run['host']} ({run['cores']} cores); GPUs: {gpus}; driver {run['driver']}; "
           f"versions: {', '.join(f'{k} {v}' for k, v in run['versions'].items())}\n\n"
           f"Backend `{run['backend']}`, problem `{run['problem']}`, candidate `{run['candidate']}`; "
-          f"{run['clients']} clients x {run['candidates']} candidates in flight, each compile -> verify "
+          f"{run['clients']} clients x {run['candidates']} candidates, "
+          f"{run.get('in_flight') or 'all'} in flight per client, each compile -> verify "
           f"({run['trials']} trials) -> profile (baselines {run['baselines']}, budget "
           f"{run['budget_s'] or 'server default'}, no hardware counters); warm-up {run['warmup']} candidate(s) per "
           f"device before the clock.\n\n"
@@ -827,7 +853,9 @@ def _run_config(name: str, args: argparse.Namespace, gpu_ids: list[str], smi: di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=4, help="concurrent MCP clients (default 4)")
-    ap.add_argument("--candidates", type=int, default=5, help="candidates per client, all in flight (default 5)")
+    ap.add_argument("--candidates", type=int, default=5, help="candidates per client (default 5)")
+    ap.add_argument("--in-flight", type=int, help="candidates each client has in flight at once, the next one "
+                    "started as one ends (default: all of them at once, a burst)")
     ap.add_argument("--backend", default="cuda", help="cuda (default), triton, cpu")
     ap.add_argument("--problem", default="relu", help="a problem of the pack (default relu)")
     ap.add_argument("--candidate", type=Path, default=REPO / "tests" / "candidates" / "relu_python.py",
@@ -837,6 +865,8 @@ def main() -> None:
     ap.add_argument("--ray", action="store_true", help="also the ray configuration")
     ap.add_argument("--baselines", nargs="+", default=["eager"], choices=["eager", "torch.compile"],
                     help="profile_kernel's baselines (default eager: torch.compile's build is not what is measured)")
+    ap.add_argument("--keep-traces", action="store_true", help="also write each window's trace lines "
+                    "(gpu-throughput-TAG-CONFIG-trace.jsonl.gz in --out)")
     ap.add_argument("--trials", type=int, default=5, help="verify trials (default 5, the tool's default)")
     ap.add_argument("--budget-s", type=float, help="profile budget per timed model (default: the server's)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up candidates per device before the clock (default 1)")
@@ -880,7 +910,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cores": os.cpu_count(),
         "backend": args.backend, "problem": args.problem, "candidate": str(args.candidate.resolve().relative_to(REPO))
         if args.candidate.resolve().is_relative_to(REPO) else str(args.candidate),
-        "clients": args.clients, "candidates": args.candidates, "trials": args.trials, "baselines": args.baselines,
+        "clients": args.clients, "candidates": args.candidates, "in_flight": args.in_flight, "trials": args.trials, "baselines": args.baselines,
         "budget_s": args.budget_s, "warmup": args.warmup, "config_timeout_s": args.config_timeout_s,
         "parallel": args.parallel or "server default", "configs": configs,
         "host_gpus": host_gpus if args.backend != "cpu" else smi_rows, "gpus_found": found_how,

@@ -161,6 +161,35 @@ async def test_jobs_are_bound_to_the_least_loaded_gpu_and_queue_there(tmp_path):
     assert first[0][0] < first[1][1] and first[1][0] < first[0][1]  # ... and the two GPUs time at the same time
 
 
+class KeptOn:
+    """A pool that keeps a candidate process of one code on one GPU (what `WorkerPool.kept_pins` answers)."""
+
+    def __init__(self, code: str, pin: str) -> None:
+        self.code, self.pin = code, pin
+
+    def kept_pins(self, role: str, backend: str, sha256: str) -> set[str]:
+        from kforge.tools.models import sha256_text
+        return {self.pin} if (role, backend, sha256) == ("candidate", "cuda", sha256_text(self.code)) else set()
+
+
+async def test_a_job_goes_to_the_gpu_that_keeps_its_candidate(tmp_path):
+    """The job manager places a candidate's next step where its process is kept (no fork, no second context), as
+    direct calls do, unless that GPU is busier by more than one job."""
+    ctx = context_with(tmp_path, 2)
+    ctx.pool = KeptOn("kept code", "CUDA_VISIBLE_DEVICES=GPU-00000001-fake")
+    manager = JobManager(ctx, parallel=4)
+    HELD.clear()
+    async with manager.running():
+        kept = await manager.submit(TimedRequest(candidate_code="kept code"), "a")
+        other = await manager.submit(TimedRequest(candidate_code="new code"), "a")
+        assert (kept.request.gpu, other.request.gpu) == (1, 0)  # without the kept process: 0, then 1
+        busier = [await manager.submit(TimedRequest(candidate_code=f"c{i}", gpu=1), "a") for i in range(2)]
+        moved = await manager.submit(TimedRequest(candidate_code="kept code", seconds=0.2), "a")
+        assert moved.request.gpu == 0  # GPU 1 has two jobs more: waiting there costs more than a new process
+        for j in [kept, other, *busier, moved]:
+            await manager.wait(j, 10, _no_progress)
+
+
 async def test_one_gpu_keeps_one_queue_named_as_before(tmp_path):
     ctx = context_with(tmp_path, 1)
     manager = JobManager(ctx, parallel=2)

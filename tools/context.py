@@ -129,7 +129,7 @@ class ToolContext:
         """A worker for one job (warm from the pool when one is ready), pinned to the job's GPU (`kforge.tools.gpus`)."""
         env = {**gpus.pin_env(gpus.current()), **(extra_env or {})} or None
         return WorkerProcess(backend=backend, home=self.home, scratch=scratch, limits=self.limits, role=role,
-                             pool=self.pool, extra_env=env, **kwargs)
+                             pool=self.pool, extra_env=env, place=gpus.pin_key(gpus.current()), **kwargs)
 
     @asynccontextmanager
     async def on_gpu(self, backend: str, gpu: int | None, candidate_code: str | None = None,
@@ -138,10 +138,8 @@ class ToolContext:
         a process of `candidate_code` counting as less loaded: the workers it starts are pinned there, and its device
         lock, ceilings and baselines are that GPU's."""
         avail = await self.require_backend(backend)
-        kept = (self.pool.kept_pins("candidate", backend, sha256_text(candidate_code))
-                if self.pool is not None and candidate_code is not None else set())
         placement = gpus.choose_gpu(avail, gpu, lambda p: self._gpu_calls[gpus.gpu_id(p.gpu)],
-                                    lambda p: gpus.pin_key(p) in kept)
+                                    self.kept_on(backend, candidate_code))
         if placement is not None:
             self._gpu_calls[gpus.gpu_id(placement.gpu)] += 1
         try:
@@ -150,6 +148,14 @@ class ToolContext:
         finally:
             if placement is not None:
                 self._gpu_calls[gpus.gpu_id(placement.gpu)] -= 1
+
+    def kept_on(self, backend: str, candidate_code: str | None) -> Callable[[gpus.Placement], bool]:
+        """Whether a placement's GPU keeps a process of `candidate_code` (its compile's or verify's candidate, kept or
+        being reset): a job placed there needs no new process. One placed elsewhere forks one, whose device
+        context start stalls the driver's allocations host-wide (`bench/results`, s17), and the kept one idles."""
+        kept = (self.pool.kept_pins("candidate", backend, sha256_text(candidate_code))
+                if self.pool is not None and candidate_code is not None else set())
+        return lambda p: gpus.pin_key(p) in kept
 
     def device_key(self, avail: Availability) -> str:
         """The device the running call times on: its GPU where the host has several (`device_use`)."""
@@ -192,13 +198,13 @@ class ToolContext:
 
     def hold_forks(self, light: bool = False) -> Callable[[], None]:
         """Keep the pool from starting forks until the returned release is called (`WorkerPool.hold_forks`)."""
-        return self.pool.hold_forks(light, _gpu_pin()) if self.pool is not None else (lambda: None)
+        return self.pool.hold_forks(light) if self.pool is not None else (lambda: None)
 
     def pause_forks(self, light: bool = False) -> None:
         """Stop the warm workers being readied until the holds are released: nothing else readies a device beside
         a timing (`WorkerPool.pause_forks`)."""
         if self.pool is not None:
-            self.pool.pause_forks(light, _gpu_pin())
+            self.pool.pause_forks(light)
 
     def device_use(self, device: str) -> DeviceUse:
         """Who uses the device: correctness runs together, a timing alone (`kforge.tools.device_use`); builds take
@@ -302,9 +308,3 @@ def warm_kinds(avail: Availability) -> list[dict[str, str]]:
         if (env := gpus.pin_env(p)) not in kinds:
             kinds.append(env)
     return kinds
-
-
-def _gpu_pin() -> frozenset[tuple[str, str]] | None:
-    """The pin of the GPU the running tool call was placed on, where the host has several (the pool's holds
-    then cover that GPU's workers only), else None."""
-    return gpus.pin_items(gpus.current())

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 from kforge.backends import Availability, GpuInfo
 
 __all__ = ["Placement", "ceilings_name", "choose_gpu", "current", "describe_gpu", "device_key", "gpu_id", "on_one_gpu",
-           "pin_env", "pin_items", "placed_on", "placements"]
+           "pin_env", "placed_on", "placements"]
 
 R = TypeVar("R")
 
@@ -76,11 +76,6 @@ def pin_env(placement: Placement | None) -> dict[str, str]:
     if placement is None or not placement.pinned:
         return {}
     return dict(placement.gpu.pin)
-
-
-def pin_items(placement: Placement | None) -> frozenset[tuple[str, str]] | None:
-    """`pin_env` as a set of items (the pool's holds name a GPU so), None where the placement is not pinned."""
-    return frozenset(pin_env(placement).items()) or None
 
 
 def device_key(avail: Availability, placement: Placement | None) -> str:

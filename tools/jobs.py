@@ -442,7 +442,8 @@ class JobManager:
                 gpus.choose_gpu(avail, request.gpu, lambda p: 0)  # says why a GPU cannot be asked for here
             return request, self.executor.queue_for(avail)
         load = Counter(j.device for j in self._jobs.values() if j.status in ACTIVE)
-        placement = gpus.choose_gpu(avail, getattr(request, "gpu", None), lambda p: load[gpus.device_key(avail, p)])
+        placement = gpus.choose_gpu(avail, getattr(request, "gpu", None), lambda p: load[gpus.device_key(avail, p)],
+                                    self.tools.kept_on(request.backend, getattr(request, "candidate_code", None)))
         return request.model_copy(update={"gpu": placement.gpu.index}), gpus.device_key(avail, placement)
 
     def _estimate_wait(self, queued: list[_Job]) -> float:

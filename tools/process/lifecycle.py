@@ -213,15 +213,16 @@ async def kill_group(proc: Any) -> None:
 
 
 def trace(role: str, op: str, warm: bool, started: float, peak_bytes: list[int] | None = None,
-          seconds: float | None = None, *, to: str | None) -> None:
+          seconds: float | None = None, *, to: str | None, **facts: Any) -> None:
     """One line of the trace file `to` (`WorkerLimits.trace_file`; None: none): who did what, warm or cold, since
-    `started` (perf_counter) for `seconds` (default: until now), and the worker's peaks of reserved and of allocated
-    device memory during the op where it has them."""
+    `started` (perf_counter) for `seconds` (default: until now), the worker's peaks of reserved and of allocated
+    device memory during the op where it has them, and `facts` that are set (where it ran, how long it was stopped)."""
     if to:
         took = time.perf_counter() - started if seconds is None else seconds
         line = {"role": role, "op": op, "warm": warm, "at": round(started, 3), "s": round(took, 3)}
         if peak_bytes:
             line["peak_gb"], line["peak_allocated_gb"] = (round(b / 1e9, 3) for b in peak_bytes)
+        line.update((k, v) for k, v in facts.items() if v)
         with open(to, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -132,8 +132,9 @@ class WorkerProcess:
 
     def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
                  extra_env: dict[str, str] | None = None, role: WorkerRole = "candidate", prefix: list[str] | None = None,
-                 pool: WorkerPool | None = None) -> None:
+                 pool: WorkerPool | None = None, place: str = "") -> None:
         self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
+        self.place = place  # where it runs on a host of several GPUs (`gpus.pin_key`), for the trace
         self.role = role
         self.log = scratch / f"{role}.log"
         self._extra_env = extra_env
@@ -188,7 +189,8 @@ class WorkerProcess:
         return None
 
     def _trace(self, op: str, started: float, peak_bytes: list[int] | None = None) -> None:
-        trace(self.role, op, self.warm, started, peak_bytes, to=self.limits.trace_file)
+        trace(self.role, op, self.warm, started, peak_bytes, to=self.limits.trace_file, on=self.place,
+              pid=self._proc.pid if self._proc is not None else None)
 
     async def __aenter__(self) -> WorkerProcess:
         started = time.perf_counter()
