@@ -395,11 +395,25 @@ def main() -> None:
     if args.shield and not Shield.available():
         parser.error("--shield needs root and /proc/<pid>/autogroup (Linux with autogroups)")
     if args.shield and os.getsid(0) != os.getpid():
+        import signal
         import subprocess
         import sys
 
-        # Run again as the leader of a new session, whose autogroup is this run's alone.
-        raise SystemExit(subprocess.run(["setsid", "-w", sys.executable, *sys.argv]).returncode)
+        # Run again as the leader of a new session, whose autogroup is this run's alone. A signal that stops this
+        # process (a `timeout`, Ctrl-C: the new session no longer gets the terminal's) stops that run's session
+        # too; it once outlived a `timeout` and kept the pipe of the command it ran in open.
+        run = subprocess.Popen(["setsid", "-w", sys.executable, *sys.argv])
+
+        def forward(signum: int, _frame: object) -> None:
+            try:
+                os.killpg(run.pid, signum)  # setsid(1) execs the run in its own process when it can
+            except ProcessLookupError:
+                pass
+            run.send_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
+        raise SystemExit(run.wait())
     with tempfile.TemporaryDirectory() as home:
         if args.shield:
             with Shield():
