@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .base import DeviceFacts, DeviceNodes, GpuInfo
 
-__all__ = ["FAULT_MARKERS", "NATIVE_SCAN_RULES", "PYTHON_SCAN_RULES", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
+__all__ = ["FAULT_MARKERS", "NATIVE_SCAN_RULES", "PYTHON_SCAN_RULES", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "NvidiaGpu", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "preload_gpu_compiler", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
 
 # Messages of GPU faults that leave the device context unusable (the worker is discarded after).
@@ -383,6 +383,32 @@ class CudaAllocator:
         import torch
 
         return [torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()]
+
+
+class NvidiaGpu(CudaAllocator, NvidiaDeviceNodes):
+    """The class facts of a backend on NVIDIA GPUs (cuda, triton), said once: its faults, its synchronous launches,
+    its static-scan rules, the variables its workers inherit, its device nodes and allocator, and the fork server's
+    guard against starting CUDA."""
+
+    limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
+    fault_markers = FAULT_MARKERS
+    sync_launch_env = SYNC_LAUNCH_ENV
+    native_scan_rules, python_scan_rules = NATIVE_SCAN_RULES, PYTHON_SCAN_RULES
+    worker_env_names = WORKER_ENV_NAMES
+    # torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the fork server.
+    fork_server_env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+    @classmethod
+    def device_started_here(cls) -> bool:
+        """Has this process called cuInit? (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until then.)"""
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return False  # no driver, nothing to start
+        count = ctypes.c_int(0)
+        return lib.cuDeviceGetCount(ctypes.byref(count)) != 3
 
 
 def gpu_memory_capacity(device: str) -> int:

@@ -139,6 +139,9 @@ class Backend(Protocol):
     native_scan_rules: tuple[tuple[str, bool, str, str], ...]
     #: ... and against the dotted names it uses in Python (`torch.cuda.Stream`).
     python_scan_rules: tuple[tuple[str, bool, str, str], ...]
+    #: Environment of the fork server while it imports (`preload`) so that nothing there starts the device (a device
+    #: context does not survive a fork); each forked worker drops it before its job's environment.
+    fork_server_env: dict[str, str]
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""
@@ -227,6 +230,12 @@ class Backend(Protocol):
         survive the fork."""
         ...
 
+    @classmethod
+    def device_started_here(cls) -> bool:
+        """Whether this process has started the device (the fork server checks after `preload`: its forks could not
+        use a device started before the fork)."""
+        ...
+
     def warm_libraries(self) -> None:
         """First uses of the device's math libraries (cuBLAS, cuDNN) that a job would otherwise pay inside a timing."""
         ...
@@ -276,6 +285,7 @@ class BackendBase:
     worker_env_names: tuple[str, ...] = ()
     native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
+    fork_server_env: dict[str, str] = {}
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")
@@ -359,6 +369,10 @@ class BackendBase:
         from .build.fast_build import toolchain_id
 
         toolchain_id(False)
+
+    @classmethod
+    def device_started_here(cls) -> bool:
+        return False  # host memory: nothing to start
 
     def warm_libraries(self) -> None:
         return None

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any, Iterator
 
-from ._nvidia import (FAULT_MARKERS, NATIVE_SCAN_RULES, PYTHON_SCAN_RULES, SYNC_LAUNCH_ENV, WORKER_ENV_NAMES, CudaAllocator, EventTimer, NvidiaDeviceNodes, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (EventTimer, GpuClock, L2Flusher, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, nvidia_gpu_present, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 
@@ -31,15 +31,10 @@ def _nvcc_version(nvcc: str) -> str | None:
     return lines[0].strip() if lines else None
 
 
-class CudaBackend(CudaAllocator, NvidiaDeviceNodes, BackendBase):
+class CudaBackend(NvidiaGpu, BackendBase):
     name = "cuda"
     device = "cuda"
     kind = "gpu"
-    limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
-    fault_markers = FAULT_MARKERS
-    sync_launch_env = SYNC_LAUNCH_ENV
-    native_scan_rules, python_scan_rules = NATIVE_SCAN_RULES, PYTHON_SCAN_RULES
-    worker_env_names = WORKER_ENV_NAMES
 
     def __init__(self) -> None:
         self._flush = L2Flusher()

@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from .host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import (FAULT_MARKERS, NATIVE_SCAN_RULES, PYTHON_SCAN_RULES, SYNC_LAUNCH_ENV, WORKER_ENV_NAMES, CudaAllocator, EventTimer, NvidiaDeviceNodes, GpuClock, L2Flusher, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (EventTimer, GpuClock, L2Flusher, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 from .build.models import Diagnostic
@@ -30,14 +30,10 @@ def _has_gpu() -> bool:
         return False
 
 
-class TritonBackend(CudaAllocator, NvidiaDeviceNodes, BackendBase):
+class TritonBackend(NvidiaGpu, BackendBase):
     name = "triton"
     kind = "gpu"  # without a GPU, an instance says "cpu": the interpreter runs on host tensors
-    limits_address_space = False  # on a GPU host the CUDA driver reserves huge virtual ranges
-    fault_markers = FAULT_MARKERS
-    sync_launch_env = SYNC_LAUNCH_ENV
-    native_scan_rules, python_scan_rules = NATIVE_SCAN_RULES, PYTHON_SCAN_RULES
-    worker_env_names = WORKER_ENV_NAMES + ("TRITON_INTERPRET",)  # the interpreter where no GPU is
+    worker_env_names = NvidiaGpu.worker_env_names + ("TRITON_INTERPRET",)  # the interpreter where no GPU is
 
     def __init__(self) -> None:
         self._gpu = _has_gpu()

@@ -84,3 +84,14 @@ def test_device_faults_are_the_backends_own_or_any_registered():
     assert not is_device_fault("ValueError: shapes do not match")
     assert is_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert not is_out_of_memory(text)
+
+
+def test_the_fork_servers_guard_is_a_class_fact_of_the_backend():
+    """The fork server's guard against starting the device while it imports is a class fact of the backend (NVIDIA's:
+    torch.cuda.is_available() through NVML), set in the zygote and dropped by each fork before its job's environment;
+    a CPU-like backend has none and never started a device."""
+    guard = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert backend_class("cuda").fork_server_env == guard and backend_class("triton").fork_server_env == guard
+    assert backend_class("cpu").fork_server_env == {} and BackendBase.device_started_here() is False
+    assert worker._fork_server_env("cuda") == guard  # what the zygote sets, by the backend's name
+    assert not backend_class("cuda").device_started_here()  # this test process never started CUDA

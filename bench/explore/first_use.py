@@ -106,11 +106,13 @@ def _run(name: str, libraries: bool, q) -> None:
 def main() -> None:
     import os
 
-    from kforge.tools.harness.worker import _NVML_CHECK, _preload
+    from kforge.tools.harness.worker import _fork_server_env, _preload
 
-    os.environ[_NVML_CHECK] = "1"  # as the zygote: asking whether CUDA exists must not start it
+    guard = _fork_server_env("cuda")
+    os.environ.update(guard)  # as the zygote: asking whether CUDA exists must not start it
     _preload("cuda")
-    os.environ.pop(_NVML_CHECK)
+    for name in guard:
+        os.environ.pop(name)
     ctx = mp.get_context("fork")
     rows = []
     for libraries in (False, True):

@@ -75,11 +75,13 @@ def _measure(conn) -> None:
 
 
 def main() -> None:
-    from kforge.tools.harness.worker import _NVML_CHECK, _preload
+    from kforge.tools.harness.worker import _fork_server_env, _preload
 
-    os.environ[_NVML_CHECK] = "1"
+    guard = _fork_server_env("cuda")
+    os.environ.update(guard)  # as the zygote: asking whether CUDA exists must not start it
     _preload("cuda")
-    os.environ.pop(_NVML_CHECK)
+    for name in guard:
+        os.environ.pop(name)
     ctx = mp.get_context("fork")
     ours, theirs = ctx.Pipe()
     meter = ctx.Process(target=_measure, args=(theirs,))

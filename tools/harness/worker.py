@@ -193,21 +193,10 @@ def _preload(backend_name: str) -> None:
     from . import compare, inputs, integrity, output_contract, timing  # noqa: F401
     from .loader import load_user_module  # noqa: F401
 
-    backend_class(backend_name).preload()  # the compilers' identities that its builds' keys include
-    if _cuda_driver_started():
-        raise RuntimeError("the CUDA driver was initialized while preloading; forked workers could not use the GPU")
-
-
-def _cuda_driver_started() -> bool:
-    """Has this process called cuInit? (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until then.)"""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False  # no driver, nothing to start
-    count = ctypes.c_int(0)
-    return lib.cuDeviceGetCount(ctypes.byref(count)) != 3
+    backend = backend_class(backend_name)
+    backend.preload()  # the compilers' identities that its builds' keys include
+    if backend.device_started_here():
+        raise RuntimeError(f"the {backend_name} device was started while preloading; forked workers could not use it")
 
 
 def _warm_device(backend: Any) -> None:
@@ -261,7 +250,8 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
             return  # the pool shut down before this worker was readied
         # Its own directory, made for it by the pool: the only one of the data directory's jobs/ it may write.
         own = (first["scratch"],) if first.get("scratch") else ()
-        os.environ.pop(_NVML_CHECK, None)  # the zygote's guard; a job sees what a cold worker sees
+        for name in _fork_server_env(backend_name):  # the zygote's guard; a job sees what a cold worker sees
+            os.environ.pop(name, None)
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
                                backend_name)
@@ -281,8 +271,12 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
     return run
 
 
-# torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the zygote.
-_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+def _fork_server_env(backend_name: str) -> dict[str, str]:
+    """What the fork server sets while it imports so that nothing starts the device (`Backend.fork_server_env`)."""
+    from kforge.backends import backend_class, import_backend_module
+
+    import_backend_module(backend_name)
+    return dict(backend_class(backend_name).fork_server_env)
 
 
 def main() -> None:
@@ -298,11 +292,11 @@ def main() -> None:
         from .forkserver import serve_forks
 
         _output_to(None)
-        os.environ[_NVML_CHECK] = "1"
         backend_name = sys.argv[sys.argv.index("--zygote") + 1]
         network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
             network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
+        os.environ.update(_fork_server_env(backend_name))  # before anything imports torch
         serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network, _confinement()))
         return
     channel = WorkerChannel(socket.socket(fileno=first_fd))
