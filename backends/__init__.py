@@ -14,10 +14,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, DeviceNodes, GpuInfo, Timer
+from .base import (OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, DeviceFacts, DeviceNodes, GpuInfo, SharedOutput,
+                   Timer)
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
-           "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
+           "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
            "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "scan_rules",
            "worker_env_names"]
 

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import DeviceFacts, DeviceNodes, GpuInfo
+from . import _cuda_share
+from .base import DeviceFacts, DeviceNodes, GpuInfo, SharedOutput
 
 __all__ = ["FAULT_MARKERS", "NATIVE_SCAN_RULES", "PYTHON_SCAN_RULES", "SYNC_LAUNCH_ENV", "WORKER_ENV_NAMES", "CudaAllocator", "NvidiaDeviceNodes", "NvidiaGpu", "nvidia_gpus", "EventTimer", "GpuClock", "L2Flusher", "gpu_facts", "gpu_memory_capacity", "list_gpus",
            "measure_gpu_ceilings", "nvidia_gpu_present", "preload_gpu_compiler", "setup_gpu", "strict_gpu_numerics", "warm_gpu_libraries"]
@@ -387,8 +388,8 @@ class CudaAllocator:
 
 class NvidiaGpu(CudaAllocator, NvidiaDeviceNodes):
     """The class facts of a backend on NVIDIA GPUs (cuda, triton), said once: its faults, its synchronous launches,
-    its static-scan rules, the variables its workers inherit, its device nodes and allocator, and the fork server's
-    guard against starting CUDA."""
+    its static-scan rules, the variables its workers inherit, its device nodes and allocator, how its outputs cross
+    to the judge (`_cuda_share`), and the fork server's guard against starting CUDA."""
 
     limits_address_space = False  # the CUDA driver reserves terabytes of virtual address space
     fault_markers = FAULT_MARKERS
@@ -397,6 +398,15 @@ class NvidiaGpu(CudaAllocator, NvidiaDeviceNodes):
     worker_env_names = WORKER_ENV_NAMES
     # torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the fork server.
     fork_server_env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+    def share_output(self, out: Any) -> SharedOutput | None:
+        return _cuda_share.share_output(out)
+
+    def open_output(self, fields: dict[str, Any], dtype: Any, shape: list[int], fd: int | None) -> Any:
+        return _cuda_share.open_output(fields, dtype, shape, fd)
+
+    def collect_shared(self) -> None:
+        _cuda_share.collect_shared()
 
     @classmethod
     def device_started_here(cls) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Callable, ContextManager, Iterator, Literal, Mapping, Pr
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceKind", "DeviceNodes", "GpuInfo",
-           "Timer", "map_structure"]
+           "SharedOutput", "Timer", "map_structure"]
 
 #: "cpu": tensors live in host memory and calls are synchronous; "gpu": a device with its own memory and queue.
 DeviceKind = Literal["cpu", "gpu"]
@@ -100,6 +100,17 @@ class DeviceNodes:
     #: Environment the worker takes before its device starts, so that its pin names the same device once only these
     #: nodes are open (CUDA counts an index among the GPUs it can open).
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedOutput:
+    """An output on the device as the judge's process can open it (`Backend.share_output`): the backend's own
+    fields of its descriptor, the file descriptor sent with the reply (its memory; None where the fields alone name
+    it), and what the candidate's process must keep alive until the judge is done (None for a copy)."""
+
+    fields: dict[str, Any]
+    fd: int | None = None
+    keep: Any = None
 
 
 @runtime_checkable
@@ -240,6 +251,20 @@ class Backend(Protocol):
         """First uses of the device's math libraries (cuBLAS, cuDNN) that a job would otherwise pay inside a timing."""
         ...
 
+    def share_output(self, out: Any) -> SharedOutput | None:
+        """A candidate's output tensor in this device's memory, made openable by the judge's process (another
+        process, another sandbox); None for a tensor in host memory, which the harness hands over itself."""
+        ...
+
+    def open_output(self, fields: dict[str, Any], dtype: Any, shape: list[int], fd: int | None) -> Any:
+        """The judge's side of `share_output`: the output as a tensor, from the fields and descriptor it sent."""
+        ...
+
+    def collect_shared(self) -> None:
+        """Free what sharing left parked once both sides let go (after the candidate clears its outputs and after
+        the judge drops the ones it opened)."""
+        ...
+
     def memory_capacity(self) -> int:
         """Bytes of memory the device has (the host's, for a device that computes in host memory)."""
         ...
@@ -375,6 +400,15 @@ class BackendBase:
         return False  # host memory: nothing to start
 
     def warm_libraries(self) -> None:
+        return None
+
+    def share_output(self, out: Any) -> SharedOutput | None:
+        return None  # host memory: the harness shares it as a memory file
+
+    def open_output(self, fields: dict[str, Any], dtype: Any, shape: list[int], fd: int | None) -> Any:
+        raise ValueError(f"backend {self.name!r} shares no device memory")
+
+    def collect_shared(self) -> None:
         return None
 
     def memory_capacity(self) -> int:

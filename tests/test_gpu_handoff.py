@@ -1,5 +1,5 @@
 """CUDA outputs cross from one sandboxed worker to another as a descriptor of exportable device memory
-(`kforge.tools.harness.cuda_share`): CUDA IPC handles do not open across the workers' PID namespaces (H100, 2026-11-24).
+(`kforge.backends._cuda_share`, asked through the backend): CUDA IPC handles do not open across the workers' PID namespaces (H100, 2026-11-24).
 Two fresh processes, each in its own sandbox as workers are, hand tensors over a socket pair (skipped without a
 GPU; run by scripts/run_gpu_tests.sh)."""
 
@@ -20,14 +20,16 @@ import json, os, socket, sys
 from kforge.tools.process.sandbox import Confinement, enter
 report = enter(Confinement(home={home!r}))
 import torch
+from kforge.backends import load_backend
 from kforge.tools.harness.handoff import OutputShelf, open_outputs
+backend = load_backend("cuda")
 sock = socket.socket(fileno={fd})
 torch.manual_seed(0)
 made = [torch.randn(1000, 3, device="cuda"), torch.randn(64, 64, device="cuda").t(),
         torch.arange(10, device="cuda").to(torch.bfloat16), torch.tensor(3.5, device="cuda"),
         torch.empty(0, 5, device="cuda"), torch.ones(4, dtype=torch.bool, device="cuda")]
 if {role!r} == "candidate":
-    shelf = OutputShelf()
+    shelf = OutputShelf(backend)
     descriptors = shelf.put(made)
     fds = shelf.take_outgoing()
     socket.send_fds(sock, [json.dumps([report, descriptors]).encode()], fds)
@@ -39,7 +41,7 @@ else:
     free_before = torch.cuda.mem_get_info()[0]
     msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 64)
     other, descriptors = json.loads(msg)
-    got = open_outputs(descriptors, fds)
+    got = open_outputs(descriptors, fds, backend)
     out = {{"same": [bool(g.shape == m.shape and g.dtype == m.dtype and torch.equal(g, m)) for g, m in zip(got, made)],
            "kinds": [d["kind"] + ":" + d.get("memory", "") for d in descriptors],
            "missing": report["missing"] + other["missing"]}}
@@ -69,6 +71,6 @@ def test_cuda_outputs_cross_between_sandboxed_workers(tmp_path) -> None:
     assert procs[1].returncode == 0, judge_err
     result = json.loads(out.strip().splitlines()[-1])
     assert result["missing"] == [], result["missing"]  # both really were sandboxed (own PID namespaces)
-    assert result["kinds"] == ["fd:cuda"] * 6
+    assert result["kinds"] == ["fd:device"] * 6
     assert result["same"] == [True] * 6  # values, shape and dtype: a transposed view, bf16, a scalar, empty, bool
     assert result["freed_mib"] >= 2 * 5  # each output's allocation (2 MiB granules) went when the judge let go

@@ -32,7 +32,7 @@ ROOT = Path(__file__).parents[1]
 # Each package's declared surface. Change it here when a package's surface changes on purpose.
 PACKAGES: dict[str, list[str]] = {
     "kforge.backends": ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes",
-                        "GpuInfo", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir",
+                        "GpuInfo", "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir",
                         "fault_markers", "host_device_nodes", "import_backend_module", "is_device_fault",
                         "is_out_of_memory", "load_backend", "scan_rules", "worker_env_names"],
     "kforge.backends.build": ["compiler_report", "cuda_split", "diagnostics", "fast_build", "inline", "models",
@@ -45,7 +45,7 @@ PACKAGES: dict[str, list[str]] = {
     "kforge.tools": ["context", "device_use", "disk", "dispatch", "evaluate", "fleet", "fleet_node", "gpus", "harness", "jobs",
                      "models", "process", "profile", "requests", "rounds", "static_scan", "steps", "store", "summarize",
                      "tool_inputs", "trials", "verdict"],
-    "kforge.tools.harness": ["bench", "candidate", "compare", "cuda_share", "forkserver", "handoff", "inputs",
+    "kforge.tools.harness": ["bench", "candidate", "compare", "forkserver", "handoff", "inputs",
                              "integrity", "judge", "loader", "output_contract", "session", "timing", "worker"],
     "kforge.tools.process": ["build_service", "channel", "lifecycle", "limits", "ncu_launch", "pool", "protocol", "runner", "sandbox"],
 }

@@ -15,15 +15,17 @@ import multiprocessing as mp
 def consumer(conn) -> None:
     import torch
 
+    from kforge.backends import load_backend
     from kforge.tools.harness.handoff import open_outputs, release_opened
 
+    backend = load_backend("cuda")
     torch.cuda.init()
     for _ in range(3):
         descriptors = json.loads(conn.recv())
-        got = open_outputs(descriptors, None)
+        got = open_outputs(descriptors, [], backend)
         total = float(got[0].float().sum())
         del got
-        release_opened()
+        release_opened(backend)
         conn.send(total)
 
 
@@ -34,17 +36,18 @@ def gib(torch) -> float:
 def main() -> None:
     import torch
 
+    from kforge.backends import load_backend
     from kforge.tools.harness.handoff import OutputShelf
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=consumer, args=(there,))
     proc.start()
-    shelf = OutputShelf()
+    shelf = OutputShelf(load_backend("cuda"))
     for trial in range(3):
         out = torch.ones(2**29, device="cuda")  # 2 GiB
         before = gib(torch)
-        here.send(json.dumps(shelf.put([out], None)))
+        here.send(json.dumps(shelf.put([out])))
         del out
         print(f"trial {trial}: allocated {before} GiB with the output; judge read sum {here.recv():.0f}", flush=True)
         print(f"  before clear: {gib(torch)} GiB", flush=True)

@@ -3,5 +3,5 @@ runner, loading, inputs, comparison, integrity evidence, timing, the fork server
 module level (tests/test_layering.py). Its surface is its modules; nothing is imported here.
 """
 
-__all__ = ["bench", "candidate", "compare", "cuda_share", "forkserver", "handoff", "inputs", "integrity", "judge",
+__all__ = ["bench", "candidate", "compare", "forkserver", "handoff", "inputs", "integrity", "judge",
            "loader", "output_contract", "session", "timing", "worker"]

@@ -239,7 +239,7 @@ class Judge:
         started = time.perf_counter()
         trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
                                  "aliases": record.aliases, "inputs_modified": record.inputs_modified}
-        got = open_outputs(record.outputs, fds)
+        got = open_outputs(record.outputs, fds, self.backend)
         opened = time.perf_counter()
         trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, req, record.devices)]
         compared = time.perf_counter()
@@ -247,12 +247,12 @@ class Judge:
             weights = self._digest_weights()
             self._first_digests = [value_digest(g, weights) for g in got]
         if record.repeat is not None:  # the same inputs again after poisoning memory with NaN
-            again = open_outputs(record.repeat, fds)
+            again = open_outputs(record.repeat, fds, self.backend)
             trial.update(self._repeat_verdict(again, req, record.devices, len(again) == len(got) and all(
                 same_values(a, b) for a, b in zip(again, got))))
             del again
         del got
-        release_opened()
+        release_opened(self.backend)
         return_free_memory(self.backend)
         self.session.trace_parts = {"open": opened - started, "compare": compared - opened,
                                     "repeat_and_release": time.perf_counter() - compared}
@@ -266,13 +266,13 @@ class Judge:
 
         i, record = req.i, req.record
         self._current(i)
-        again = open_outputs(record.repeat or [], self.session.received_fds)
+        again = open_outputs(record.repeat or [], self.session.received_fds, self.backend)
         weights = self._digest_weights()
         identical = len(again) == len(self._first_digests) and all(
             value_digest(a, weights) == d for a, d in zip(again, self._first_digests))
         verdict = self._repeat_verdict(again, req, record.devices, identical)
         del again
-        release_opened()
+        release_opened(self.backend)
         return_free_memory(self.backend)
         return p.CheckRepeatReply(repeat=verdict)
 
@@ -400,10 +400,10 @@ class Judge:
             inputs = probe_preserving_(inputs, decoy_shift)
         expected = self._reference_outputs(self.model, inputs)
         del inputs
-        got = open_outputs(outputs, self.session.received_fds)
+        got = open_outputs(outputs, self.session.received_fds, self.backend)
         checks = self._compare(got, judging, expected=expected, exact=[])
         del got, expected
-        release_opened()
+        release_opened(self.backend)
         return_free_memory(self.backend)
         return all(c.correct for c in checks), [p for c in checks for p in c.problems][:2]
 

@@ -27,7 +27,7 @@ class Session:
     channel: Any = None  # the protocol's `WorkerChannel`: a build request goes to the server mid-op
     read_message: Callable[[Any], dict[str, Any] | None] | None = None  # reads the next message from `channel`
     snapshot: Any = None  # `integrity.HarnessSnapshot`, taken before user code: what the candidate must leave alone
-    shelf: OutputShelf = field(default_factory=OutputShelf)  # outputs the judge reads in place (candidate role)
+    shelf: OutputShelf = field(init=False)  # outputs the judge reads in place (candidate role; the backend's to share)
     nonce: str | None = None  # the current op's: a mid-op message to the server carries it
     received_fds: list[int] = field(default_factory=list)  # descriptors that came with the current op's request
     trace_parts: dict[str, float] = field(default_factory=dict)  # where the current op's time went (KFORGE_TRACE)
@@ -37,6 +37,9 @@ class Session:
     extensions: list[Any] = field(default_factory=list)
     kernel_names: list[str] = field(default_factory=list)
     _reference_inputs: Any = field(default=None, init=False, repr=False)  # the reference beside the candidate
+
+    def __post_init__(self) -> None:
+        self.shelf = OutputShelf(self.backend)
 
     def failure(self, exc: BaseException, stage: str) -> Failure:
         """The user's exception as a located failure."""

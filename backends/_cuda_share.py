@@ -1,5 +1,6 @@
 """Device memory another process can map through a file descriptor: the CUDA driver's virtual memory management
-(VMM) with POSIX file-descriptor handles, through ctypes (worker processes only).
+(VMM) with POSIX file-descriptor handles, through ctypes (worker processes only): how an NVIDIA backend hands a CUDA output from the candidate's process to
+the judge's (`NvidiaGpu.share_output`, `open_output`; `kforge.tools.harness.handoff` asks the backend).
 
 Why not CUDA IPC (`cudaIpcGetMemHandle`, what torch.multiprocessing uses): its handles do not open across PID
 namespaces, and every sandboxed worker has its own ("invalid device context", H100, driver 580, 2026-11-24;
@@ -15,7 +16,9 @@ import ctypes
 import threading
 from typing import Any
 
-__all__ = ["export_copy", "import_tensor", "usable"]
+from .base import SharedOutput
+
+__all__ = ["collect_shared", "open_output", "share_output", "export_copy", "import_tensor", "usable"]
 
 _PINNED, _POSIX_FD, _ON_DEVICE, _GRANULARITY_MINIMUM, _READ_WRITE = 1, 1, 1, 0, 3
 
@@ -194,3 +197,72 @@ def _element_size(dtype: Any) -> int:
     import torch
 
     return torch.empty((), dtype=dtype).element_size()
+
+
+_EXPORTABLE: list[bool] = []
+
+
+def _exportable() -> bool:
+    """Whether this process's CUDA driver offers device memory exportable as a descriptor (asked once)."""
+    if not _EXPORTABLE:
+        _EXPORTABLE.append(usable())
+    return _EXPORTABLE[0]
+
+
+def share_output(out: Any) -> SharedOutput | None:
+    """A CUDA output as the judge's process can open it (`Backend.share_output`); None for a host tensor. A copy in
+    exportable memory, sent as a descriptor; where the driver has none, CUDA IPC (the `torch.multiprocessing`
+    mechanism without its pickles) of the output's own memory, which works only without the sandbox."""
+    if not out.is_cuda:
+        return None
+    if _exportable():
+        fd, size = export_copy(out)
+        return SharedOutput({"device": out.device.index or 0, "size_bytes": size}, fd=fd)
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    try:
+        _, a = reduce_tensor(out)
+    except RuntimeError:  # memory torch's allocator did not hand out (a foreign buffer): share a copy
+        out = out.clone()
+        _, a = reduce_tensor(out)
+    # The judge maps this very memory: it must outlive the judge's read (`keep`).
+    return SharedOutput({"stride": list(a[2]), "offset": a[3], "device": a[6], "handle": _b64(a[7]),
+                         "size_bytes": a[8], "offset_bytes": a[9], "ref_handle": _b64(a[11]), "ref_offset": a[12],
+                         "event": _b64(a[13]) if a[13] else None, "event_sync": bool(a[14])}, keep=out)
+
+
+def open_output(d: dict[str, Any], dtype: Any, shape: list[int], fd: int | None) -> Any:
+    """The judge's side of `share_output`: the output mapped (from its descriptor `fd`, else its IPC handle)."""
+    if fd is not None:
+        return import_tensor(fd, int(d["size_bytes"]), int(d["device"]), dtype, shape)
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(shape), tuple(int(s) for s in d["stride"]),
+                               int(d["offset"]), torch.UntypedStorage, dtype, int(d["device"]),
+                               _bytes(d["handle"]), int(d["size_bytes"]), int(d["offset_bytes"]), False,
+                               _bytes(d["ref_handle"]), int(d["ref_offset"]),
+                               _bytes(d["event"]) if d["event"] else None, bool(d["event_sync"]))
+
+
+def collect_shared() -> None:
+    """Free what IPC sharing parked: a block sent over CUDA IPC is not freed with its tensor; torch keeps it ("limbo")
+    until the sender collects it after the receiver let go, and otherwise only when an allocation fails. Left there,
+    every trial's outputs stayed allocated beside the next trial's."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.ipc_collect()
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _bytes(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text.encode("ascii"))
