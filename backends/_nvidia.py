@@ -398,6 +398,18 @@ class NvidiaGpu(CudaAllocator, NvidiaDeviceNodes):
     worker_env_names = WORKER_ENV_NAMES
     # torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the fork server.
     fork_server_env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    # What `EventTimer` and `synchronize` call: a candidate that rebinds one could shorten its own timing.
+    watched_functions = (("torch.cuda", "synchronize"), ("torch.cuda", "Event"), ("torch.cuda", "Event.record"),
+                         ("torch.cuda", "Event.elapsed_time"), ("torch.cuda", "Event.synchronize"))
+    # TF32 and reduced-precision reductions: what `strict_gpu_numerics` turns off for the reference.
+    numerics_flags = (
+        ("torch.backends.cuda.matmul.allow_tf32", lambda t: t.backends.cuda.matmul.allow_tf32),
+        ("torch.backends.cudnn.allow_tf32", lambda t: t.backends.cudnn.allow_tf32),
+        ("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+         lambda t: t.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+        ("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+         lambda t: t.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+    )
 
     def share_output(self, out: Any) -> SharedOutput | None:
         return _cuda_share.share_output(out)

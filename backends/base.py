@@ -153,6 +153,12 @@ class Backend(Protocol):
     #: Environment of the fork server while it imports (`preload`) so that nothing there starts the device (a device
     #: context does not survive a fork); each forked worker drops it before its job's environment.
     fork_server_env: dict[str, str]
+    #: Functions its timer and synchronization call, (module, attribute path): a candidate's process that rebinds one
+    #: is tampering (`kforge.tools.harness.integrity`, beside the harness's own: clocks, comparisons, copies).
+    watched_functions: tuple[tuple[str, str], ...]
+    #: Global flags of its numerics, (label, getter taking the torch module): a change in the candidate's process is
+    #: reported, and fails it under strict precision (beside torch's own: default dtype, float32 matmul precision).
+    numerics_flags: tuple[tuple[str, Callable[[Any], Any]], ...]
 
     def probe(self) -> Availability:
         """Say whether this host offers the backend. Never raises."""
@@ -311,6 +317,8 @@ class BackendBase:
     native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     fork_server_env: dict[str, str] = {}
+    watched_functions: tuple[tuple[str, str], ...] = ()
+    numerics_flags: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")

@@ -95,3 +95,28 @@ def test_the_fork_servers_guard_is_a_class_fact_of_the_backend():
     assert backend_class("cpu").fork_server_env == {} and BackendBase.device_started_here() is False
     assert worker._fork_server_env("cuda") == guard  # what the zygote sets, by the backend's name
     assert not backend_class("cuda").device_started_here()  # this test process never started CUDA
+
+
+def test_the_timer_functions_and_numerics_flags_watched_are_the_backends(monkeypatch):
+    """A candidate that rebinds its device's synchronize or flips its TF32 flag is caught on that device (NVIDIA's
+    `watched_functions`, `numerics_flags`); torch's own and the clocks are watched on every device."""
+    import time
+
+    import torch
+
+    from kforge.tools.harness.integrity import HarnessSnapshot
+
+    on_gpu, on_cpu = HarnessSnapshot(backend_class("cuda")), HarnessSnapshot(backend_class("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    assert on_gpu.tampering() == ["time.perf_counter was replaced", "torch.cuda.synchronize was replaced"]
+    assert on_cpu.tampering() == ["time.perf_counter was replaced"]
+    cudnn_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not cudnn_tf32
+    try:
+        assert [f.split(":")[0] for f in on_gpu.flag_changes()] == ["torch.backends.cudnn.allow_tf32"]
+        assert on_cpu.flag_changes() == []
+    finally:
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
+    assert [f.split(":")[0] for f in on_cpu.flag_changes()] == ["torch.get_default_dtype()"]

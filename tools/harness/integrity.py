@@ -17,24 +17,18 @@ from kforge.backends.host import process_ids, process_stat  # noqa: F401 - re-ex
 
 __all__ = ["HarnessSnapshot", "child_processes", "process_ids", "process_stat", "session_processes"]
 
-# (module path, attribute path): functions the harness calls; rebinding any of them is tampering.
+# (module path, attribute path): functions the harness calls on any device; rebinding any of them is tampering. Its
+# backend adds those of its own timer and synchronization (`Backend.watched_functions`).
 _WATCHED = [
     ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "time"),
     ("torch", "equal"), ("torch", "allclose"), ("torch", "isclose"), ("torch", "save"), ("torch", "load"),
     ("torch.testing", "assert_close"), ("torch", "Tensor.clone"), ("torch", "Tensor.cpu"), ("torch", "Tensor.to"),
-    ("torch", "Tensor.__eq__"), ("torch", "Tensor.copy_"), ("torch", "Tensor.detach"),
-    ("torch.cuda", "synchronize"), ("torch.cuda", "Event"), ("torch.cuda", "Event.record"),
-    ("torch.cuda", "Event.elapsed_time"), ("torch.cuda", "Event.synchronize"), ("json", "dumps"),
+    ("torch", "Tensor.__eq__"), ("torch", "Tensor.copy_"), ("torch", "Tensor.detach"), ("json", "dumps"),
 ]
-# Global numerics flags: (label, getter). A change is reported; under strict precision it fails.
+# Global numerics flags of torch itself: (label, getter). A change is reported; under strict precision it fails. Its
+# backend adds its device's (`Backend.numerics_flags`: TF32 and reduced-precision reductions on a GPU).
 _FLAGS = [
-    ("torch.backends.cuda.matmul.allow_tf32", lambda t: t.backends.cuda.matmul.allow_tf32),
-    ("torch.backends.cudnn.allow_tf32", lambda t: t.backends.cudnn.allow_tf32),
     ("torch.get_float32_matmul_precision()", lambda t: t.get_float32_matmul_precision()),
-    ("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-     lambda t: t.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
-    ("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-     lambda t: t.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
     ("torch.get_default_dtype()", lambda t: t.get_default_dtype()),
 ]
 
@@ -80,11 +74,14 @@ def _describe(pid: int) -> str:
 
 
 class HarnessSnapshot:
-    def __init__(self) -> None:
+    def __init__(self, backend: Any = None) -> None:
+        """Taken before user code runs, for the worker's `backend` (its timer's functions and its numerics flags too)."""
         import torch
 
-        self._functions = {(m, p): _resolve(m, p) for m, p in _WATCHED}
-        self._flags = {label: get(torch) for label, get in _FLAGS}
+        self._functions = {(m, p): _resolve(m, p)
+                           for m, p in [*_WATCHED, *getattr(backend, "watched_functions", ())]}
+        self._flag_getters = [*getattr(backend, "numerics_flags", ()), *_FLAGS]
+        self._flags = {label: get(torch) for label, get in self._flag_getters}
         self._threads = {t.ident for t in threading.enumerate()}
 
     def tampering(self) -> list[str]:
@@ -102,8 +99,8 @@ class HarnessSnapshot:
     def flag_changes(self) -> list[str]:
         import torch
 
-        return [f"{label}: {before!r} -> {get(torch)!r}" for (label, get), before in zip(_FLAGS, self._flags.values())
-                if get(torch) != before]
+        return [f"{label}: {before!r} -> {get(torch)!r}"
+                for (label, get), before in zip(self._flag_getters, self._flags.values()) if get(torch) != before]
 
     def new_threads(self) -> list[str]:
         return [f"thread {t.name!r} ({'daemon' if t.daemon else 'non-daemon'})" for t in threading.enumerate()

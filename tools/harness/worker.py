@@ -149,7 +149,7 @@ def open_session(init: p.WorkerInit, ready_backend: Any = None) -> Session:
             backend.setup()
         from .integrity import HarnessSnapshot
 
-        session.snapshot = HarnessSnapshot()  # before user code: what the candidate must leave alone
+        session.snapshot = HarnessSnapshot(backend)  # before user code: what the candidate must leave alone
     return session
 
 
