@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from importlib.metadata import entry_points
 
 from pathlib import Path
@@ -20,7 +21,7 @@ from .base import (OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, D
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
            "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
            "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "scan_rules",
-           "worker_env_names"]
+           "toolchain_homes", "worker_env_names"]
 
 _BUILTIN = {
     "cpu": "kforge.backends.cpu:CpuBackend",
@@ -85,6 +86,13 @@ def fault_markers() -> tuple[str, ...]:
 def worker_env_names() -> tuple[str, ...]:
     """The server's variables a worker inherits for some registered backend (`Backend.worker_env_names`)."""
     return tuple(dict.fromkeys(n for cls in _classes() for n in getattr(cls, "worker_env_names", ())))
+
+
+def toolchain_homes() -> list[str]:
+    """The directories some registered backend's toolchain lives in, as this process's environment names them
+    (`Backend.toolchain_env_names`): a worker's sandbox lets it read them (headers, compilers, libraries)."""
+    names = dict.fromkeys(n for cls in _classes() for n in getattr(cls, "toolchain_env_names", ()))
+    return [os.environ[n] for n in names if os.environ.get(n)]
 
 
 @functools.cache

@@ -145,6 +145,8 @@ class Backend(Protocol):
     sync_launch_env: dict[str, str]
     #: Variables of the server's environment a worker inherits for this backend (its toolkit's, its device pin's).
     worker_env_names: tuple[str, ...]
+    #: Variables that name its toolchain's directories (CUDA_HOME): a worker's sandbox may read them.
+    toolchain_env_names: tuple[str, ...]
     #: The static scan's rules for this device (`kforge.tools.static_scan`): (rule, hard, regex, message) matched
     #: against native source in the candidate's strings ...
     native_scan_rules: tuple[tuple[str, bool, str, str], ...]
@@ -314,6 +316,7 @@ class BackendBase:
     fault_markers: tuple[str, ...] = ()
     sync_launch_env: dict[str, str] = {}
     worker_env_names: tuple[str, ...] = ()
+    toolchain_env_names: tuple[str, ...] = ()
     native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     fork_server_env: dict[str, str] = {}

@@ -120,3 +120,17 @@ def test_the_timer_functions_and_numerics_flags_watched_are_the_backends(monkeyp
         torch.backends.cudnn.allow_tf32 = cudnn_tf32
     monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
     assert [f.split(":")[0] for f in on_cpu.flag_changes()] == ["torch.get_default_dtype()"]
+
+
+def test_the_toolchains_a_sandbox_may_read_are_named_by_the_backends(monkeypatch):
+    """The sandbox lets a worker read the toolchains' directories that some backend names (NVIDIA's CUDA_HOME and
+    CUDA_PATH), as this environment sets them; it names no toolkit itself."""
+    from kforge.backends import toolchain_homes
+
+    monkeypatch.setenv("CUDA_HOME", "/opt/toolkit-a")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert backend_class("cuda").toolchain_env_names == ("CUDA_HOME", "CUDA_PATH")
+    assert backend_class("cpu").toolchain_env_names == ()
+    assert toolchain_homes() == ["/opt/toolkit-a"]
+    monkeypatch.setenv("CUDA_PATH", "/opt/toolkit-b")
+    assert toolchain_homes() == ["/opt/toolkit-a", "/opt/toolkit-b"]

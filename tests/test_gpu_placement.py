@@ -13,11 +13,11 @@ import pytest
 from mcp import Client
 from pydantic import BaseModel
 
-from kforge.backends import Availability, GpuInfo
+from kforge.backends import Availability, GpuInfo, backend_class
 from kforge.server.app import build_server
 from kforge.server.settings import Settings
 from kforge.tools import gpus
-from kforge.tools.context import SYNC_LAUNCHES, ToolContext, warm_kinds
+from kforge.tools.context import ToolContext, warm_kinds
 from kforge.tools.tool_inputs import RequestError
 from kforge.tools.jobs import JobManager
 from kforge.tools.models import CompileResult, JobSpec
@@ -25,6 +25,8 @@ from kforge.tools.models import CompileResult, JobSpec
 pytestmark = pytest.mark.anyio
 
 CPU = Availability(backend="cpu", ok=True, reason="test", device_name="test-cpu")
+
+SYNC_LAUNCHES = backend_class("cuda").sync_launch_env  # a worker kind of synchronous launches
 
 
 def fake_gpus(n: int) -> list[GpuInfo]:

@@ -12,11 +12,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kforge.tools.context import SYNC_LAUNCHES, ToolContext
+from kforge.backends import backend_class
+from kforge.tools.context import ToolContext
 from kforge.tools.process.runner import WorkerGroup
 from kforge.tools.process.lifecycle import kill_group
 
 pytestmark = pytest.mark.anyio
+
+SYNC_LAUNCHES = backend_class("cuda").sync_launch_env  # a worker kind of synchronous launches
 
 
 def _idle(pool, *kind) -> int:

@@ -34,7 +34,7 @@ PACKAGES: dict[str, list[str]] = {
     "kforge.backends": ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes",
                         "GpuInfo", "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir",
                         "fault_markers", "host_device_nodes", "import_backend_module", "is_device_fault",
-                        "is_out_of_memory", "load_backend", "scan_rules", "worker_env_names"],
+                        "is_out_of_memory", "load_backend", "scan_rules", "toolchain_homes", "worker_env_names"],
     "kforge.backends.build": ["compiler_report", "cuda_split", "diagnostics", "fast_build", "inline", "models",
                               "nvrtc"],
     "kforge.profilers": ["load_profiler", "profiler_for", "profiler_names"],

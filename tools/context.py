@@ -33,15 +33,11 @@ from .process.lifecycle import pid_alive, scratch_name, SCRATCH_OWNER, traced
 from .process.limits import sandbox_args, WorkerLimits
 from .store import ResultStore
 
-__all__ = ["SYNC_LAUNCHES", "Progress", "ToolContext", "no_progress", "scratch_name",
+__all__ = ["Progress", "ToolContext", "no_progress", "scratch_name",
            "sweep_leftovers"]
 
 log = logging.getLogger("kforge.context")
 
-# A verify whose trial faulted runs again with synchronous launches, so the fault is raised at the line that launched
-# it: each backend says how (`Availability.sync_launch_env`). This is NVIDIA's, which the CUDA runtime reads once, at
-# start-up (such workers are a kind of their own in the pool); kept for callers that name it.
-SYNC_LAUNCHES = {"CUDA_LAUNCH_BLOCKING": "1"}
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 

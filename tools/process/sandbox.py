@@ -323,13 +323,15 @@ def _needed_paths(confinement: Confinement) -> tuple[list[str], list[str]]:
 
 
 def _readable_paths() -> list[str]:
-    """Python (prefixes and every import path), this package, CUDA and the compilers' homes."""
+    """Python (prefixes and every import path), this package, and the backends' toolchains (`toolchain_homes`)."""
+    from kforge.backends import toolchain_homes
+
     here = Path(__file__).resolve().parents[2]
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), str(here),
              os.path.realpath(sys.executable)]
     paths += [p for p in sys.path if p]
     paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths += [os.environ[v] for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    paths += toolchain_homes()
     return paths
 
 
