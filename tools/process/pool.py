@@ -42,6 +42,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kforge.backends.host import process_stat
 
 from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
+from .host_holds import HostHolds
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
 from .protocol import ResetReply, ResetRequest
 
@@ -87,6 +88,7 @@ _KEPT_PER_DEVICE = {"judge": 4, "candidate": 16}
 _KEPT_MAX_BYTES = 2 * 2**30  # a worker whose job's ops reserved more is not kept: its problem wants the room
 _RESET_S = 30.0  # a reset (a gc and an empty cache) took 0.3-0.6 s on an H200 host; far past it, nothing to keep
 _KEPT_WAIT_S = 5.0  # a job waits this long at most for a kept worker still forgetting its last job
+_HOST_HOLDS_POLL_S = 0.1  # how often a pool reads the host's other holds (`HostHolds`; a directory listing)
 _Kind = tuple[str, tuple[tuple[str, str], ...]]  # backend, extra environment
 
 
@@ -318,7 +320,8 @@ async def _discard_kept(worker: _KeptWorker) -> None:
 
 class WorkerPool:
     def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
-                 sandbox: list[str] | None = None, trace_file: str | None = None) -> None:
+                 sandbox: list[str] | None = None, trace_file: str | None = None,
+                 host_holds: HostHolds | None = None) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
         self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`limits.sandbox_args`)
         self.trace_file = trace_file  # `WorkerLimits.trace_file`: where its forks are traced
@@ -341,6 +344,10 @@ class WorkerPool:
         # Holds in progress (`hold_forks`), by weight (light or not): timings and verifies about to start or running,
         # during which no new fork starts
         self._holds: Counter[bool] = Counter()
+        # The holds of the host's other KForge processes (`HostHolds`: servers, a fleet's node agents), (full, light),
+        # read every `_HOST_HOLDS_POLL_S` while the pool runs; this pool's own are published there.
+        self.host_holds = host_holds or HostHolds()
+        self._others: tuple[bool, bool] = (False, False)
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
@@ -358,6 +365,7 @@ class WorkerPool:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._expire_kept)
+                tg.start_soon(self._watch_host_holds)
                 task_status.started()
                 while True:
                     await self._wake.wait()
@@ -365,6 +373,7 @@ class WorkerPool:
                     self._refill()
         finally:
             self._tg = None
+            self.host_holds.close()
             self._wanted.clear()
             for kind in list(self._changed):
                 self._changed_now(kind)  # waiting jobs start cold workers instead
@@ -501,6 +510,7 @@ class WorkerPool:
         0.11 s at the median against 0.015 s with holds on the host (2x H200, 4 clients x 5 ReLU candidates:
         60.6 against 70.4 candidates per minute; `bench/results`, s20)."""
         self._holds[light] += 1
+        self._publish()
         released = False
 
         def release() -> None:
@@ -510,11 +520,31 @@ class WorkerPool:
                 self._holds[light] -= 1
                 if not self._holds[light]:
                     del self._holds[light]
-                if not self._quiet:
+                self._publish()
+                if not self._quiet and not any(self._others):
                     for fork in self._under_way:
                         fork.go_on()
                 self._wake.set()
         return release
+
+    def _publish(self) -> None:
+        self.host_holds.publish("full" if self._holds[False] else "light" if self._holds[True] else None)
+
+    async def _watch_host_holds(self) -> None:
+        """Follow the host's other holds (`HostHolds`): forks under way stop while another process of the host times
+        or verifies, as they do for this pool's own jobs, and go on (refills too) once none holds."""
+        while True:
+            await anyio.sleep(_HOST_HOLDS_POLL_S)
+            others = self.host_holds.others()  # a listing of a few entries in memory: no thread needed
+            if others == self._others:
+                continue
+            self._others = others
+            if any(others):
+                self.pause_forks(light=not others[0])
+            elif not self._quiet:
+                for fork in self._under_way:
+                    fork.go_on()
+            self._wake.set()
 
     @property
     def _quiet(self) -> int:
@@ -522,8 +552,12 @@ class WorkerPool:
         return sum(self._holds.values())
 
     def _covered(self, light: bool | None = None) -> bool:
-        """Whether a hold of this weight (None: of either) is in progress (`hold_forks`)."""
-        return bool(self._holds[light]) if light is not None else bool(self._quiet)
+        """Whether a hold of this weight (None: of either) is in progress (`hold_forks`), here or elsewhere on the host
+        (`HostHolds`)."""
+        full, light_elsewhere = self._others
+        if light is None:
+            return bool(self._quiet) or full or light_elsewhere
+        return bool(self._holds[light]) or (light_elsewhere if light else full)
 
     def pause_forks(self, light: bool = False) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
