@@ -682,6 +682,13 @@ def _compare(report: dict) -> tuple[dict, list[str]]:
         verdict = "n/a" if meaningless else ("met" if r >= 1.8 else "NOT met")
         lines.append(f"throughput 2gpu / 1gpu: {r:.2f}x (goal >= 1.8x: {verdict})" + (f" [{meaningless}]"
                                                                                       if meaningless else ""))
+    for config in ("1gpu", "2gpu"):  # a server whose jobs never queued was not kept busy: its rate is a floor
+        waits = rows.get(config, {}).get("server_queue_wait_p50_s") or {}
+        if rate.get(config) and waits and all(w is not None and w <= 0.05 for w in waits.values()):
+            out[f"{config}_unsaturated"] = True
+            lines.append(f"{config}: no job waited in a queue at the median ({', '.join(f'{t} {w:g} s' for t, w in waits.items())}): "
+                         "its devices were not kept busy, so its rate is a floor of what they can do, and a ratio with it "
+                         "is a floor or a ceiling; raise --in-flight or --clients to fill them")
     if rate.get("ray") and rate.get("2gpu"):
         r = rate["ray"] / rate["2gpu"]
         out["ray_over_2gpu"] = round(r, 3)
