@@ -67,7 +67,7 @@ def ncu_workers(monkeypatch) -> list[dict]:
 
     async def spy(self: WorkerProcess) -> WorkerProcess:
         started = await start(self)
-        if self.role == "ncu":
+        if self.role == "rerun":
             seen.append({"isolation": self.isolation, "network": self.network, "log": self.log})
         return started
 

@@ -108,7 +108,7 @@ async def test_a_worker_under_a_profiler_is_sandboxed_with_it(tmp_path, fake_ncu
     probe = _PROBE.format(store=str(home / "kforge.db"), port=listener.getsockname()[1],
                           outside=str(home / "jobs" / "j1" / "note"))
     try:
-        async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="ncu",
+        async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="rerun",
                                  prefix=[*fake_ncu, str(report)]) as w:
             _require(w.isolation)
             for piece in _PIECES:
@@ -141,7 +141,7 @@ async def test_a_kill_takes_the_profiler_and_the_worker_down(tmp_path, fake_ncu)
     """A timeout kills the worker's session: the profiler's front-end is PID 1 of its namespace, which dies with it."""
     home = tmp_path / "home"
     scratch = home / "jobs" / "j1" / "ncu"
-    async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="ncu",
+    async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits(fake_ncu), role="rerun",
                              prefix=[*fake_ncu, str(scratch / "profile.ncu-rep")]) as w:
         _require(w.isolation)
         front_end, worker = sandboxed_worker(w._proc.pid), w._worker_pid
@@ -162,7 +162,7 @@ async def test_a_cache_hit_under_a_profiler_is_marked_used(tmp_path, fake_ncu):
     _age(entry, 3 * _DAY)  # built long ago: without the hit marked, the first to go
     _cold_entry(builds, _DAY)
     scratch = ctx.home / "jobs" / "j1" / "ncu"
-    async with WorkerProcess(backend="cpu", home=ctx.home, scratch=scratch, limits=ctx.limits, role="ncu",
+    async with WorkerProcess(backend="cpu", home=ctx.home, scratch=scratch, limits=ctx.limits, role="rerun",
                              prefix=[*fake_ncu, str(scratch / "profile.ncu-rep")]) as w:
         loaded = await w.call(LoadRequest(role="candidate", source=_code(5)), stage="ncu")
         assert loaded.failure is None and loaded.builds[0].from_cache, loaded

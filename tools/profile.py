@@ -547,7 +547,7 @@ async def _ncu_pass(ctx: ToolContext, profiler: Any, backend: str, scratch: Path
         # ncu's install stays readable in the sandbox wherever it lies (not only under /usr or /opt); HOME: ncu
         # deploys its section files under it, and the server's is out of the sandbox's reach.
         limits = replace(ctx.limits, read_paths=(*ctx.limits.read_paths, profiler.install_dir(prefix[0])))
-        async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=limits, role="ncu",
+        async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=limits, role="rerun",
                                  prefix=prefix, extra_env={**pin_env(current_gpu()), "HOME": str(where)}) as w:
             if missing := [m for m in w.isolation["missing"] if m not in ctx.worker_isolation.get("missing", [])]:
                 warnings.append(f"the Nsight Compute run's sandbox is incomplete on this host: {'; '.join(missing)}")

@@ -126,8 +126,8 @@ class Host:
 
 
 # Each role's class: the judge holds the reference and the expected outputs, the candidate's worker (also under
-# a profiler: ncu) runs ModelNew, a host worker answers the server's own questions.
-ROLES: dict[str, Callable[[Session], Any]] = {"judge": Judge, "candidate": Candidate, "ncu": Candidate,
+# a rerun profiler: "rerun", e.g. Nsight Compute) runs ModelNew, a host worker answers the server's own questions.
+ROLES: dict[str, Callable[[Session], Any]] = {"judge": Judge, "candidate": Candidate, "rerun": Candidate,
                                               "probe": Host, "ceilings": Host}
 
 

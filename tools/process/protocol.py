@@ -98,9 +98,9 @@ OutputDescriptors = list[dict[str, Any]]  # outputs held for the judge (`kforge.
 
 # -- the worker's start ------------------------------------------------------------------------------------
 
-# A worker's role: the judge, the candidate's worker (ncu: one under the profiler), or a worker of the server's own
-# (probe: which backends run here, ceilings: the device's measured ceilings).
-WorkerRole = Literal["judge", "candidate", "ncu", "probe", "ceilings"]
+# A worker's role: the judge, the candidate's worker (rerun: one under a rerun profiler, `Profiler.where`), or a worker
+# of the server's own (probe: which backends run here, ceilings: the device's measured ceilings).
+WorkerRole = Literal["judge", "candidate", "rerun", "probe", "ceilings"]
 
 
 class WorkerInit(BaseModel):
