@@ -239,8 +239,10 @@ def _warm_libraries(backend: Any) -> None:
     backend.warm_libraries()
 
 
-def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callable[[socket.socket], None]:
-    """The body of a worker forked by the zygote: its sandbox, its kind's environment, the device, then one job."""
+def _forked_worker(backend_name: str, network: str, confinement: Any,
+                   guard: dict[str, str]) -> Callable[[socket.socket], None]:
+    """The body of a worker forked by the zygote: its sandbox, its kind's environment (without the zygote's `guard`,
+    `_fork_server_env`), the device, then one job."""
     def run(sock: socket.socket) -> None:
         from kforge.backends import load_backend
 
@@ -250,7 +252,7 @@ def _forked_worker(backend_name: str, network: str, confinement: Any) -> Callabl
             return  # the pool shut down before this worker was readied
         # Its own directory, made for it by the pool: the only one of the data directory's jobs/ it may write.
         own = (first["scratch"],) if first.get("scratch") else ()
-        for name in _fork_server_env(backend_name):  # the zygote's guard; a job sees what a cold worker sees
+        for name in guard:  # the zygote's guard; a job sees what a cold worker sees
             os.environ.pop(name, None)
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
@@ -296,8 +298,10 @@ def main() -> None:
         network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
             network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
-        os.environ.update(_fork_server_env(backend_name))  # before anything imports torch
-        serve_forks(first_fd, lambda: _preload(backend_name), _forked_worker(backend_name, network, _confinement()))
+        guard = _fork_server_env(backend_name)
+        os.environ.update(guard)  # before anything imports torch
+        serve_forks(first_fd, lambda: _preload(backend_name),
+                    _forked_worker(backend_name, network, _confinement(), guard))
         return
     channel = WorkerChannel(socket.socket(fileno=first_fd))
     init = _read(channel)  # before the sandbox: the job's backend (and its GPU pin) pick the device nodes it may open
