@@ -102,3 +102,21 @@ def test_a_bfloat16_output_read_as_float32_judges_as_its_float32_copy():
     assert any("dtype" in p for p in strict.problems)
     [ints] = compare_outputs([torch.ones(4, dtype=torch.int64)], [torch.ones(4)], read_as_expected=True)
     assert not ints.correct and any("dtype" in p for p in ints.problems)  # only floats are read across dtypes
+
+
+def test_a_few_elements_just_past_atol_with_the_norm_in_bounds_are_named_a_summation_order_effect():
+    """An honest sequential float32 column sum (2048 terms) failed atol=1e-4 by 1.3e-4 at a near-zero sum: still
+    wrong by KernelBench's rule, but the result says what it likely is and what to do; a kernel off by 1 at one
+    element is not given that reading."""
+    torch.manual_seed(0)
+    e = torch.randn(2048) * 45  # column sums of 2048 randn rows
+    e[[3, 700]] = 0.0
+    order = e.clone()
+    order[[3, 700]] = 1.3e-4
+    broken = e.clone()
+    broken[5] += 1.0
+    [near] = compare_outputs([e], [order], exact=[e.double()])
+    [wrong] = compare_outputs([e], [broken], exact=[e.double()])
+    assert not near.correct and near.mismatches == 2
+    assert any("summation order" in p for p in near.problems), near.problems
+    assert not wrong.correct and not any("summation order" in p for p in wrong.problems), wrong.problems

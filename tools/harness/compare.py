@@ -160,11 +160,28 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
         problems.append(f"{acc.inf_count} Inf where the reference is finite")
     rel, ref_rel, norm_ok = _norm_check(expected, acc, precision, problems)
     bound, bound_why = error_bound(expected.dtype, precision, ref_rel)
+    if _order_only(acc, tol, norm_ok, rel):
+        problems.append(f"the output as a whole is within the bound for reordered sums (relative L2 error {rel:.3g}, "
+                        f"bound {bound:.3g}) and no element is off by more than {_ORDER_ONLY_ATOLS:g}x atol: the "
+                        "mismatches may be summation order where an output is near zero beside the terms that made "
+                        "it (a long sequential float32 sum); accumulate in blocks or in float64, or pass atol if "
+                        "this error is acceptable")
     tol = tol.model_copy(update={"rel_error_bound": bound, "bound_why": bound_why})
     return OutputCheck(output=index, correct=acc.mismatches == 0 and norm_ok, expected=exp_info, got=got_info,
                        problems=problems, max_abs_error=acc.max_abs, max_rel_error=acc.max_rel,
                        mismatches=acc.mismatches, numel=e_all.numel(), first_mismatches=first, nan_count=acc.nan_count,
                        inf_count=acc.inf_count, rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
+
+
+_ORDER_ONLY_ATOLS = 10.0  # element errors up to this many atols can be summation order where outputs are near 0
+
+
+def _order_only(acc: _Pass, tol: Tolerance, norm_ok: bool, rel: float | None) -> bool:
+    """Whether an output's only fault is a few elements a little past atol with its norm in bounds: what a
+    sequential float32 sum of a few thousand terms gives where the sum is near zero (an honest column sum of
+    2048x2048 randn failed KernelBench's atol=1e-4 on 1 seed in 200, max error 1.3e-4)."""
+    return bool(acc.mismatches and acc.floating and norm_ok and rel is not None and not acc.nan_count
+                and not acc.inf_count and acc.max_abs <= _ORDER_ONLY_ATOLS * tol.atol)
 
 
 def _rms(flat: Any, device: str) -> float:

@@ -11,7 +11,9 @@ _started = []
 
 
 def _spin():
-    end = time.monotonic() + 30
+    # Long past any profile on a loaded 2-core host (30 s ran out before a CI profile's last round, which then
+    # saw nothing): a worker found with it is killed, not kept, so the thread ends with its process.
+    end = time.monotonic() + 600
     while time.monotonic() < end:
         pass
 
