@@ -122,6 +122,10 @@ class Settings(BaseSettings):
                                       "for its flags in the background, so later builds with those flags skip parsing it.")
     warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "
                               "ready) per available backend, so a job does not wait for start-up; 0: every worker starts cold.")
+    warm_baselines: Literal["gpu", "all", "off"] = Field(
+        default="gpu", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
+        "its first candidate's compile or verify, so the profile after them does not wait for the compile: 'gpu' "
+        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off'.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "
@@ -236,7 +240,7 @@ def tool_context(settings: Settings) -> ToolContext:
     """The tools' context for these settings: configuration is read once here and passed down."""
     memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
     files = settings.worker_file_mb * 2**20 if settings.worker_file_mb else None
-    return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch,
+    return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch, warm_baselines=settings.warm_baselines,
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
                                            isolate_network=settings.worker_network == "isolated",
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
@@ -255,5 +259,5 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     node = NodeConfig(limits=replace(tools.limits, trace_file=None),
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
                       keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
-                      trace=settings.trace is not None)
+                      trace=settings.trace is not None, warm_baselines=settings.warm_baselines)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

@@ -119,6 +119,14 @@ class ToolContext:
     #: tool calls running on each GPU (by uuid or index), for placing a direct call (`on_gpu`); jobs are placed by
     #: the job manager, which counts its queued and running jobs
     _gpu_calls: Counter[str] = field(default_factory=Counter, init=False)
+    #: where a problem's torch.compile baseline is compiled ahead, beside its first candidate's compile or verify
+    #: (`kforge.tools.warmup`): "gpu" backends only (the compile takes host cores a CPU backend's trials use),
+    #: "all", or "off"
+    warm_baselines: str = "gpu"
+    #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends
+    warmups: dict[tuple[str, ...], anyio.Event] = field(default_factory=dict, init=False)
+    #: the server's task group for work no call waits for (warm-ups), while `warm_workers` runs
+    background: anyio.abc.TaskGroup | None = field(default=None, init=False)
 
     def worker(self, backend: str, scratch: Path, role: str, *, extra_env: dict[str, str] | None = None,
                **kwargs: Any) -> WorkerProcess:
@@ -178,13 +186,13 @@ class ToolContext:
 
         async with anyio.create_task_group() as tg:
             await tg.start(pool.run)
-            self.pool = pool
+            self.pool, self.background = pool, tg
             if size > 0:
                 tg.start_soon(want_available)
             try:
                 yield pool
             finally:
-                self.pool = None
+                self.pool = self.background = None
                 tg.cancel_scope.cancel()
 
     def sandbox_warnings(self) -> list[str]:

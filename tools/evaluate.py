@@ -25,6 +25,7 @@ from .steps import (candidate_inputs, fresh_seeds, job_spec, keep_candidate, lau
                     prepare_judge, ready_candidate, with_jit_kernels)
 from .trials import concurrently, judge_trials
 from .verdict import integrity_checks, static_check, verify_checks
+from .warmup import start_warmup
 
 if TYPE_CHECKING:  # the requests call these functions: their models are the one definition of the inputs
     from .requests import CompileRequest, VerifyRequest
@@ -50,6 +51,8 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
                 result = await _launch_once(workers, ctx, backend, scratch, worker, result, reference_code)
             if result.ok:
                 keep_candidate(workers, worker)  # for its verify
+                if reference_code is not None:  # its profile's torch.compile baseline, ahead of it
+                    await start_warmup(ctx, backend, reference_code)
     # The store keeps it only if it depends on nothing but the code (`verdict.why_not_stored`).
     ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
     await progress(steps, steps, "built" if result.ok else "build failed")
@@ -136,6 +139,8 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
             await progress(1, steps, "built the candidate")
             if worker is None:
                 return dict(compile=compiled, failure=cand_failure, checks=[scan])
+            if not extra_env:  # a profile likely follows: its torch.compile baseline compiles beside these trials
+                await start_warmup(ctx, backend, reference_code)
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
                                      "compared with the reference before the next")
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).

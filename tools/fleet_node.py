@@ -62,6 +62,7 @@ class NodeConfig:
     slots: int | None = None
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
+    warm_baselines: str = "gpu"  # `ToolContext.warm_baselines`
 
 
 @dataclass
@@ -160,7 +161,8 @@ class NodeAgent:
         sweep_leftovers(home / "jobs")  # of this node's earlier agents that died mid-job
         # The server's trace file is a path of its own host: a node traces into its own data directory.
         limits = replace(config.limits, trace_file=str(home / "trace.jsonl") if config.trace else None)
-        self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch)
+        self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch,
+                                 warm_baselines=config.warm_baselines)
         self.tools.store = self.store = _RecordingStore(home)
         self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
         self._pool_task: asyncio.Task[None] | None = None

@@ -117,7 +117,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
 
             async def judge_side() -> tuple[WorkerProcess | None, Failure | None, dict[str, Any]]:
                 judge, failure, prepared = await prepare_judge(workers, ctx, backend, scratch, reference_code, seeds,
-                                                                init_seed, exact=False)
+                                                                init_seed, exact=False,
+                                                                compiled="torch.compile" in baselines)
                 if judge is None or prepared is None:
                     return judge, failure, {}
                 size = await judge.call(ProblemSizeRequest(), stage="reference")

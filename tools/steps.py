@@ -18,7 +18,7 @@ from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .trials import as_reference_failure
 
 __all__ = ["candidate_inputs", "compile_result", "fresh_seeds", "job_spec", "keep_candidate", "kept_key", "launch_once",
-           "load_candidate", "prepare_judge", "ready_candidate", "start_worker", "with_jit_kernels"]
+           "load_candidate", "prepare_judge", "ready_candidate", "start_worker", "warm_key", "with_jit_kernels"]
 
 
 async def job_spec(ctx: ToolContext, tool: str, backend: str, candidate: str, reference: str | None,
@@ -52,6 +52,13 @@ async def start_worker(workers: WorkerGroup, ctx: ToolContext, backend: str, scr
 def kept_key(role: str, backend: str, code: str) -> tuple[str, ...]:
     """Whose kept worker may serve a job (`WorkerPool.take_kept`): the same role, backend, GPU and code."""
     return role, backend, pin_key(current_gpu()), sha256_text(code)
+
+
+def warm_key(backend: str, reference: str) -> tuple[str, ...]:
+    """Where a judge that compiled the reference's torch.compile baseline ahead is kept (`kforge.tools.warmup`): a
+    judge's key, its code marked as compiled, so a profile that wants the baseline finds that one first."""
+    role, backend, pin, sha = kept_key("judge", backend, reference)
+    return role, backend, pin, sha + "+torch.compile"
 
 
 def keep_candidate(workers: WorkerGroup, worker: WorkerProcess | None) -> None:
@@ -110,12 +117,20 @@ async def ready_candidate(workers: WorkerGroup, ctx: ToolContext, backend: str, 
 
 async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, reference: str,
                          seeds: list[int], init_seed: int, *, exact: bool = True, variants: bool = True,
-                         ) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
+                         compiled: bool = False) -> tuple[WorkerProcess | None, Failure | None, PrepareReply | None]:
     """Start the judge, build the reference and make trial 0's expected outputs; return the judge and what it
-    prepared, or the reference's failure."""
+    prepared, or the reference's failure. `compiled`: the job times torch.compile, so a judge that compiled it
+    ahead (`kforge.tools.warmup`) is taken first, once a warm-up of it under way on this GPU has ended."""
     # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_kept`).
     key = kept_key("judge", backend, reference)
-    kept = await ctx.pool.take_kept(key) if ctx.pool is not None else None
+    kept = None
+    if ctx.pool is not None and compiled:
+        warmed = warm_key(backend, reference)
+        if (under_way := ctx.warmups.get(warmed)) is not None:
+            await under_way.wait()
+        kept = await ctx.pool.take_kept(warmed)
+    if ctx.pool is not None and kept is None:
+        kept = await ctx.pool.take_kept(key)
     try:
         if kept is not None:
             judge = workers.adopt(kept, scratch / "judge")

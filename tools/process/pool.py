@@ -410,6 +410,10 @@ class WorkerPool:
                 await self._kept_settled[key].wait()
         return None
 
+    def has_kept(self, key: tuple[str, ...]) -> bool:
+        """Whether a worker is kept, or being reset to be kept, under `key`."""
+        return bool(self._kept.get(key)) or bool(self._resetting.get(key))
+
     def kept_pins(self, role: str, backend: str, sha256: str) -> set[str]:
         """The GPU pins (`gpus.pin_key`) where a worker of this role, backend and code is kept or being reset."""
         keys = [k for k, parked in self._kept.items() if parked] + list(self._resetting)  # (a key at 0 is deleted)
@@ -646,6 +650,20 @@ class WorkerPool:
                         return warm
         finally:
             self._waiting[kind] -= 1
+        return None
+
+    async def take_when_idle(self, backend: str, extra_env: dict[str, str] | None = None,
+                             wait_s: float = _WAIT_FOR_FORK_S) -> WarmProcess | None:
+        """A warm worker of this kind as soon as one is idle, within `wait_s`, or None. Unlike `acquire`, the wait
+        asks for nothing: no fork goes on beside a hold for it, and the kind's target stays (for work no call waits
+        for, `kforge.tools.warmup`: it takes what the refills of the jobs' own takes bring)."""
+        kind = _kind(backend, extra_env)
+        with anyio.move_on_after(wait_s):
+            while kind in self._wanted:
+                if (warm := self._pop_idle(kind)) is not None:
+                    self._wake.set()
+                    return warm
+                await self._changed[kind].wait()
         return None
 
     def _pop_idle(self, kind: _Kind) -> WarmProcess | None:

@@ -35,7 +35,7 @@ from .protocol import LoadReply, ProtocolError, R, Request, WorkerInit, WorkerRo
 if TYPE_CHECKING:
     from .pool import ForkedProcess, WorkerPool
 
-__all__ = ["HarnessError", "ProtocolViolation", "WorkerDied", "WorkerGroup", "WorkerProcess"]
+__all__ = ["HarnessError", "NoIdleWorker", "ProtocolViolation", "WorkerDied", "WorkerGroup", "WorkerProcess"]
 
 _READY_TIMEOUT_S = 180.0  # importing torch on a cold, busy machine
 _TAIL_LINES = 30
@@ -49,6 +49,10 @@ class WorkerDied(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(str(failure))
         self.failure = failure
+
+
+class NoIdleWorker(RuntimeError):
+    """A `warm_only` worker found no warm worker idle in the pool."""
 
 
 class HarnessError(RuntimeError):
@@ -132,8 +136,11 @@ class WorkerProcess:
 
     def __init__(self, *, backend: str, home: Path, scratch: Path, limits: WorkerLimits,
                  extra_env: dict[str, str] | None = None, role: WorkerRole = "candidate", prefix: list[str] | None = None,
-                 pool: WorkerPool | None = None, place: str = "") -> None:
+                 pool: WorkerPool | None = None, place: str = "", warm_only: bool = False) -> None:
         self.backend, self.home, self.scratch, self.limits = backend, home, scratch, limits
+        # Only a warm worker, the next to come idle, without asking for a fork (work no call waits for: a fork asked
+        # for goes on beside the job's hold); none within the pool's wait raises `NoIdleWorker`.
+        self.warm_only = warm_only
         self.place = place  # where it runs on a host of several GPUs (`gpus.pin_key`), for the trace
         self.role = role
         self.log = scratch / f"{role}.log"
@@ -196,8 +203,13 @@ class WorkerProcess:
         started = time.perf_counter()
         self.scratch.parent.mkdir(parents=True, exist_ok=True)
         (self.home / "cache" / "builds").mkdir(parents=True, exist_ok=True)
-        warm = (await self._pool.acquire(self.backend, self._extra_env)
-                if self._pool is not None and self.backend and not self.scratch.exists() else None)
+        if self.warm_only:
+            warm = await self._pool.take_when_idle(self.backend, self._extra_env) if self._pool is not None else None
+            if warm is None:
+                raise NoIdleWorker(f"no warm {self.backend} worker came idle")
+        else:
+            warm = (await self._pool.acquire(self.backend, self._extra_env)
+                    if self._pool is not None and self.backend and not self.scratch.exists() else None)
         if warm is not None:
             # Its sandbox was made before this job: its own directory becomes the role's scratch (a link from
             # where the job looks for it: the job's directory is removed with what it links to).

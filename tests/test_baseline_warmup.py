@@ -1,0 +1,78 @@
+"""A problem's torch.compile baseline compiled ahead (`kforge.tools.warmup`): beside a new problem's first verify, a
+judge of its own compiles the reference with torch.compile and is kept; the profile that follows at once waits for
+it and times its torch.compile rounds in that judge, with verdicts and numbers of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kforge.server.catalog import problem_reference
+from kforge.tools.context import ToolContext
+from kforge.tools.evaluate import verify_against_reference
+from kforge.tools.process.limits import WorkerLimits
+from kforge.tools.profile import profile_kernel
+from kforge.tools.requests import ProfileRequest, VerifyRequest
+from kforge.tools.steps import warm_key
+from kforge.tools.warmup import start_warmup
+
+pytestmark = pytest.mark.anyio
+
+RELU = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
+
+
+def _lines(trace: Path) -> list[dict]:
+    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+
+
+async def _ready(pool, n: int) -> None:
+    with anyio.fail_after(150):
+        while sum(len(v) for v in pool._idle.values()) < n:
+            await anyio.sleep(0.1)
+
+
+async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_that_compiled_it_beside_the_verify(
+        tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines = "all"  # the cpu backend's: "gpu" (the default) warms GPU backends only
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(2) as pool:
+        await _ready(pool, 2)  # a judge, a candidate and the warm-up's judge: one is forked for the verify
+        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
+                                                                     candidate_code=RELU, use_store=False))
+        assert verified.correct, str(verified)
+        warmups = [line for line in _lines(trace) if line["op"] == "warmup.torch_compile"]
+        assert warmups or warm_key("cpu", reference) in ctx.warmups, "no warm-up started beside the verify"
+        # At once, as an agent does: the profile waits for the warm-up still compiling, then takes its judge.
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                        baselines=("eager", "torch.compile"), budget_s=0.3,
+                                                        hardware_counters=False, use_store=False))
+        assert prof.ok and prof.output_correct, prof.failure
+        assert {b.name for b in prof.report.baselines if b.timing is not None} == {"eager", "torch.compile"}
+        assert not ctx.warmups and not pool.has_kept(warm_key("cpu", reference)), "the warmed judge was not taken"
+        # Under its own seeds, a second warm-up does not start: a judge of the reference with it compiled is stored.
+        assert not await start_warmup(ctx, "cpu", reference)
+    lines = _lines(trace)
+    [warmup] = [line for line in lines if line["op"] == "warmup.torch_compile"]
+    assert warmup["outcome"] == "kept", warmup
+    times = [line for line in lines if line["role"] == "judge" and line["op"] == "time"]
+    warm_pid = times[0]["pid"]  # the verify times nothing: the first judge's timing is the warm-up's compile
+    profile_pids = {line["pid"] for line in times[1:]}
+    assert profile_pids == {warm_pid}, (warm_pid, profile_pids)
+
+
+async def test_the_default_warms_gpu_backends_only_and_never_without_a_pool(tmp_path):
+    ctx = ToolContext(home=tmp_path / "home")
+    assert ctx.warm_baselines == "gpu"
+    assert not await start_warmup(ctx, "cpu", problem_reference("relu"))  # no pool: no kept judge to hand on
+    async with ctx.warm_workers(0):
+        assert not await start_warmup(ctx, "cpu", problem_reference("relu"))  # a CPU backend's cores run its trials
+        ctx.warm_baselines = "all"
+        assert await start_warmup(ctx, "cpu", problem_reference("relu"))
+        with anyio.fail_after(60):
+            while ctx.warmups:  # no warm worker idle (a pool of 0): it gives up at once, forking nothing
+                await anyio.sleep(0.05)

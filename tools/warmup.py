@@ -1,0 +1,108 @@
+"""A problem's torch.compile baseline, compiled ahead: while a new problem's first candidate is compiled or verified,
+a judge of its own compiles the reference with torch.compile, and is kept for the profile that follows (issue 16,
+must-hold 4: a problem's first candidate took 1.38-1.79x KernelBench's harness, the 2.2-3.7 s compile being on
+the profile's path; KernelBench ships its baselines precomputed).
+
+The compile runs in a judge apart from the job's (Dynamo saves and restores the global RNG, which the job's judge
+draws its inputs from), under the device's `run()` use (beside other jobs' trials, never beside a timing: its
+compile takes host cores, its one call the device). A profile that wants torch.compile waits for a warm-up of its
+reference under way on its GPU (`settled`), then takes its judge (`steps.prepare_judge`). Dynamo's cache lives in
+the judge's process, so its next jobs' torch.compile of the reference compiles in milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from .context import ToolContext
+from .gpus import current as current_gpu
+from .gpus import gpu_id, placed_on
+from .process.lifecycle import trace
+from .process.protocol import LoadRequest, PrepareRequest, TimeRequest, TimingSetsRequest
+from .process.runner import NoIdleWorker, WorkerGroup
+from .profile import BASELINE_REUSE_S
+from .steps import fresh_seeds, warm_key
+
+__all__ = ["start_warmup"]
+
+# A problem larger than this is not warmed: its judge's inputs, a timing set and outputs stay near 3x this, and a
+# worker that reserved more than 2 GiB is not kept (`pool._KEPT_MAX_BYTES`), so the compile would be lost.
+_WARM_MAX_FOOTPRINT = 512 * 2**20
+# Two calls after the compile: the compiled model's first calls build its kernels, which the profile would pay.
+_WARM_POLICY = {"warmup_calls": 1, "warmup_s": 0.0, "min_samples": 2, "max_samples": 2, "budget_s": 0.0,
+                "checked_calls": 1}
+_COMPILE_TIMEOUT_S = 600.0  # as a profile's own first torch.compile round
+_COMPILED = "+torch.compile"  # what `steps.warm_key` appends to the reference's sha256
+
+
+def _stored_fresh(ctx: ToolContext, reference_sha: str) -> bool:
+    """A torch.compile baseline of this reference stored recently on this GPU: the next profile reuses it
+    (`profile._time_in_rounds`' key: reference, baseline, budget, environment, GPU)."""
+    here = gpu_id(placement.gpu) if (placement := current_gpu()) else ""
+    now = time.monotonic()
+    return any(k[0] == reference_sha and k[1] == "torch.compile" and k[4] == here and now - when < BASELINE_REUSE_S
+               for k, (when, _) in ctx.baseline_timings.items())
+
+
+async def start_warmup(ctx: ToolContext, backend: str, reference: str) -> bool:
+    """Start compiling `reference`'s torch.compile baseline in a judge of its own on the job's GPU, unless one is
+    compiled or being compiled there, a recent one is stored, or the backend's kind is not warmed
+    (`ToolContext.warm_baselines`). Returns whether it started; it never waits for the compile."""
+    tg, pool = ctx.background, ctx.pool
+    if tg is None or pool is None or ctx.warm_baselines == "off":
+        return False
+    avail = await ctx.require_backend(backend)
+    if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
+        return False
+    key = warm_key(backend, reference)
+    if key in ctx.warmups or pool.has_kept(key) or _stored_fresh(ctx, key[3].removesuffix(_COMPILED)):
+        return False
+    done = ctx.warmups[key] = anyio.Event()
+    tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), done)
+    return True
+
+
+async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any,
+                done: anyio.Event) -> None:
+    started, outcome = time.perf_counter(), "failed"
+    try:
+        with placed_on(placement), ctx.scratch("warmup") as scratch:
+            async with WorkerGroup(ctx.pool) as workers:
+                avail = await ctx.require_backend(backend)
+                # Its compile takes host cores and its calls the device: never beside a timing.
+                async with ctx.device_use(ctx.device_key(avail)).run():
+                    # An idle warm worker or none: a cold one would start a device and import torch beside the job,
+                    # and could not be kept (only warm workers are).
+                    judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
+                    loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
+                    if loaded.failure is not None:
+                        return
+                    init_seed, seeds = fresh_seeds(1)
+                    prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False,
+                                                               variants=False), stage="reference")
+                    if prepared.failure is not None:
+                        return
+                    if (prepared.footprint_bytes or 0) > _WARM_MAX_FOOTPRINT:
+                        outcome = "too large"
+                        return
+                    made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
+                    if made.failure is not None:
+                        return
+                    timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
+                                             stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
+                    if timed.failure is not None:
+                        return
+                workers.give_back(judge, key)
+                outcome = "kept"
+    except NoIdleWorker:
+        outcome = "no idle worker"
+    except Exception:  # noqa: BLE001 - a warm-up is a head start, never a job: the profile compiles as before
+        outcome = "failed"
+    finally:
+        trace("server", "warmup.torch_compile", True, started, to=ctx.limits.trace_file, outcome=outcome)
+        # Set once the judge's reset is under way (`WorkerGroup` gave it back), so `take_kept` waits for it.
+        ctx.warmups.pop(key, None)
+        done.set()
