@@ -17,7 +17,7 @@ from kforge.tools.process.limits import WorkerLimits
 from kforge.tools.profile import profile_kernel
 from kforge.tools.requests import ProfileRequest, VerifyRequest
 from kforge.tools.steps import warm_key
-from kforge.tools.warmup import start_warmup
+from kforge.tools.warmup import Warmup, start_warmup
 
 pytestmark = pytest.mark.anyio
 
@@ -40,8 +40,10 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
     ctx.warm_baselines = "all"  # the cpu backend's: "gpu" (the default) warms GPU backends only
     reference = problem_reference("relu")
-    async with ctx.warm_workers(2) as pool:
-        await _ready(pool, 2)  # a judge, a candidate and the warm-up's judge: one is forked for the verify
+    async with ctx.warm_workers(3) as pool:
+        # The verify's judge and candidate, and the warm-up's judge: idle from the start (with 2, the warm-up waits for
+        # the refill the verify's takes start, which a busy 2-core VM readied after the profile had begun).
+        await _ready(pool, 3)
         verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
                                                                      candidate_code=RELU, use_store=False))
         assert verified.correct, str(verified)
@@ -55,7 +57,7 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
         assert {b.name for b in prof.report.baselines if b.timing is not None} == {"eager", "torch.compile"}
         assert not ctx.warmups and not pool.has_kept(warm_key("cpu", reference)), "the warmed judge was not taken"
         # Under its own seeds, a second warm-up does not start: a judge of the reference with it compiled is stored.
-        assert not await start_warmup(ctx, "cpu", reference)
+        assert not await start_warmup(ctx, "cpu", reference, 0)
     lines = _lines(trace)
     [warmup] = [line for line in lines if line["op"] == "warmup.torch_compile"]
     assert warmup["outcome"] == "kept", warmup
@@ -68,11 +70,29 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
 async def test_the_default_warms_gpu_backends_only_and_never_without_a_pool(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     assert ctx.warm_baselines == "gpu"
-    assert not await start_warmup(ctx, "cpu", problem_reference("relu"))  # no pool: no kept judge to hand on
+    assert not await start_warmup(ctx, "cpu", problem_reference("relu"), 0)  # no pool: no kept judge to hand on
     async with ctx.warm_workers(0):
-        assert not await start_warmup(ctx, "cpu", problem_reference("relu"))  # a CPU backend's cores run its trials
+        assert not await start_warmup(ctx, "cpu", problem_reference("relu"), 0)  # a CPU backend's cores run its trials
         ctx.warm_baselines = "all"
-        assert await start_warmup(ctx, "cpu", problem_reference("relu"))
+        assert await start_warmup(ctx, "cpu", problem_reference("relu"), 0)
         with anyio.fail_after(60):
             while ctx.warmups:  # no warm worker idle (a pool of 0): it gives up at once, forking nothing
                 await anyio.sleep(0.05)
+
+
+async def test_a_profile_does_not_wait_for_a_warm_up_still_without_a_worker_and_a_large_problem_is_not_warmed(tmp_path):
+    """A warm-up that has no judge yet is cancelled by the profile it was for, which compiles itself at once (no
+    compile runs beside it later); one of a problem over the size limit never starts (its judge would not be kept)."""
+    ctx = ToolContext(home=tmp_path / "home")
+    ctx.warm_baselines = "all"
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(1):
+        assert not await start_warmup(ctx, "cpu", reference, 2**40)
+        assert not ctx.warmups
+        waiting = ctx.warmups[warm_key("cpu", reference)] = Warmup()  # as one waiting for an idle worker
+        with anyio.fail_after(300):  # it would wait forever for `done`
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference,
+                                                            candidate_code=RELU, baselines=("eager", "torch.compile"),
+                                                            budget_s=0.3, hardware_counters=False, use_store=False))
+        assert prof.ok and prof.output_correct, prof.failure
+        assert waiting.scope.cancel_called and not waiting.done.is_set()

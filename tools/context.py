@@ -124,7 +124,7 @@ class ToolContext:
     #: "all", or "off"
     warm_baselines: str = "gpu"
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends
-    warmups: dict[tuple[str, ...], anyio.Event] = field(default_factory=dict, init=False)
+    warmups: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False)  # `warmup.Warmup`s
     #: the server's task group for work no call waits for (warm-ups), while `warm_workers` runs
     background: anyio.abc.TaskGroup | None = field(default=None, init=False)
 

@@ -51,8 +51,6 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
                 result = await _launch_once(workers, ctx, backend, scratch, worker, result, reference_code)
             if result.ok:
                 keep_candidate(workers, worker)  # for its verify
-                if reference_code is not None:  # its profile's torch.compile baseline, ahead of it
-                    await start_warmup(ctx, backend, reference_code)
     # The store keeps it only if it depends on nothing but the code (`verdict.why_not_stored`).
     ctx.store.put_result(spec.key, "compile_kernel", result.model_dump(mode="json"))
     await progress(steps, steps, "built" if result.ok else "build failed")
@@ -62,10 +60,12 @@ async def compile_kernel(ctx: ToolContext, request: CompileRequest, progress: Pr
 async def _launch_once(workers: WorkerGroup, ctx: ToolContext, backend: str, scratch: Path, worker: WorkerProcess,
                        compiled: CompileResult, reference_code: str) -> CompileResult:
     init_seed, seeds = fresh_seeds(1)
-    _, failure, _ = await prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
-                                         exact=False)
-    if failure is not None:
+    _, failure, prepared = await prepare_judge(workers, ctx, backend, scratch, reference_code, seeds, init_seed,
+                                                exact=False)
+    if failure is not None or prepared is None:
         return compiled.model_copy(update={"ok": False, "failure": failure})
+    # The profile's torch.compile baseline, ahead of the verify and profile that follow a compile.
+    await start_warmup(ctx, backend, reference_code, prepared.footprint_bytes)
     try:
         run = await launch_once(worker, candidate_inputs(reference_code, seeds, init_seed))
     except WorkerDied as died:
@@ -140,7 +140,7 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
             if worker is None:
                 return dict(compile=compiled, failure=cand_failure, checks=[scan])
             if not extra_env:  # a profile likely follows: its torch.compile baseline compiles beside these trials
-                await start_warmup(ctx, backend, reference_code)
+                await start_warmup(ctx, backend, reference_code, prepared.footprint_bytes)
             await progress(2, steps, f"running {trials} trials of the candidate, each twice, one at a time, each "
                                      "compared with the reference before the next")
             # Each trial runs twice: hung after 20x the reference's time for as many calls (at least the floor).

@@ -127,7 +127,10 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
     if ctx.pool is not None and compiled:
         warmed = warm_key(backend, reference)
         if (under_way := ctx.warmups.get(warmed)) is not None:
-            await under_way.wait()
+            if under_way.compiling:
+                await under_way.done.wait()
+            else:  # still waiting for a worker: this job compiles itself, sooner, and no compile runs beside it
+                under_way.scope.cancel()
         kept = await ctx.pool.take_kept(warmed)
     if ctx.pool is not None and kept is None:
         kept = await ctx.pool.take_kept(key)

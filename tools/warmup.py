@@ -13,6 +13,7 @@ the judge's process, so its next jobs' torch.compile of the reference compiles i
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -26,7 +27,7 @@ from .process.runner import NoIdleWorker, WorkerGroup
 from .profile import BASELINE_REUSE_S
 from .steps import fresh_seeds, warm_key
 
-__all__ = ["start_warmup"]
+__all__ = ["Warmup", "start_warmup"]
 
 # A problem larger than this is not warmed: its judge's inputs, a timing set and outputs stay near 3x this, and a
 # worker that reserved more than 2 GiB is not kept (`pool._KEPT_MAX_BYTES`), so the compile would be lost.
@@ -47,12 +48,22 @@ def _stored_fresh(ctx: ToolContext, reference_sha: str) -> bool:
                for k, (when, _) in ctx.baseline_timings.items())
 
 
-async def start_warmup(ctx: ToolContext, backend: str, reference: str) -> bool:
+@dataclass
+class Warmup:
+    """One warm-up under way (`ToolContext.warmups`): `compiling` once it has its judge; `done` when it ended."""
+
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    compiling: bool = False
+
+
+async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint_bytes: int | None) -> bool:
     """Start compiling `reference`'s torch.compile baseline in a judge of its own on the job's GPU, unless one is
-    compiled or being compiled there, a recent one is stored, or the backend's kind is not warmed
-    (`ToolContext.warm_baselines`). Returns whether it started; it never waits for the compile."""
+    compiled or being compiled there, a recent one is stored, the problem is large (`footprint_bytes`, its inputs
+    and outputs), or the backend's kind is not warmed (`ToolContext.warm_baselines`). Returns whether it started;
+    it never waits for the compile."""
     tg, pool = ctx.background, ctx.pool
-    if tg is None or pool is None or ctx.warm_baselines == "off":
+    if tg is None or pool is None or ctx.warm_baselines == "off" or (footprint_bytes or 0) > _WARM_MAX_FOOTPRINT:
         return False
     avail = await ctx.require_backend(backend)
     if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
@@ -60,49 +71,51 @@ async def start_warmup(ctx: ToolContext, backend: str, reference: str) -> bool:
     key = warm_key(backend, reference)
     if key in ctx.warmups or pool.has_kept(key) or _stored_fresh(ctx, key[3].removesuffix(_COMPILED)):
         return False
-    done = ctx.warmups[key] = anyio.Event()
-    tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), done)
+    warmup = ctx.warmups[key] = Warmup()
+    tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), warmup)
     return True
 
 
 async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any,
-                done: anyio.Event) -> None:
-    started, outcome = time.perf_counter(), "failed"
+                warmup: Warmup) -> None:
+    started, outcome = time.perf_counter(), "cancelled"  # by the profile it was too late for, or the server's end
     try:
-        with placed_on(placement), ctx.scratch("warmup") as scratch:
+        with warmup.scope, placed_on(placement), ctx.scratch("warmup") as scratch:
             async with WorkerGroup(ctx.pool) as workers:
+                # The next warm worker to come idle, or none: a cold one would start a device and import torch beside
+                # the job, and could not be kept (only warm workers are).
+                judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
+                warmup.compiling = True  # from now on a profile of the reference waits for it (`steps.prepare_judge`)
                 avail = await ctx.require_backend(backend)
                 # Its compile takes host cores and its calls the device: never beside a timing.
                 async with ctx.device_use(ctx.device_key(avail)).run():
-                    # An idle warm worker or none: a cold one would start a device and import torch beside the job,
-                    # and could not be kept (only warm workers are).
-                    judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
-                    loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
-                    if loaded.failure is not None:
-                        return
-                    init_seed, seeds = fresh_seeds(1)
-                    prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False,
-                                                               variants=False), stage="reference")
-                    if prepared.failure is not None:
-                        return
-                    if (prepared.footprint_bytes or 0) > _WARM_MAX_FOOTPRINT:
-                        outcome = "too large"
-                        return
-                    made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
-                    if made.failure is not None:
-                        return
-                    timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
-                                             stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
-                    if timed.failure is not None:
-                        return
-                workers.give_back(judge, key)
-                outcome = "kept"
+                    outcome = await _compile(judge, reference)
+                if outcome == "kept":
+                    workers.give_back(judge, key)
     except NoIdleWorker:
         outcome = "no idle worker"
     except Exception:  # noqa: BLE001 - a warm-up is a head start, never a job: the profile compiles as before
         outcome = "failed"
     finally:
         trace("server", "warmup.torch_compile", True, started, to=ctx.limits.trace_file, outcome=outcome)
-        # Set once the judge's reset is under way (`WorkerGroup` gave it back), so `take_kept` waits for it.
+        # Ended once the judge's reset is under way (`WorkerGroup` gave it back), so `take_kept` waits for it.
         ctx.warmups.pop(key, None)
-        done.set()
+        warmup.done.set()
+
+
+async def _compile(judge: Any, reference: str) -> str:
+    """Load and build the reference in `judge`, then compile it with torch.compile and call it: "kept" or why not."""
+    loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
+    if loaded.failure is not None:
+        return "the reference failed to load"
+    init_seed, seeds = fresh_seeds(1)
+    prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False, variants=False),
+                                stage="reference")
+    if prepared.failure is not None:
+        return "the reference failed"
+    made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
+    if made.failure is not None:
+        return "the reference's inputs failed"
+    timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
+                             stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
+    return "torch.compile failed" if timed.failure is not None else "kept"
