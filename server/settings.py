@@ -123,9 +123,10 @@ class Settings(BaseSettings):
     warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "
                               "ready) per available backend, so a job does not wait for start-up; 0: every worker starts cold.")
     warm_baselines: Literal["gpu", "all", "off"] = Field(
-        default="gpu", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
+        default="off", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
         "its first candidate's compile or verify, so the profile after them does not wait for the compile: 'gpu' "
-        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off'.")
+        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off' (the default "
+        "until a GPU run has measured it).")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "

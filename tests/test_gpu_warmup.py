@@ -1,4 +1,4 @@
-"""The torch.compile baseline compiled ahead on a GPU (`kforge.tools.warmup`, default `warm_baselines="gpu"`): beside a
+"""The torch.compile baseline compiled ahead on a GPU (`kforge.tools.warmup`, `warm_baselines="gpu"`): beside a
 new problem's first verify on cuda, a judge of its own compiles the reference with torch.compile; the profile that
 follows at once times torch.compile in that judge. Skipped without a GPU; run by scripts/run_gpu_tests.sh."""
 
@@ -26,6 +26,7 @@ RELU = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
 async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_that_compiled_it_ahead(tmp_path):
     trace = tmp_path / "trace.jsonl"
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines = "gpu"
     reference = problem_reference("relu")
     async with ctx.warm_workers(2) as pool:
         with anyio.fail_after(240):

@@ -121,8 +121,8 @@ class ToolContext:
     _gpu_calls: Counter[str] = field(default_factory=Counter, init=False)
     #: where a problem's torch.compile baseline is compiled ahead, beside its first candidate's compile or verify
     #: (`kforge.tools.warmup`): "gpu" backends only (the compile takes host cores a CPU backend's trials use),
-    #: "all", or "off"
-    warm_baselines: str = "gpu"
+    #: "all", or "off" (the default until a GPU run has measured what it gains)
+    warm_baselines: str = "off"
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends
     warmups: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False)  # `warmup.Warmup`s
     #: the server's task group for work no call waits for (warm-ups), while `warm_workers` runs
