@@ -5,9 +5,14 @@ the profile's path; KernelBench ships its baselines precomputed).
 
 The compile runs in a judge apart from the job's (Dynamo saves and restores the global RNG, which the job's judge
 draws its inputs from), under the device's `run()` use (beside other jobs' trials, never beside a timing: its
-compile takes host cores, its one call the device). A profile that wants torch.compile waits for a warm-up of its
-reference under way on its GPU (`settled`), then takes its judge (`steps.prepare_judge`). Dynamo's cache lives in
-the judge's process, so its next jobs' torch.compile of the reference compiles in milliseconds.
+compile takes host cores, its two calls the device). A profile that wants torch.compile waits for a warm-up of its
+reference on its GPU that has its judge (`Warmup.compiling`), then takes that judge; one still waiting for a worker
+it cancels, and compiles itself (`steps.prepare_judge`). Dynamo's cache lives in the judge's process, so its next
+jobs' torch.compile of the reference compiles in milliseconds.
+
+Off by default (`ToolContext.warm_baselines`): not yet measured on a GPU. Where a verify comes first, a GPU verify of
+a small problem (0.5-0.9 s) is shorter than the compile (2.0-3.6 s, 2x H100), so the profile still waits for most
+of it (`bench/results/README.md`, twenty-first session).
 """
 
 from __future__ import annotations
