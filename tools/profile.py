@@ -48,7 +48,7 @@ from .verdict import anchor_exceeds, integrity_checks, static_check, timing_chec
 if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
     from . import requests as job
 
-__all__ = ["profile_kernel"]
+__all__ = ["baseline_stored", "profile_kernel"]
 _INPUT_SETS = 3  # input sets whose outputs are checked before timing
 _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
 _TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...
@@ -73,6 +73,19 @@ _FLOOR_CALLS = 200  # the judge's launch floor (`LaunchFloorRequest`): calls of 
 # versions and this budget, is reused for this long (an agent's loop profiles one problem many times;
 # torch.compile's alone costs seconds to minutes per run). KernelBench ships precomputed baselines.
 BASELINE_REUSE_S = 600.0
+
+
+def _baseline_gpu(gpu: Any) -> str:
+    """The GPU part of a stored baseline's key (`ctx.baseline_timings`): timed on this GPU, reused on it only."""
+    return gpu_id(gpu) if gpu else ""
+
+
+def baseline_stored(ctx: ToolContext, reference_sha256: str, name: str) -> bool:
+    """Whether a baseline `name` of this reference, timed on the GPU the call runs on, is young enough to be reused
+    (with any budget or environment; `_time_in_rounds` keys them by those too)."""
+    here, now = _baseline_gpu(placement.gpu if (placement := current_gpu()) else None), time.monotonic()
+    return any(k[0] == reference_sha256 and k[1] == name and k[4] == here and now - when < BASELINE_REUSE_S
+               for k, (when, _) in ctx.baseline_timings.items())
 
 
 @on_one_gpu  # request.gpu
@@ -441,7 +454,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     """
     def key(name: str) -> tuple[str, ...]:
         return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True),
-                gpu_id(spec.gpu) if spec.gpu else "")  # timed on this GPU, reused on it only
+                _baseline_gpu(spec.gpu))
 
     stored = {n: ctx.baseline_timings.get(key(n)) for n in baselines if n != "eager"}
     stored = {n: v for n, v in stored.items()

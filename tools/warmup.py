@@ -25,11 +25,12 @@ import anyio
 
 from .context import ToolContext
 from .gpus import current as current_gpu
-from .gpus import gpu_id, placed_on
+from .gpus import placed_on
+from .models import sha256_text
 from .process.lifecycle import trace
 from .process.protocol import LoadRequest, PrepareRequest, TimeRequest, TimingSetsRequest
 from .process.runner import NoIdleWorker, WorkerGroup
-from .profile import BASELINE_REUSE_S
+from .profile import baseline_stored
 from .steps import fresh_seeds, warm_key
 
 __all__ = ["Warmup", "start_warmup"]
@@ -41,16 +42,6 @@ _WARM_MAX_FOOTPRINT = 512 * 2**20
 _WARM_POLICY = {"warmup_calls": 1, "warmup_s": 0.0, "min_samples": 2, "max_samples": 2, "budget_s": 0.0,
                 "checked_calls": 1}
 _COMPILE_TIMEOUT_S = 600.0  # as a profile's own first torch.compile round
-_COMPILED = "+torch.compile"  # what `steps.warm_key` appends to the reference's sha256
-
-
-def _stored_fresh(ctx: ToolContext, reference_sha: str) -> bool:
-    """A torch.compile baseline of this reference stored recently on this GPU: the next profile reuses it
-    (`profile._time_in_rounds`' key: reference, baseline, budget, environment, GPU)."""
-    here = gpu_id(placement.gpu) if (placement := current_gpu()) else ""
-    now = time.monotonic()
-    return any(k[0] == reference_sha and k[1] == "torch.compile" and k[4] == here and now - when < BASELINE_REUSE_S
-               for k, (when, _) in ctx.baseline_timings.items())
 
 
 @dataclass
@@ -74,14 +65,14 @@ async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint
     if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
         return False
     key = warm_key(backend, reference)
-    if key in ctx.warmups or pool.has_kept(key) or _stored_fresh(ctx, key[3].removesuffix(_COMPILED)):
+    if key in ctx.warmups or pool.has_kept(key) or baseline_stored(ctx, sha256_text(reference), "torch.compile"):
         return False
     warmup = ctx.warmups[key] = Warmup()
-    tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), warmup)
+    tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), ctx.device_key(avail), warmup)
     return True
 
 
-async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any,
+async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any, device: str,
                 warmup: Warmup) -> None:
     started, outcome = time.perf_counter(), "cancelled"  # by the profile it was too late for, or the server's end
     try:
@@ -91,9 +82,8 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 # the job, and could not be kept (only warm workers are).
                 judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
                 warmup.compiling = True  # from now on a profile of the reference waits for it (`steps.prepare_judge`)
-                avail = await ctx.require_backend(backend)
                 # Its compile takes host cores and its calls the device: never beside a timing.
-                async with ctx.device_use(ctx.device_key(avail)).run():
+                async with ctx.device_use(device).run():
                     outcome = await _compile(judge, reference)
                 if outcome == "kept":
                     workers.give_back(judge, key)
