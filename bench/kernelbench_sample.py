@@ -592,6 +592,16 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     def left() -> float:
         return deadline - time.monotonic()
 
+    if args.compile_first:
+        # An agent that builds its candidate against the reference before it verifies: the compile launches it once
+        # on the reference's inputs (and, with KFORGE_WARM_BASELINES, starts the torch.compile baseline's compile).
+        log(f"{name}: compile with the reference")
+        with TraceSpan(args.trace) as span:
+            sc, row["compile_s"] = await call_kforge(client, "compile_kernel", {**common, "use_store": False},
+                                                     deadline, job)
+        row["compile_ok"], row["compile_ops"] = sc.get("ok"), span.summary()
+        save()
+        log(f"{name}: compile {row['compile_s']} s, ok={sc.get('ok')}")
     log(f"{name}: verify ({row['footprint']['gb']} GB)")
     with GpuMemory() as mem, TraceSpan(args.trace) as span:
         sc, row["verify_s"] = await call_kforge(client, "verify_against_reference", {**common, "use_store": False},
@@ -689,7 +699,7 @@ def ci_text(b: dict) -> str:
 
 COLS = ["problem", "footprint GB", "KForge median us (IQR)", "KForge eager us", "KForge compile us", "do_bench us",
         "KF/do_bench",
-        "ncu us (none / base)", "KF/ncu(none)", "self-speedup vs eager (CI)", "verify s", "profile s", "KB harness s",
+        "ncu us (none / base)", "KF/ncu(none)", "self-speedup vs eager (CI)", "compile s", "verify s", "profile s", "KB harness s",
         "(v+p)/KB", "next candidate v+p s (/KB)", "after a pause v+p s (/KB)", "GPU mem x footprint (verify / profile)",
         "verify mem x reference's own peak", "verdict", "note"]
 
@@ -718,7 +728,8 @@ def table_row(r: dict) -> list[str]:
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
     return [r["problem"], fmt((r.get("footprint") or {}).get("gb"), 2), f"{fmt(med)}{iqr}", fmt(eager.get("median_us")),
             fmt((p.get("torch.compile") or {}).get("median_us")), fmt(db), fmt(ratio(med, db), 3),
-            f"{fmt(n_none)} / {fmt(n_base)}", fmt(ratio(med, n_none), 3), speedup, fmt(r.get("verify_s")),
+            f"{fmt(n_none)} / {fmt(n_base)}", fmt(ratio(med, n_none), 3), speedup, fmt(r.get("compile_s")),
+            fmt(r.get("verify_s")),
             fmt(r.get("profile_s")), fmt(kb, 2), fmt(ratio(vp, kb), 2),
             f"{fmt(nvp)} ({fmt(ratio(nvp, kb), 2)})",
             f"{fmt(pvp)} ({fmt(ratio(pvp, kb), 2)})" if pvp else "-",
@@ -965,6 +976,8 @@ def main() -> None:
     ap.add_argument("--repeat-profiles", type=int, help="profile calls per problem of --repeat-on (default 5; 2 with --smoke)")
     ap.add_argument("--think-s", type=float, default=0, help="also verify + profile a third candidate after this "
                     "pause (an agent writing its next candidate), beside the back-to-back one")
+    ap.add_argument("--compile-first", action="store_true", help="call compile_kernel with the reference before "
+                    "each problem's first verify, as an agent that builds its candidate first does")
     ap.add_argument("--repeat-on", nargs="*", help="problems that get the repeated profiles")
     ap.add_argument("--ncu-clocks", nargs="+", default=["none"], choices=["none", "base"],
                     help="ncu --clock-control values for every problem; the --repeat-on problems also get base (ncu's "
