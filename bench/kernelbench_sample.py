@@ -612,6 +612,8 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     save()
     log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}, device memory {row['verify_memory']}; profile")
     prof = {**common, "hardware_counters": False, "use_store": False}
+    if args.turn_s > 0:  # an agent's turn between reading the verify and asking for the profile
+        await anyio.sleep(args.turn_s)
     with GpuMemory() as mem, TraceSpan(args.trace) as span:
         sc, row["profile_s"] = await call_kforge(client, "profile_kernel", prof, deadline, job)
     row["profile"] = summarize_profile(sc)
@@ -978,6 +980,8 @@ def main() -> None:
                     "pause (an agent writing its next candidate), beside the back-to-back one")
     ap.add_argument("--compile-first", action="store_true", help="call compile_kernel with the reference before "
                     "each problem's first verify, as an agent that builds its candidate first does")
+    ap.add_argument("--turn-s", type=float, default=0, help="wait this long between the first verify and the first "
+                    "profile of each problem (an agent's turn; not counted in either call's time)")
     ap.add_argument("--repeat-on", nargs="*", help="problems that get the repeated profiles")
     ap.add_argument("--ncu-clocks", nargs="+", default=["none"], choices=["none", "base"],
                     help="ncu --clock-control values for every problem; the --repeat-on problems also get base (ncu's "

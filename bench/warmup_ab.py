@@ -7,6 +7,7 @@ problems with KernelBench's harness, do_bench and ncu in the same run. Prints an
 first candidate (compile,) verify and profile, the warm-up's outcome from the server's trace, and the harness's time.
 
   python3 bench/warmup_ab.py --problems level1/1 level1/40 level2/12 --out $OUT   # from bench/run_kernelbench_sample.sh's env
+  python3 bench/warmup_ab.py --sample-args --turn-s 5 --ncu-clocks none            # an agent's 5 s turn before each first profile
   python3 bench/warmup_ab.py --summarize DIR                                       # the table again from DIR
 """
 
