@@ -2,13 +2,16 @@
 
 backends import nothing above them; profilers import only backends (and resources' data); tools never import the
 server. Function-level imports count too: a lazy import is still an arrow. Server-side modules (tools/*.py, tools/process/,
-server/) never import torch at module level (the server process never starts a device, and starts fast), nor the
-harness, which runs in workers.
+server/) never import torch (the server process never starts a device, and starts fast), nor the harness, which
+runs in workers. In the harness, torch is imported at the top of a module like in any torch code, except in the
+modules a worker runs before torch (its bootstrap: `HARNESS_BEFORE_TORCH`).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,15 +85,43 @@ def _server_side() -> list[Path]:
     return sorted(tools + _modules("tools/process") + _modules("server"))
 
 
-def test_server_side_modules_import_neither_torch_nor_the_harness_at_module_level():
+def _is_torch(module: str) -> bool:
+    return module == "torch" or module.startswith("torch.")
+
+
+def test_server_side_modules_import_neither_torch_nor_the_harness():
     wrong = []
     for path in _server_side():
         for module, line, top in _imports(path):
-            if not top:
-                continue
-            if module == "torch" or module.startswith("torch.") or module.startswith("kforge.tools.harness"):
-                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} at module level")
+            if _is_torch(module) or module.startswith("kforge.tools.harness"):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}" + ("" if top else " (in a function)"))
     assert not wrong, "\n".join(wrong)
+
+
+# The harness modules a worker imports before torch: it enters its sandbox and network namespace while it has one
+# thread, the fork server sets its backend's guard first, and a probe works where torch cannot be imported.
+HARNESS_BEFORE_TORCH = {"worker", "session", "handoff", "forkserver", "__init__"}
+
+
+def test_the_harness_imports_torch_at_the_top_except_in_its_bootstrap():
+    wrong = []
+    for path in _modules("tools/harness"):
+        found = [(line, top) for module, line, top in _imports(path) if module == "torch"]
+        for line, top in found:
+            if path.stem in HARNESS_BEFORE_TORCH and top:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: the worker imports this module before torch")
+            elif path.stem not in HARNESS_BEFORE_TORCH and not top:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: import torch at the top of the module")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_worker_module_and_its_bootstrap_load_without_torch():
+    """What `HARNESS_BEFORE_TORCH` promises, in a fresh interpreter: importing the worker's entry module (and so its
+    bootstrap) does not import torch."""
+    code = ("import sys; import kforge.tools.harness.worker as w; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('kforge')); "
+            "assert w.role_class('probe') is w.Host")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_the_import_reader_sees_relative_and_lazy_imports(tmp_path):

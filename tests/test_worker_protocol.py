@@ -176,11 +176,14 @@ async def test_the_servers_clock_times_a_candidate_and_the_judges_launch_floor_i
         floor = await judge.call(p.LaunchFloorRequest(calls=50), stage="timing")
         assert floor.failure is None and floor.calls == 50
         limits = SimpleNamespace(hang_deadline=lambda call_s, n: (60.0, "a test's deadline"))
-        anchor = await _wall_anchor(cand, 20.0, None, limits, judge)
-        plain = await _wall_anchor(cand, 20.0, None, limits)
+        # A median of 5 us asks for 200 calls an op: their difference (~0.5 ms for this tiny op) stands above a
+        # loaded host's jitter, where 50 calls' (at 20 us) read 0 beside a CI run (2-core VM, 2026-11-28).
+        anchor = await _wall_anchor(cand, 5.0, None, limits, judge)
+        plain = await _wall_anchor(cand, 5.0, None, limits)
     assert anchor is not None and plain is not None and plain["floor_us"] is None
-    if anchor["per_call_us"] is None or anchor["floor_us"] is None:
-        pytest.skip(f"the host was too busy for the server's clock ({anchor['tried']} pairs tried)")
+    if anchor["per_call_us"] is None or anchor["floor_us"] is None or anchor["batches"] < 3:
+        pytest.skip(f"the host was too busy for the server's clock ({anchor['batches']} clean pairs of "
+                    f"{anchor['tried']} tried)")
     # A Python call of a one-element op costs microseconds, not nothing and not milliseconds.
     assert 0.2 < anchor["floor_us"] < 2000, anchor
     assert anchor["per_call_us"] > 0 and anchor["batches"] >= 3, anchor

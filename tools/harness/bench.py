@@ -11,9 +11,14 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from ..process.protocol import TimeReply, TimeRequest, TimingSetsReply
+from .compare import flatten_outputs
 from .handoff import return_free_memory
+from .inputs import seeded_inputs
 from .session import Session
+from .timing import ReplaySchedule, TimingPolicy, time_model
 
 __all__ = ["Bench"]
 
@@ -34,10 +39,6 @@ class Bench:
         """Make the timing inputs on the device from the server's seeds (the judge and the candidate's
         process each make their own, bit-identical; nothing goes through a file). `source`: the module whose
         `get_inputs` makes them."""
-        import torch
-
-        from .inputs import seeded_inputs
-
         backend = self.session.backend
         try:
             self.timing_sets = [seeded_inputs(source, seed, backend) for seed in seeds]
@@ -51,8 +52,6 @@ class Bench:
         return TimingSetsReply(count=len(self.timing_sets), set_bytes=set_bytes)
 
     def timing_args(self, i: int) -> list[Any]:
-        import torch
-
         raw = self.timing_sets[i % len(self.timing_sets)]
         if not self.copy_timing_inputs:
             return list(raw)
@@ -66,10 +65,6 @@ class Bench:
     def time(self, req: TimeRequest, model: Any) -> TimeReply:
         """Time one round of one series ('candidate', 'eager', 'torch.compile'); the server interleaves rounds
         of the series so drift between them shows in the speedup's interval instead of biasing it."""
-        import torch
-
-        from .timing import ReplaySchedule, TimingPolicy, time_model
-
         backend, shelf = self.session.backend, self.session.shelf
         label = req.label
         policy = TimingPolicy(**req.policy)
@@ -99,8 +94,6 @@ class Bench:
                     timed.stats = timed.stats.model_copy(update={"warnings": timed.stats.warnings + (odd,)})
                 saved = None
                 if keep is not None and req.share_outputs:
-                    from .compare import flatten_outputs
-
                     # Held as they are (the sampled ones were copied when kept; the last is the candidate's own
                     # buffer): the judge reads them before the candidate runs again (`timing_decoy` after).
                     shelf.clear()
@@ -133,10 +126,6 @@ class _Reservoir:
         self.last: tuple[int, Any] | None = None
 
     def offer(self, set_index: int, out: Any) -> None:
-        import torch
-
-        from .compare import flatten_outputs
-
         outputs = flatten_outputs(out)
         if self.seen == 0:  # keep only as many copies as fit in _KEPT_OUTPUT_BYTES (outputs larger: only the last)
             size = sum(o.numel() * o.element_size() for o in outputs if type(o) is torch.Tensor)
@@ -172,8 +161,6 @@ class _Reservoir:
 def _copy_into(buffers: list[Any] | None, outputs: list[Any]) -> list[Any]:
     """Copies of `outputs`, written into `buffers` where they match them tensor for tensor (same shape, dtype,
     device, layout), else newly allocated."""
-    import torch
-
     def fits(b: Any, o: Any) -> bool:
         return (type(b) is torch.Tensor and b.shape == o.shape and b.dtype == o.dtype and b.device == o.device
                 and b.layout == o.layout == torch.strided)

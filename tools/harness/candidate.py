@@ -15,9 +15,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..process import protocol as p
 from .bench import Bench
+from .compare import flatten_outputs
 from .handoff import return_free_memory
+from .inputs import SeededSets, build_model, poison_allocator, probe_preserving_
+from .output_contract import aliased_outputs, modified_inputs
 from .session import Session
 
 __all__ = ["Candidate"]
@@ -51,10 +56,6 @@ class Candidate:
 
         The inputs and the reference's initial weights are made here from the judge's seeds, as the judge
         made them: nothing of the problem's size travels between the two processes."""
-        import torch
-
-        from .inputs import SeededSets, build_model
-
         init_seed = req.init_seed
         try:
             reference = self.session.inputs_module(req.reference_source)
@@ -78,11 +79,6 @@ class Candidate:
 
         Beside the outputs: where they live, whether they alias an input, which inputs the call wrote
         into, and (`repeat`) the same inputs run again after the allocator was poisoned with NaN."""
-        import torch
-
-        from .compare import flatten_outputs
-        from .output_contract import aliased_outputs, modified_inputs
-
         i, shelf = req.i, self.session.shelf
         shelf.clear()
         self.sets.variants[i] = req.variant
@@ -105,9 +101,6 @@ class Candidate:
 
     def _run_poisoned(self, i: int) -> list[Any]:
         """Trial i's inputs again, after the allocator was poisoned with NaN where the last outputs' sizes fit."""
-        from .compare import flatten_outputs
-        from .inputs import poison_allocator
-
         poison_allocator(self._output_sizes, self.backend)
         again = flatten_outputs(self.model(*self.sets.fresh(i)))
         self.backend.synchronize()
@@ -123,8 +116,6 @@ class Candidate:
         """Trial i's inputs again after the allocator was poisoned with NaN, its outputs held for the judge: the
         repeat of `trial` on its own, once the judge has let go of the first outputs (a problem whose two
         runs' outputs and the judge's expected ones would not fit on the device at once)."""
-        import torch
-
         self.session.shelf.clear()
         try:
             with torch.no_grad():
@@ -159,11 +150,6 @@ class Candidate:
     def _decoy_record(self, args: list[Any], shift: int, stage: str) -> dict[str, Any]:
         """Run the model on `args` once, then again after they were changed in place where a cheap probe cannot
         see it (`inputs.probe_preserving_`): the second call's outputs, held for the judge, or why it failed."""
-        import torch
-
-        from .compare import flatten_outputs
-        from .inputs import probe_preserving_
-
         shelf = self.session.shelf
         shelf.clear()
         try:
@@ -188,15 +174,11 @@ class Candidate:
 
     def _trial_args(self, i: int) -> list[Any]:
         """Fresh device copies of trial input set i."""
-        import torch
-
         raw = self.sets[i % len(self.sets)]
         return self.backend.to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in raw])
 
     def _custom_work(self) -> dict[str, Any]:
         """Did the candidate's own kernels run in one call, and what share of its time did they take?"""
-        import torch
-
         from kforge.profilers.torch_profiler import (CUSTOM_PREFIX, collect_op_table, custom_share,
                                                      label_extension_functions)
 
@@ -239,8 +221,6 @@ class Candidate:
         """`calls` calls back to back, walking through the timing sets (together larger than the caches, so a
         call's inputs are not where the last call left them; no flush, no copies), then a device sync: the server
         times this op with its own clock, N and 2N calls (`kforge.tools.profile._wall_anchor`)."""
-        import torch
-
         if req.calls:
             sets = self.bench.timing_sets
             try:
@@ -260,8 +240,6 @@ class Candidate:
         return p.TimingDecoyReply(**record, call=-1, set=0)
 
     def profile(self, req: p.ProfileRequest) -> p.ProfileReply:
-        import torch
-
         from kforge.profilers import load_profiler
         from kforge.profilers.torch_profiler import collect_op_table, label_extension_functions
 
@@ -289,8 +267,6 @@ class Candidate:
 
 def _copy_weights(model: Any, reference_state: dict[str, Any]) -> dict[str, Any]:
     """Give ModelNew the reference's initial parameters and buffers, matched by name and shape."""
-    import torch
-
     own = model.state_dict()
     copied, unmatched = 0, []
     with torch.no_grad():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..models import Mismatch, OutputCheck, TensorInfo, Tolerance
 from ..tool_inputs import PRECISIONS  # the one definition of the precision policies (torch-free)
 
@@ -92,8 +94,6 @@ def flatten_outputs(out: Any) -> list[Any]:
 
 
 def tensor_info(value: Any) -> TensorInfo:
-    import torch
-
     if type(value) is torch.Tensor:
         return TensorInfo(kind="tensor", shape=list(value.shape), dtype=str(value.dtype).removeprefix("torch."),
                           device=str(value.device))
@@ -108,8 +108,6 @@ _CHUNK = 1 << 24
 def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None,
                  precision: str = "strict", exact: Any = None, device: str = "cpu", read_as_expected: bool = False,
                  ) -> OutputCheck:
-    import torch
-
     exp_info = tensor_info(expected)
     if type(expected) is not torch.Tensor:
         ok = got == expected
@@ -185,8 +183,6 @@ def _order_only(acc: _Pass, tol: Tolerance, norm_ok: bool, rel: float | None) ->
 
 
 def _rms(flat: Any, device: str) -> float:
-    import torch
-
     total = 0.0
     for lo in range(0, flat.numel(), _CHUNK):
         total += float(flat[lo:lo + _CHUNK].to(device, torch.float64).pow(2).sum())
@@ -219,15 +215,11 @@ class _Pass:
         self._parts: list[Any] = []  # per chunk, one float64 vector of the quantities below
 
     def _bad(self, e: Any, g: Any, diff: Any) -> Any:
-        import torch
-
         # Same-signed infinities compare equal (inf - inf is NaN), and so do NaNs where the reference has one.
         ok = (diff <= self.atol + self.rtol * e.abs()) | (torch.isnan(e) & torch.isnan(g)) | (torch.isinf(e) & (g == e))
         return ~ok
 
     def add(self, e: Any, g: Any, exact: Any) -> None:
-        import torch
-
         diff = (g - e).abs()
         bad = self._bad(e, g, diff)
         e_finite = torch.isfinite(e)
@@ -247,8 +239,6 @@ class _Pass:
 
     def finish(self) -> None:
         """Bring the per-chunk quantities to the host, once."""
-        import torch
-
         if not self._parts:
             return
         parts = torch.stack(self._parts).cpu()
@@ -263,8 +253,6 @@ class _Pass:
 
     def locate(self, start: int, e: Any, g: Any) -> None:
         """Record the first mismatches of a chunk (the output is already known to be wrong)."""
-        import torch
-
         bad = self._bad(e, g, (g - e).abs())
         for i in torch.nonzero(bad).flatten()[:_FIRST_MISMATCHES - len(self.first)].tolist():
             self.first.append((start + i, float(g[i]), float(e[i])))
@@ -277,8 +265,6 @@ class _Pass:
 
 def _square_sums(x: Any, truth: Any, finite: Any, abs_diff: Any = None) -> list[Any]:
     """[sum (x - truth)^2, sum truth^2] over the finite pairs of two flat chunks, as device scalars."""
-    import torch
-
     d = abs_diff if abs_diff is not None else torch.where(finite, x - truth, 0.0)
     t = torch.where(finite, truth, 0.0)
     return [torch.dot(d, d), torch.dot(t, t)]

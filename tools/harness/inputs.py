@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 __all__ = ["VARIANTS", "SeededSets", "apply_variant", "build_model", "probe_preserving_", "poison_allocator",
            "seeded_inputs", "to_float64"]
 
@@ -34,8 +36,6 @@ def build_model(make: Any, seed: int, backend: Any) -> Any:
     way from the same seed, so their weights agree bit for bit. A constructor that cannot run with a device
     default (a CPU-only call) is built on the CPU instead, from the same seed, in both processes alike.
     """
-    import torch
-
     torch.manual_seed(seed)
     if backend.kind == "gpu":
         try:
@@ -49,8 +49,6 @@ def build_model(make: Any, seed: int, backend: Any) -> Any:
 def apply_variant(inputs: list[Any], variant: str) -> list[Any]:
     """`inputs` (made for this call, owned by the caller) in the distribution `variant`, changed in place; an
     input whose memory another input shares (`[x, x]`, views) is changed on a copy, so it changes once."""
-    import torch
-
     fn = dict(VARIANTS)[variant]
     if variant == "native":
         return inputs
@@ -67,8 +65,6 @@ def apply_variant(inputs: list[Any], variant: str) -> list[Any]:
 
 def to_float64(value: Any) -> Any:
     """Floating tensors (and modules) in float64; everything else unchanged."""
-    import torch
-
     if isinstance(value, torch.nn.Module):
         return value.double()
     if isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -84,8 +80,6 @@ def poison_allocator(sizes_bytes: list[int], backend: Any) -> None:
     next request of a similar size with its bytes untouched, so an output a kernel never wrote shows
     whatever was there: after this call, NaN rather than a previous, correct result.
     """
-    import torch
-
     blocks = [torch.full((max(1, n // 4),), float("nan"), dtype=torch.float32, device=backend.device)
               for n in sizes_bytes]
     backend.synchronize()
@@ -101,8 +95,6 @@ def seeded_inputs(module: Any, seed: int, backend: Any) -> list[Any]:
     The same seed gives bit-identical inputs in the judge and in the candidate's process.
     """
     import random
-
-    import torch
 
     torch.manual_seed(seed)
     random.seed(seed)
@@ -154,8 +146,6 @@ def probe_preserving_(inputs: list[Any], shift: int) -> list[Any]:
     address), same first and last elements, same values in another order (so the same sum), but the
     interior rotated by a secret `shift`. A candidate that memoizes answers keyed on such a probe returns
     the old answer, and the comparison catches it; an honest candidate computes the new one."""
-    import torch
-
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_contiguous() and x.numel() > 3:
             inner = x.view(-1)[1:-1]

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kforge.backends.host import process_ids, process_stat  # noqa: F401 - re-exported for the harness
 
 __all__ = ["HarnessSnapshot", "child_processes", "process_ids", "process_stat", "session_processes"]
@@ -76,8 +78,6 @@ def _describe(pid: int) -> str:
 class HarnessSnapshot:
     def __init__(self, backend: Any = None) -> None:
         """Taken before user code runs, for the worker's `backend` (its timer's functions and its numerics flags too)."""
-        import torch
-
         self._functions = {(m, p): _resolve(m, p)
                            for m, p in [*_WATCHED, *getattr(backend, "watched_functions", ())]}
         self._flag_getters = [*getattr(backend, "numerics_flags", ()), *_FLAGS]
@@ -97,8 +97,6 @@ class HarnessSnapshot:
         return changed
 
     def flag_changes(self) -> list[str]:
-        import torch
-
         return [f"{label}: {before!r} -> {get(torch)!r}"
                 for (label, get), before in zip(self._flag_getters, self._flags.values()) if get(torch) != before]
 

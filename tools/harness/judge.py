@@ -16,9 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..process import protocol as p
 from .bench import Bench
-from .handoff import return_free_memory
+from .compare import compare_outputs, flatten_outputs, tensor_info
+from .handoff import open_outputs, release_opened, return_free_memory
+from .inputs import SeededSets, VARIANTS, build_model, probe_preserving_, to_float64
+from .output_contract import digest_weights, same_values, value_digest
 from .session import Session
 
 __all__ = ["Judge"]
@@ -26,15 +31,11 @@ __all__ = ["Judge"]
 
 def _tensor_bytes(values: list[Any]) -> int:
     """Bytes held by the tensors among `values`."""
-    import torch
-
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
 
 
 def _mean64(t: Any) -> float:
     """The mean in float64 without a float64 copy of the whole tensor."""
-    import torch
-
     flat, total = t.reshape(-1), 0.0
     for lo in range(0, flat.numel(), 1 << 24):
         total += float(flat[lo:lo + (1 << 24)].sum(dtype=torch.float64))
@@ -42,8 +43,6 @@ def _mean64(t: Any) -> float:
 
 
 def _all_finite(outputs: list[Any]) -> bool:
-    import torch
-
     return all(bool(torch.isfinite(o).all()) for o in outputs if isinstance(o, torch.Tensor) and o.is_floating_point())
 
 
@@ -95,10 +94,6 @@ class Judge:
         """The reference's outputs on `inputs`, on its device. `inputs` are the call's own: a set made for it
         (`SeededSets.fresh`), which the reference may write into; the caller keeps no other reference, so a
         cast (`cast`) frees the originals before the call."""
-        import torch
-
-        from .compare import flatten_outputs
-
         args = list(inputs)
         del inputs
         if cast is not None:
@@ -112,11 +107,6 @@ class Judge:
 
     def prepare(self, req: p.PrepareRequest) -> p.PrepareReply:
         """Build Model with the initial weights of `init_seed`, and trial 0's expected outputs (timed)."""
-        import torch
-
-        from .compare import tensor_info
-        from .inputs import SeededSets, build_model
-
         self.backend.strict_numerics()  # the reference is the truth: no TF32, no reduced-precision reductions
         seeds, module = req.seeds, self.session.module
         try:
@@ -143,10 +133,6 @@ class Judge:
 
     def expect(self, req: p.ExpectRequest) -> p.ExpectReply:
         """Trial i's expected outputs (and exact ones), replacing the previous trial's; its distribution."""
-        import torch
-
-        from .inputs import VARIANTS
-
         i = req.i
         self.expected, self.exact, self.expected_index = [], [], None  # free the last trial's first
         note = None
@@ -183,10 +169,6 @@ class Judge:
 
     def _exact_outputs(self, i: int) -> str | None:
         """The reference's outputs on trial i in float64 (`self.exact`); None, or why it could not run so."""
-        import torch
-
-        from .inputs import to_float64
-
         self.exact = []
         if (why := self._exact_too_large()) is not None:
             return why
@@ -217,8 +199,6 @@ class Judge:
     def _compare(self, got: list[Any], judging: p.Judging, devices: list[str | None] | None = None,
                  expected: list[Any] | None = None, exact: list[Any] | None = None,
                  read_as_expected: bool = False) -> list[Any]:
-        from .compare import compare_outputs
-
         return compare_outputs(self.expected if expected is None else expected, got, atol=judging.atol,
                                rtol=judging.rtol, expected_devices=self.expected_devices, got_devices=devices,
                                precision=judging.precision,
@@ -231,9 +211,6 @@ class Judge:
 
     def check(self, req: p.CheckRequest) -> p.CheckReply:
         """Judge trial i's record from the candidate's worker: its outputs, and its repeat after poisoning."""
-        from .handoff import open_outputs, release_opened
-        from .output_contract import same_values, value_digest
-
         i, record, fds = req.i, req.record, self.session.received_fds
         self._current(i)
         started = time.perf_counter()
@@ -261,9 +238,6 @@ class Judge:
     def check_repeat(self, req: p.CheckRepeatRequest) -> p.CheckRepeatReply:
         """Judge trial i's repeat, run on its own (`Candidate.repeat`): correct, and bitwise the first
         run's outputs as `check` digested them."""
-        from .handoff import open_outputs, release_opened
-        from .output_contract import value_digest
-
         i, record = req.i, req.record
         self._current(i)
         again = open_outputs(record.repeat or [], self.session.received_fds, self.backend)
@@ -283,16 +257,12 @@ class Judge:
                 "repeat_problems": [p for c in rechecks for p in c.problems][:3]}
 
     def _digest_weights(self) -> Any:
-        from .output_contract import digest_weights
-
         if self._weights is None:
             self._weights = digest_weights(self.backend.device)
         return self._weights
 
     def calibrate(self, req: p.CalibrateRequest) -> p.CalibrateReply:
         """Would trivial candidates pass trial i's check? Each null named in `nulls` is judged like a candidate."""
-        import torch
-
         i = req.i
         self._current(i)
         makers: dict[str, Any] = {
@@ -330,8 +300,6 @@ class Judge:
         return p.CalibrateReply(nulls=verdicts)
 
     def _passthrough(self, i: int, expected: list[Any]) -> list[Any] | None:
-        import torch
-
         first = next((a for a in self.sets.fresh(i) if isinstance(a, torch.Tensor)), None)
         if first is None or len(expected) != 1 or not isinstance(expected[0], torch.Tensor) \
                 or first.shape != expected[0].shape:
@@ -339,8 +307,6 @@ class Judge:
         return [first.to(expected[0].dtype)]
 
     def _in_bfloat16(self, i: int, expected: list[Any]) -> list[Any] | None:
-        import torch
-
         if not any(isinstance(o, torch.Tensor) and o.dtype in (torch.float32, torch.float64) for o in expected):
             return None
         if self._model_bf16 is None:
@@ -357,7 +323,6 @@ class Judge:
 
     def problem_size(self, req: p.ProblemSizeRequest) -> p.ProblemSizeReply:
         """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
-        import torch
         from torch.utils.flop_counter import FlopCounterMode
 
         i = self.expected_index or 0
@@ -383,8 +348,6 @@ class Judge:
     def _meta_call(self) -> None:
         """The reference called on the meta device: a model built there (no weights made) on inputs of the
         trial's shapes."""
-        import torch
-
         with torch.device("meta"):
             model = self.session.module.Model(*self.init_inputs)
         model(*self._input_shapes)
@@ -393,9 +356,6 @@ class Judge:
                   judging: p.Judging) -> tuple[bool, list[str]]:
         """Judge a candidate's outputs (descriptors) against the reference run now on `inputs`, or, for a decoy
         (`decoy_shift`), on a copy of them changed as the candidate's were."""
-        from .handoff import open_outputs, release_opened
-        from .inputs import probe_preserving_
-
         if decoy_shift is not None:
             inputs = probe_preserving_(inputs, decoy_shift)
         expected = self._reference_outputs(self.model, inputs)
@@ -451,8 +411,6 @@ class Judge:
         """`calls` calls of a module doing one op on a one-element tensor (a fresh output each, as a model's call
         makes), back to back, then a device sync: timed by the server, the host's own pace of Python calls and
         launches, which a launch-bound candidate's back-to-back calls cannot beat whatever its kernel's time."""
-        import torch
-
         if self._floor is None:
             self._floor = (torch.nn.ReLU(), torch.zeros(1, device=self.backend.device))
         module, x = self._floor

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 __all__ = ["aliased_outputs", "digest_weights", "modified_inputs", "same_values", "value_digest"]
 
 
 def same_values(a: Any, b: Any) -> bool:
     """Bitwise-equal values (NaN equal to NaN), compared where `a` lives, a chunk at a time."""
-    import torch
-
     if type(a) is not torch.Tensor or type(b) is not torch.Tensor:
         return a == b
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -40,8 +40,6 @@ def digest_weights(device: str) -> Any:
     makes the same inputs from the same seeds)."""
     import os
 
-    import torch
-
     gen = torch.Generator(device=device)
     gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
     return torch.randint(1, 2**31, (_DIGEST_CHUNK,), dtype=torch.int64, device=device, generator=gen)
@@ -50,8 +48,6 @@ def digest_weights(device: str) -> Any:
 def value_digest(value: Any, weights: Any) -> Any:
     """A digest of a value's bits (every NaN alike, as in `same_values`), for "bitwise the same as an earlier
     output" where that output could not be kept beside the new one: secret-weighted sums of its words."""
-    import torch
-
     if type(value) is not torch.Tensor:
         return ("value", repr(value))
     flat = value.detach().reshape(-1)
@@ -75,8 +71,6 @@ def value_digest(value: Any, weights: Any) -> Any:
 
 def modified_inputs(args: Sequence[Any], pristine: Sequence[Any]) -> list[int]:
     """Positions of tensor inputs whose values changed during the call."""
-    import torch
-
     return [i for i, (a, p) in enumerate(zip(args, pristine))
             if isinstance(a, torch.Tensor) and not same_values(a, p)]
 
@@ -88,8 +82,6 @@ def _span(t: Any) -> tuple[int, int] | None:
 
 def aliased_outputs(outputs: Sequence[Any], args: Sequence[Any]) -> list[str]:
     """'output j shares memory with input i' for every overlap of storages."""
-    import torch
-
     found = []
     for j, out in enumerate(outputs):
         if type(out) is not torch.Tensor or (o := _span(out)) is None:

@@ -14,6 +14,7 @@ the models of `kforge.tools.process.protocol`, one pair per op, dispatched by th
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import resource
@@ -30,9 +31,7 @@ from kforge.backends.build.fast_build import job_cache_env
 
 from ..process import protocol as p
 from ..process.channel import WorkerChannel, close_all
-from .candidate import Candidate
 from .handoff import return_free_memory
-from .judge import Judge
 from .session import Session
 
 __all__ = ["main"]
@@ -125,10 +124,23 @@ class Host:
         return p.CeilingsReply(facts=facts.model_copy(update=ceilings), cached=str(path))
 
 
-# Each role's class: the judge holds the reference and the expected outputs, the candidate's worker (also under
-# a rerun profiler: "rerun", e.g. Nsight Compute) runs ModelNew, a host worker answers the server's own questions.
-ROLES: dict[str, Callable[[Session], Any]] = {"judge": Judge, "candidate": Candidate, "rerun": Candidate,
-                                              "probe": Host, "ceilings": Host}
+# Each role's class, as "module:class" of this package: the judge holds the reference and the expected outputs, the
+# candidate's worker (also under a rerun profiler: "rerun", e.g. Nsight Compute) runs ModelNew, and a host worker
+# (`Host`, here) answers the server's own questions. The judge's and the candidate's modules import torch at the top
+# like any torch code, so they are imported only for their role, once the job's backend is set up: this module must
+# stay importable before torch (a worker enters its sandbox and network namespace while it has one thread, the fork
+# server sets its backend's guard before torch starts, and a probe works where torch cannot be imported).
+ROLES: dict[str, str | None] = {"judge": "judge:Judge", "candidate": "candidate:Candidate",
+                                "rerun": "candidate:Candidate", "probe": None, "ceilings": None}  # None: `Host`
+
+
+def role_class(role: str) -> Callable[[Session], Any]:
+    """The class that plays `role` (`ROLES`)."""
+    where = ROLES[role]
+    if where is None:
+        return Host
+    module, name = where.split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 def open_session(init: p.WorkerInit, ready_backend: Any = None) -> Session:
@@ -190,7 +202,7 @@ def _preload(backend_name: str) -> None:
 
     from kforge.profilers import torch_profiler  # noqa: F401
 
-    from . import compare, inputs, integrity, output_contract, timing  # noqa: F401
+    from . import candidate, compare, inputs, integrity, judge, output_contract, timing  # noqa: F401
     from .loader import load_user_module  # noqa: F401
 
     backend = backend_class(backend_name)
@@ -423,7 +435,7 @@ def _serve(channel: WorkerChannel, warm_backend: Any, isolation: dict[str, Any],
         if init.role not in ROLES:
             raise ValueError(f"unknown worker role {init.role!r}; known: {', '.join(sorted(ROLES))}")
         session = open_session(init, warm_backend)
-        role = ROLES[init.role](session)
+        role = role_class(init.role)(session)
     except BaseException as exc:  # noqa: BLE001
         reply({"fatal": f"worker could not start: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return
