@@ -260,3 +260,68 @@ def test_a_node_traces_into_its_own_data_directory_never_the_servers_path(tmp_pa
     assert traced.tools.limits.trace_file == str(tmp_path / "a" / "trace.jsonl")
     quiet = fleet_node.NodeAgent(fleet_node.NodeConfig(limits=servers, home=str(tmp_path / "b")))
     assert quiet.tools.limits.trace_file is None
+
+
+class _AnyResult(BaseModel):
+    model_config = {"extra": "allow"}
+
+
+class _JobActor:
+    """A node agent's handle whose `run_job` streams a started event and a result, and records what it ran."""
+
+    def __init__(self, node: str, ran: list) -> None:
+        from types import SimpleNamespace
+
+        from kforge import __version__
+        from kforge.tools.fleet_node import StoreWrites
+
+        class RunJob:
+            def options(self, **_):
+                return self
+
+            def remote(self, request):
+                ran.append(request["candidate_code"])
+
+                async def events():
+                    for event in (SimpleNamespace(kind="started", node=node, address="10.0.0.1", version=__version__),
+                                  SimpleNamespace(kind="result", result={"ok": True}, writes=StoreWrites())):
+                        yield _done(event)
+                return events()
+
+        self.run_job = RunJob()
+
+
+async def _done(value):
+    return value
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_candidates_next_job_goes_to_the_node_that_ran_its_last_one(tmp_path, monkeypatch):
+    """As on one host, where a job goes to the GPU that keeps its candidate's process: the node that ran a candidate's
+    last job (its compile's or verify's process is kept there) counts one job fewer, and wins a tie; a node two jobs
+    busier does not get it (16 of 48 candidates changed node between their jobs on 2x H200, s22)."""
+    from kforge.tools import fleet
+    from kforge.tools.fleet_node import NodeConfig
+    from kforge.tools.requests import CompileRequest
+
+    monkeypatch.setattr(fleet, "result_model", lambda tool: _AnyResult)
+    ray_fleet = fleet.RayFleet("auto", NodeConfig(limits=WorkerLimits()), ResultStore(tmp_path))
+    ray_fleet._ray, ray_fleet._probed_at = _FakeRay, time.monotonic()
+    ran: dict[str, list] = {"a": [], "b": []}
+    for node in ran:
+        ray_fleet._agents[node] = fleet._Agent(node_id=node, actor=_JobActor(node, ran[node]), slots=2, offers={"cpu"})
+
+    async def run(code: str) -> str:
+        _, where = await ray_fleet.run(CompileRequest(backend="cpu", candidate_code=code), _no_progress, name=code)
+        return where
+
+    with anyio.fail_after(10):
+        assert "Ray node a" in await run("one")  # both idle
+        ray_fleet._agents["a"].in_flight = 1  # a is busier: a new candidate goes to b
+        assert "Ray node b" in await run("two")
+        assert "Ray node a" in await run("one")  # one job busier, but it keeps candidate one's process
+        assert "Ray node b" in await run("two")
+        ray_fleet._agents["a"].in_flight = 3  # two jobs per slot busier than b: not worth the kept process
+        assert "Ray node b" in await run("one")
+        assert "Ray node b" in await run("one")  # and b now keeps it
+    assert ran == {"a": ["one", "one"], "b": ["two", "two", "one", "one"]}

@@ -8,7 +8,11 @@ data directory. A job is one call of an agent's streaming method, which sends ba
 store records it wrote, which are written into the server's store.
 
 - **Placement:** a job goes to the agent, among those whose node offers its backend, with the fewest jobs in flight
-  for its size (an agent runs `slots` jobs at once, one per CPU it was given, and queues the rest). The agent holds
+  for its size (an agent runs `slots` jobs at once, one per CPU it was given, and queues the rest). The node that ran
+  the last job of the same candidate counts one job fewer, as a single host places a job on the GPU that keeps its
+  candidate's process (`ToolContext.kept_on`): a compile's candidate is kept for its verify, a verify's for its
+  profile, and a job sent elsewhere starts a new process there while the kept one idles (16 of 48 candidates moved
+  between nodes on 2x H200, against 6 of 48 between the GPUs of one server; `bench/results`, s22). The agent holds
   its node's CPUs and GPUs as Ray resources while it lives, so Ray places nothing else of KForge there; inside, its
   `ToolContext` queues jobs per device as a single host does: a timing never shares a GPU.
 - **A node that dies mid-job** (the agent's actor dies with it: `ActorDiedError`; or Ray's `NodeDiedError`, ...)
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -43,6 +48,7 @@ from .context import Progress
 from .tool_inputs import RequestError
 from .fleet_node import NodeAgent, NodeConfig, replay_writes
 from .jobs import JobLost
+from .models import sha256_text
 from .requests import JobRequest, result_model
 from .store import ResultStore
 
@@ -61,6 +67,8 @@ _AGENT_START_S = 120.0
 _REFUSED_S = 600.0
 # After ray.cancel, how long to wait for the node to report the task ended (its workers killed).
 _CANCEL_WAIT_S = 20.0
+# Candidates whose last node is remembered for placement (the oldest forgotten first).
+_REMEMBERED_CANDIDATES = 4096
 
 
 class FleetError(RuntimeError):
@@ -104,6 +112,7 @@ class RayFleet:
         self._offered: dict[str, Availability] | None = None
         self._probed_at = 0.0
         self._probe_lock = anyio.Lock()
+        self._last_node: OrderedDict[tuple[str, str], str] = OrderedDict()  # (backend, candidate sha) -> node id
 
     @asynccontextmanager
     async def connected(self) -> AsyncIterator[RayFleet]:
@@ -155,7 +164,9 @@ class RayFleet:
 
         Raises JobLost when the node died mid-job, RequestError when the node could not serve the request."""
         ray = self._connected()
-        agent = await self._choose(request.backend)
+        code = getattr(request, "candidate_code", None)
+        candidate = (request.backend, sha256_text(code)) if code is not None else None
+        agent = await self._choose(request.backend, self._last_node.get(candidate) if candidate else None)
         where = f"Ray node {agent.node_id[:12]}"
         stream = agent.actor.run_job.options(name=name, num_returns="streaming").remote(request.model_dump(mode="json"))
         agent.in_flight += 1
@@ -177,6 +188,8 @@ class RayFleet:
                     raise RequestError(f"{event.message} (on {where})")
                 elif event.kind == "result":
                     ended = True
+                    if candidate is not None:
+                        self._remember(candidate, agent.node_id)
                     await anyio.to_thread.run_sync(replay_writes, self.store, event.writes)
                     return result_model(request.tool).model_validate(event.result), where
             ended = True
@@ -215,9 +228,16 @@ class RayFleet:
         for agent in agents:
             ray.kill(agent.actor)
 
-    async def _choose(self, backend: str) -> _Agent:
-        """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot; nodes that
-        joined since the last look (at most `_REPROBE_S` ago) get their agent first."""
+    def _remember(self, candidate: tuple[str, str], node_id: str) -> None:
+        self._last_node[candidate] = node_id
+        self._last_node.move_to_end(candidate)
+        while len(self._last_node) > _REMEMBERED_CANDIDATES:
+            self._last_node.popitem(last=False)
+
+    async def _choose(self, backend: str, keeps: str | None = None) -> _Agent:
+        """The agent, among those whose node offers `backend`, with the fewest jobs in flight per slot, the node that
+        `keeps` the candidate's process (ran its last job) counting one job fewer and winning ties; nodes that joined
+        since the last look (at most `_REPROBE_S` ago) get their agent first."""
         def offering() -> list[_Agent]:
             return [a for a in self._agents.values() if backend in a.offers]
 
@@ -226,7 +246,11 @@ class RayFleet:
             await self.availability(fresh=True)
         if not (agents := offering()):
             raise JobLost(f"no live Ray node offers the {backend} backend any more")
-        return min(agents, key=lambda a: (a.in_flight / a.slots, a.in_flight))
+        def load(a: _Agent) -> tuple[float, bool, int]:
+            kept = a.node_id == keeps
+            return (a.in_flight - kept) / a.slots, not kept, a.in_flight
+
+        return min(agents, key=load)
 
     def _agent_for(self, node: dict[str, Any]) -> _Agent:
         """The node's agent, made on first sight: it holds the node's CPUs and GPUs while the server is connected."""
