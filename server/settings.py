@@ -228,7 +228,8 @@ def analyst_config(settings: Settings) -> AnalystConfig:
         model = ModelConfig(api=settings.analyst, model=settings.analyst_model, base_url=settings.analyst_base_url,
                             api_key_env=settings.analyst_api_key_env, timeout_s=settings.analyst_timeout_s,
                             vision=settings.analyst_vision)
-        return AnalystConfig(provider=settings.analyst, model=model)
+        # The key itself is read here, as every setting is, and passed down; it is never written to a result.
+        return AnalystConfig(provider=settings.analyst, model=replace(model, api_key=os.environ.get(model.key_env)))
     return AnalystConfig(provider=settings.analyst)
 
 

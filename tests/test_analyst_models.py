@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import struct
 import threading
 import zlib
@@ -106,7 +107,8 @@ def ctx(tmp_path) -> ToolContext:
 
 def config(api: str, base_url: str, **kw) -> AnalystConfig:
     return AnalystConfig(provider=api, model=ModelConfig(api=api, model="test-model", base_url=base_url,  # type: ignore[arg-type]
-                                                         api_key_env="KFORGE_TEST_KEY", timeout_s=10, **kw))
+                                                         api_key_env="KFORGE_TEST_KEY", timeout_s=10,
+                                                         api_key=os.environ.get("KFORGE_TEST_KEY"), **kw))
 
 
 async def test_anthropic_gets_metrics_rules_text_and_image(ctx, model_server, monkeypatch):
@@ -231,6 +233,23 @@ def test_analyst_from_config_file_with_environment_winning(tmp_path, monkeypatch
     monkeypatch.delenv("KFORGE_CONFIG")
     with pytest.raises(ValueError, match="needs KFORGE_ANALYST_MODEL"):
         analyst_config(Settings())
+
+
+def test_the_settings_read_the_analysts_key_from_the_variable_they_name(monkeypatch):
+    """The settings are the one reader of the environment: the key is read there and passed down, and it does not
+    show in the config's repr (logs, errors)."""
+    from kforge.server.settings import analyst_config
+
+    monkeypatch.setenv("KFORGE_ANALYST", "anthropic")
+    monkeypatch.setenv("KFORGE_ANALYST_MODEL", "m")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-default")
+    monkeypatch.setenv("KFORGE_TEST_KEY", SECRET)
+    assert analyst_config(Settings()).model.key() == "sk-default"
+    monkeypatch.setenv("KFORGE_ANALYST_API_KEY_ENV", "KFORGE_TEST_KEY")
+    model = analyst_config(Settings()).model
+    assert model.key() == SECRET and model.key_env == "KFORGE_TEST_KEY" and SECRET not in repr(model)
+    monkeypatch.delenv("KFORGE_TEST_KEY")
+    assert analyst_config(Settings()).model.key() is None
 
 
 VTUNE_TEXT = """Function                     CPU Time  Clocks   Instructions Retired  CPI Rate  Memory Bound

@@ -145,10 +145,10 @@ async def test_http_model_analysts_get_the_same_facts_and_the_same_rule(ctx, api
     prof = await _profiled(ctx, "cpu_softmax_scalar_exp")
     server = FakeModelServer()
     server.reply = json.dumps(MODEL_ANSWER)
-    monkeypatch.setenv("KFORGE_TEST_KEY", "sk-test")
     try:
         config = AnalystConfig(provider=api, model=ModelConfig(api=api, model="m", base_url=server.url,
-                                                               api_key_env="KFORGE_TEST_KEY", timeout_s=30))
+                                                               api_key_env="KFORGE_TEST_KEY", timeout_s=30,
+                                                               api_key="sk-test"))
         summary = await summarize_profile(ctx, analyst=config, profile_id=prof.profile_id)
     finally:
         server.close()

@@ -122,6 +122,23 @@ def test_only_the_settings_read_kforge_variables_from_the_environment():
     assert _reads_kforge_variables(settings_module)  # the one place that does, seen by the check
 
 
+def test_the_server_and_the_profilers_read_no_environment_outside_the_settings():
+    """Configuration read from the environment comes through the settings (the analyst's API key too): server/ and
+    profilers/ never touch `os.environ` elsewhere. (tools/ and backends/ do, for what a worker or a compiler inherits:
+    its environment's allowlist, the device pin, the toolchain's homes.)"""
+    package = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("server", "profilers"):
+        for path in sorted((package / folder).rglob("*.py")):
+            if path == package / "server" / "settings.py":
+                continue
+            tree = ast.parse(path.read_text())
+            found += [f"{path.relative_to(package)}:{n.lineno}" for n in ast.walk(tree)
+                      if (isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv", "environb"))
+                      or (isinstance(n, ast.Name) and n.id in ("environ", "getenv"))]
+    assert found == [], found
+
+
 def test_the_environment_check_sees_the_usual_spellings(tmp_path):
     for line in ('x = os.environ.get("KFORGE_TRACE")', 'x = os.getenv("KFORGE_X", "")', 'x = os.environ["KFORGE_Y"]',
                  'def f():\n    wanted = {"KFORGE_A"}\n    return {k: v for k, v in os.environ.items() if k in wanted}',

@@ -1,8 +1,9 @@
 """Model analysts over HTTP: the Anthropic Messages API and the OpenAI-compatible chat API.
 
 The OpenAI-compatible API also covers local servers (vLLM, Ollama, llama.cpp's server) through
-`base_url`. Keys come from the server's environment (the variable named in `ModelConfig.api_key_env`),
-are sent only in the request header, and never appear in results or errors; candidate workers get a
+`base_url`. Keys come from the server's environment (the variable named in `ModelConfig.api_key_env`), read by
+the server's settings like every other setting (`kforge.server.settings.analyst_config`), are sent only in the
+request header, and never appear in results or errors; candidate workers get a
 scrubbed environment (tools/process/runner.py), so they never see them either. Requests use the standard
 library in a worker thread: one blocking POST, no extra dependency.
 """
@@ -10,10 +11,9 @@ library in a worker thread: one blocking POST, no extra dependency.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -41,18 +41,24 @@ class ModelConfig:
     timeout_s: float = 60.0
     max_tokens: int = 2000
     vision: bool = True
+    api_key: str | None = field(default=None, repr=False)  # the value of `key_env`, read by the server's settings
 
     @property
     def label(self) -> str:
         return f"{self.api}:{self.model}"
 
+    @property
+    def key_env(self) -> str:
+        """The environment variable that holds the API key (named where it is missing)."""
+        return self.api_key_env or _DEFAULT_KEY_ENV[self.api]
+
     def key(self) -> str | None:
-        return os.environ.get(self.api_key_env or _DEFAULT_KEY_ENV[self.api]) or None
+        return self.api_key or None
 
 
 def _anthropic(cfg: ModelConfig, req: AnalystRequest, key: str | None) -> tuple[str, dict[str, str], dict[str, Any]]:
     if key is None:
-        raise ModelError(f"{cfg.api_key_env or _DEFAULT_KEY_ENV['anthropic']} is not set")
+        raise ModelError(f"{cfg.key_env} is not set")
     content: list[dict[str, Any]] = [{"type": "image", "source": {"type": "base64", "media_type": im.mime_type,
                                                                    "data": im.data}} for im in req.images]
     content.append({"type": "text", "text": req.user})
