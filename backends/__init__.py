@@ -20,7 +20,7 @@ from .base import (OUT_OF_MEMORY_MESSAGES, Availability, Backend, BackendBase, D
 
 __all__ = ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes", "GpuInfo",
            "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir", "fault_markers", "host_device_nodes",
-           "import_backend_module", "is_device_fault", "is_out_of_memory", "load_backend", "scan_rules",
+           "import_backend_module", "is_device_fault", "is_out_of_memory", "kernel_modules", "load_backend", "scan_rules",
            "toolchain_homes", "worker_env_names"]
 
 _BUILTIN = {
@@ -86,6 +86,13 @@ def fault_markers() -> tuple[str, ...]:
 def worker_env_names() -> tuple[str, ...]:
     """The server's variables a worker inherits for some registered backend (`Backend.worker_env_names`)."""
     return tuple(dict.fromkeys(n for cls in _classes() for n in getattr(cls, "worker_env_names", ())))
+
+
+@functools.cache
+def kernel_modules() -> tuple[str, ...]:
+    """Top-level modules whose callables in a candidate's module are kernels it launches itself, for any registered
+    backend (`Backend.kernel_modules`: a cuda candidate may define Triton kernels too)."""
+    return tuple(dict.fromkeys(m for cls in _classes() for m in getattr(cls, "kernel_modules", ())))
 
 
 def toolchain_homes() -> list[str]:

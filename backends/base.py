@@ -147,6 +147,9 @@ class Backend(Protocol):
     worker_env_names: tuple[str, ...]
     #: Variables that name its toolchain's directories (CUDA_HOME): a worker's sandbox may read them.
     toolchain_env_names: tuple[str, ...]
+    #: Top-level modules whose callables, found in a candidate's module, are kernels it launches itself, compiled at
+    #: their first launch (("triton",): jit functions, autotuners, heuristics): the candidate's own, in its profile.
+    kernel_modules: tuple[str, ...]
     #: The static scan's rules for this device (`kforge.tools.static_scan`): (rule, hard, regex, message) matched
     #: against native source in the candidate's strings ...
     native_scan_rules: tuple[tuple[str, bool, str, str], ...]
@@ -317,6 +320,7 @@ class BackendBase:
     sync_launch_env: dict[str, str] = {}
     worker_env_names: tuple[str, ...] = ()
     toolchain_env_names: tuple[str, ...] = ()
+    kernel_modules: tuple[str, ...] = ()
     native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     fork_server_env: dict[str, str] = {}

@@ -34,6 +34,7 @@ class TritonBackend(NvidiaGpu, BackendBase):
     name = "triton"
     kind = "gpu"  # without a GPU, an instance says "cpu": the interpreter runs on host tensors
     worker_env_names = NvidiaGpu.worker_env_names + ("TRITON_INTERPRET",)  # the interpreter where no GPU is
+    kernel_modules = ("triton",)
 
     def __init__(self) -> None:
         self._gpu = _has_gpu()

@@ -187,3 +187,16 @@ async def test_the_servers_clock_times_a_candidate_and_the_judges_launch_floor_i
     # A Python call of a one-element op costs microseconds, not nothing and not milliseconds.
     assert 0.2 < anchor["floor_us"] < 2000, anchor
     assert anchor["per_call_us"] > 0 and anchor["batches"] >= 3, anchor
+
+
+async def test_a_candidates_triton_kernels_are_named_as_its_own_whatever_its_backend(tmp_path):
+    """A kernel compiled at first launch (a Triton jit function in the candidate's module) is the candidate's own,
+    named in its load reply (the profile counts its share, ncu keeps its rows), found through the backends'
+    `kernel_modules`: here in a cpu worker, as a cuda candidate may define Triton kernels too."""
+    pytest.importorskip("triton")
+    source = ("import triton\nimport triton.language as tl\n" + _CANDIDATE +
+              "\n@triton.jit\ndef scale_kernel(x_ptr, n, BLOCK: tl.constexpr):\n    pass\n\nNOT_A_KERNEL = len\n")
+    async with _worker(tmp_path, "candidate") as w:
+        loaded = await w.call(p.LoadRequest(role="candidate", source=source), stage="load")
+    assert loaded.failure is None, loaded.failure
+    assert loaded.kernel_names == ["scale_kernel"]

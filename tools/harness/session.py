@@ -110,9 +110,12 @@ class Session:
                                    build_request=build_request)
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
-        if self.module is not None:  # Triton kernels are the candidate's own too (jit, autotuned, heuristics)
+        if self.module is not None:  # kernels compiled at first launch are the candidate's own too (Triton's jit)
+            from kforge.backends import kernel_modules
+
+            launched = kernel_modules()
             self.kernel_names += [name for name, obj in vars(self.module).items()
-                                  if type(obj).__module__.startswith("triton") and callable(obj)]
+                                  if type(obj).__module__.split(".")[0] in launched and callable(obj)]
         failure = outcome.failure
         if failure is None:
             failure = self._interface_failure("Model" if role == "reference" else "ModelNew",
