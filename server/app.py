@@ -34,7 +34,7 @@ from kforge.tools.jobs import JobManager, JobStatus
 from kforge.tools.models import CompileResult, ProfileResult, VerifyResult
 from kforge.tools.process.lifecycle import traced
 from kforge.tools.requests import CompileRequest, JobRequest, ProfileRequest, VerifyRequest
-from kforge.tools.tool_inputs import JobLookup, ReferenceChoice, SummarizeInputs, Waiting
+from kforge.tools.tool_inputs import Backend, JobLookup, ReferenceChoice, SummarizeInputs, Waiting
 from kforge.resources import templates
 from kforge.tools.summarize import AnalystConfig, Prepared, ProfileSummary, finish_summary, from_reply, prepare_summary, summarize_profile
 
@@ -489,7 +489,7 @@ def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig
 
     @prompt(name="functional_pass", title="Functional pass: make a candidate build and match its reference")
     async def functional_pass(
-        backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
+        backend: Backend,
         problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],
         candidate_code: Annotated[str, Field(description="The current candidate, if any.")] = "",
         feedback: Annotated[str, Field(description="Compiler or verifier output to act on.")] = "",
@@ -502,7 +502,7 @@ def _register_prompts(mcp: MCPServer, tools: ToolContext, analyst: AnalystConfig
 
     @prompt(name="optimization_pass", title="Optimization pass: make a correct candidate faster")
     async def optimization_pass(
-        backend: Annotated[str, Field(description="cpu, cuda or triton (list_backends).")],
+        backend: Backend,
         problem: Annotated[str, Field(description="A pack problem's name (kforge://problems) or a reference's source.")],
         candidate_code: Annotated[str, Field(description="The verified candidate to speed up.")],
         profile_id: Annotated[str, Field(description="Its profile (profile_kernel); the analyst's findings are included.")] = "",
