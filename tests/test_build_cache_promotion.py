@@ -130,3 +130,12 @@ def test_promotion_copies_only_the_expected_regular_files(tmp_path):
     assert sorted(p.name for p in final.iterdir()) == ["ext.so", "kforge-pch.json", "main.cpp"]
     assert json.loads((final / "kforge-pch.json").read_text()) == {"pch_key": "1" * 20, "cmd": ["c++"]}
     assert [p.name for p in cache.iterdir()] == [final.name]  # no staging left beside it
+
+
+def test_a_server_build_sees_a_gpu_only_for_cuda_sources_without_an_architecture():
+    """The builder's sandbox opens no GPU device node unless torch must ask the GPUs which architecture to build for."""
+    from kforge.backends.build.fast_build import build_needs_device
+
+    assert build_needs_device({"cuda_sources": ["k.cu"]}, "")
+    assert not build_needs_device({"cuda_sources": ["k.cu"]}, "9.0")
+    assert not build_needs_device({"cpp_sources": ["k.cpp"]}, "")

@@ -36,8 +36,8 @@ from typing import Any
 
 from kforge.backends.host import process_stat
 
-__all__ = ["ARCH_PATTERN", "MAX_ANSWER_BYTES", "NAME_PATTERN", "build_key", "build_pch_now", "claim_pch", "job_cache_env",
-           "lean_cuda_sources", "mark_used", "name_builder", "pch_dir_for", "promote_build", "toolchain_id"]
+__all__ = ["ARCH_PATTERN", "MAX_ANSWER_BYTES", "NAME_PATTERN", "build_key", "build_needs_device", "build_pch_now", "claim_pch",
+           "job_cache_env", "lean_cuda_sources", "mark_used", "name_builder", "pch_dir_for", "promote_build", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -315,6 +315,13 @@ def job_cache_env(scratch: Path | str) -> dict[str, str]:
 _PCH_RECORD = "kforge-pch.json"  # written by the server into a promoted build: its header key and main.cpp command
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # an extension's name (a Python module name)
 ARCH_PATTERN = re.compile(r"^[0-9A-Za-z.;+ ]{0,200}$")  # TORCH_CUDA_ARCH_LIST
+
+
+def build_needs_device(kwargs: dict[str, Any], arch: str) -> bool:
+    """Whether a server-side build of `load_inline(**kwargs)` must see a GPU: nvcc builds for the architecture it is
+    given (`arch`, TORCH_CUDA_ARCH_LIST), and only without one (a triton worker's CUDA sources) does torch ask the
+    GPUs which to build for. C++ alone never does."""
+    return not arch and bool(kwargs.get("cuda_sources"))
 MAX_ANSWER_BYTES = 16 * 2**20
 _MAX_PROMOTED_BYTES = 4 * 2**30
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import anyio
 
-from kforge.backends.build.fast_build import ARCH_PATTERN, MAX_ANSWER_BYTES, NAME_PATTERN, mark_used, promote_build
+from kforge.backends.build.fast_build import (ARCH_PATTERN, MAX_ANSWER_BYTES, NAME_PATTERN, build_needs_device, mark_used,
+                                              promote_build)
 
 from .lifecycle import kill_group, worker_env
 from .limits import WorkerLimits, confinement
@@ -56,10 +57,8 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
                                                           "cache_dir": str(cache_dir),
                                                           "precompiled_headers": bool(limits.precompiled_headers)}))
         command = [sys.executable, "-m", "kforge.backends.build.inline", "--build", str(staging / "request.json"), str(out)]
-        # No GPU device node: nvcc builds for the architecture it is given, and only without one (a triton worker's
-        # CUDA sources) does torch ask the GPUs which to build for.
-        no_gpu = bool(arch) or not kwargs.get("cuda_sources")
-        if (conf := confinement(home, limits, out, gpu_nodes=() if no_gpu else None)) is not None:
+        needs_gpu = build_needs_device(kwargs, arch)  # else the builder's sandbox opens no GPU device node
+        if (conf := confinement(home, limits, out, gpu_nodes=None if needs_gpu else ())) is not None:
             from dataclasses import replace
 
             readable = (*conf.extra_readable, str(staging), *([str(scratch.resolve())] if scratch else []))
