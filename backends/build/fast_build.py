@@ -37,7 +37,8 @@ from typing import Any
 from kforge.backends.host import process_stat
 
 __all__ = ["ARCH_PATTERN", "MAX_ANSWER_BYTES", "NAME_PATTERN", "build_key", "build_needs_device", "build_pch_now", "claim_pch",
-           "job_cache_env", "lean_cuda_sources", "mark_used", "name_builder", "pch_dir_for", "promote_build", "toolchain_id"]
+           "job_cache_env", "lean_cuda_sources", "main_cpp_flags", "mark_used", "name_builder", "pch_dir_for", "pch_key",
+           "promote_build", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
 _HEADER_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx"}
@@ -128,7 +129,7 @@ def lean_cuda_sources(sources: list[str]) -> tuple[list[str], bool]:
 
 # -- precompiled torch/extension.h ------------------------------------------------------------------
 
-def _pch_key(kwargs: dict[str, Any]) -> str:
+def pch_key(kwargs: dict[str, Any]) -> str:
     """What decides main.cpp's compile flags (not its sources): one precompiled header per value."""
     parts = {k: kwargs.get(k) for k in ("extra_cflags", "extra_include_paths", "with_cuda", "no_implicit_headers")}
     parts["_cuda"] = bool(kwargs.get("cuda_sources"))
@@ -139,11 +140,11 @@ def _pch_key(kwargs: dict[str, Any]) -> str:
 
 def pch_dir_for(cache_dir: Path, kwargs: dict[str, Any]) -> tuple[Path, bool]:
     """The precompiled-header directory for these flags, and whether its header is ready to use."""
-    where = cache_dir.parent / "pch" / _pch_key(kwargs)
+    where = cache_dir.parent / "pch" / pch_key(kwargs)
     return where, (where / "torch" / "extension.h.gch").exists()
 
 
-def _main_cpp_flags(build_ninja: Path) -> list[str] | None:
+def main_cpp_flags(build_ninja: Path) -> list[str] | None:
     """main.cpp's compile flags, read from the build.ninja torch wrote (exactly what the PCH must match)."""
     try:
         text = build_ninja.read_text()
@@ -265,7 +266,7 @@ def build_pch_now(pch_dir: Path, build_dir: Path, *, promoted: bool = True) -> N
     try:
         cmd = _promoted_pch_command(pch_dir, build_dir)
         if cmd is None and not promoted:
-            cmd = _main_cpp_flags(build_dir / "build.ninja")
+            cmd = main_cpp_flags(build_dir / "build.ninja")
         if cmd is not None and not (pch_dir / "torch" / "extension.h.gch").exists():
             _compile_header(cmd, pch_dir)
     finally:

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from .compiler_report import VEC_REPORT_FILE, CompilerReport, imported_math, loop_remarks, parse_vectorizer_remarks, widest_vector_bytes
 from .cuda_split import SplitDeclined, split_cuda_sources
 from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
-from .fast_build import MAX_ANSWER_BYTES, _main_cpp_flags, _pch_key, build_key, lean_cuda_sources, mark_used, pch_dir_for
+from .fast_build import MAX_ANSWER_BYTES, build_key, lean_cuda_sources, main_cpp_flags, mark_used, pch_dir_for, pch_key
 from .models import BuildInfo, Diagnostic, KernelResources
 
 __all__ = ["BuildError", "InlineBuilder", "sweep_abandoned_builds", "tail"]
@@ -385,7 +385,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
     kwargs = request["kwargs"]
     if request.get("arch"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = request["arch"]
-    say({"key": build_key(kwargs, request["backend"]), "pch_key": _pch_key(kwargs)})
+    say({"key": build_key(kwargs, request["backend"]), "pch_key": pch_key(kwargs)})
 
     from torch.utils import cpp_extension
 
@@ -393,7 +393,7 @@ def _serve_build(request_file: Path, out: Path) -> None:
 
     def recorded_ninja(build_directory: str, *args: Any, **kw: Any) -> Any:
         # build.ninja as torch wrote it, before ninja starts any compiler: main.cpp's command for the header build
-        say({"ninja": Path(build_directory).name, "cmd": _main_cpp_flags(Path(build_directory) / "build.ninja")})
+        say({"ninja": Path(build_directory).name, "cmd": main_cpp_flags(Path(build_directory) / "build.ninja")})
         return run_ninja(build_directory, *args, **kw)
 
     cpp_extension._run_ninja_build = recorded_ninja
