@@ -31,6 +31,8 @@ ROOT = Path(__file__).parents[1]
 
 # Each package's declared surface. Change it here when a package's surface changes on purpose.
 PACKAGES: dict[str, list[str]] = {
+    "kforge": ["__version__"],
+    "kforge.resources": ["templates"],
     "kforge.backends": ["OUT_OF_MEMORY_MESSAGES", "Availability", "Backend", "BackendBase", "DeviceFacts", "DeviceNodes",
                         "GpuInfo", "SharedOutput", "Timer", "backend_class", "backend_names", "device_nodes", "example_dir",
                         "fault_markers", "host_device_nodes", "import_backend_module", "is_device_fault",
