@@ -11,7 +11,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
-__all__ = ["load_profiler", "profiler_for", "profiler_names"]
+__all__ = ["binary_report_suffixes", "load_profiler", "profiler_for", "profiler_names"]
 
 _BUILTIN = {
     "ncu": "kforge.profilers.ncu:NcuProfiler",
@@ -42,6 +42,21 @@ def load_profiler(name: str) -> Any:
         raise KeyError(f"unknown profiler {name!r}; known: {', '.join(profiler_names())}")
     module_name, _, cls_name = target.partition(":")
     return getattr(importlib.import_module(module_name), cls_name)()
+
+
+@functools.cache
+def binary_report_suffixes() -> frozenset[str]:
+    """The suffixes of the reports the registered rerun profilers write (Nsight Compute's .ncu-rep): a profile's
+    artifacts with them are binary, the rest text. A profiler that does not load adds none."""
+    found = set()
+    for name in profiler_names():
+        try:
+            suffix = getattr(load_profiler(name), "report_suffix", "")
+        except Exception:  # noqa: BLE001 - a broken plug-in must not break the others' artifacts
+            continue
+        if suffix:
+            found.add(suffix)
+    return frozenset(found)
 
 
 def profiler_for(availability: Any) -> Any:

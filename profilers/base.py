@@ -31,6 +31,13 @@ class Profiler(Protocol):
     #: How a person calls it ("Nsight Compute", "perf").
     title: str
     where: Literal["worker", "rerun"]
+    #: ("rerun") The report file's suffix (Nsight Compute: ".ncu-rep"); the report is kept as a binary artifact.
+    report_suffix: str
+    #: ("rerun") Its log's file name among a profile's artifacts.
+    log_name: str
+    #: ("rerun") Kernel launches it profiles, and how long the run under it may take (seconds).
+    launches: int
+    timeout_s: float
 
     def applies_to(self, availability: Availability) -> bool:
         """Whether it profiles this backend on this host."""
@@ -67,6 +74,10 @@ class ProfilerBase:
     name: str = ""
     title: str = ""
     where: Literal["worker", "rerun"] = "worker"
+    report_suffix: str = ""
+    log_name: str = "profiler.log"
+    launches: int = 3
+    timeout_s: float = 300.0
 
     def applies_to(self, availability: Availability) -> bool:
         return availability.ok and availability.hardware_profiler == self.name

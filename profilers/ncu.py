@@ -160,6 +160,10 @@ class NcuProfiler(ProfilerBase):
     name = "ncu"
     title = "Nsight Compute"
     where = "rerun"
+    report_suffix = ".ncu-rep"
+    log_name = "nsight.log"
+    launches = 3  # each is replayed once per metric pass
+    timeout_s = 300.0  # torch start-up and kernel replay under ncu are slow
 
     def command(self, report: Path, log: Path, kernel_names: Iterable[str], *, launches: int) -> list[str] | None:
         return ncu_command(report, log, kernel_names, launches=launches)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from kforge import __version__
 from kforge.backends import Availability
+from kforge.profilers import binary_report_suffixes
 from kforge.profilers.chart_processes import start_chart_processes
 from kforge.tools.context import ToolContext, sweep_leftovers
 from kforge.tools.tool_inputs import RequestError
@@ -401,13 +402,13 @@ def _register_resources(mcp: MCPServer, tools: ToolContext, jobs: JobManager, pr
 
     @mcp.resource("kforge://profiles/{profile_id}/artifacts/{name}", title="A profile's raw artifact")
     def artifact(profile_id: str, name: str) -> str | bytes:
-        """A raw artifact of a profile: trace.json (open in Perfetto or chrome://tracing), profile.ncu-rep
-        (open in Nsight Compute; sent as binary), worker and ncu logs."""
+        """A raw artifact of a profile: trace.json (open in Perfetto or chrome://tracing), a hardware profiler's
+        report (profile.ncu-rep: open in Nsight Compute; sent as binary), worker and profiler logs."""
         path = tools.store.artifact_path(profile_id, name)
         if path is None:
             raise ResourceNotFoundError(f"profile {profile_id!r} has no artifact {name!r}; "
                                         f"it has: {', '.join(tools.store.artifact_names(profile_id)) or 'none'}")
-        return path.read_bytes() if path.suffix == ".ncu-rep" else path.read_text(errors="replace")
+        return path.read_bytes() if path.suffix in binary_report_suffixes() else path.read_text(errors="replace")
 
     @mcp.resource("kforge://devices", mime_type="application/json", title="Devices and their measured ceilings")
     async def devices() -> str:

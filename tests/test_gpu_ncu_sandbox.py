@@ -139,7 +139,7 @@ def test_ncu_profiles_a_torch_program_in_the_bare_sandbox(tmp_path):
     home, scratch = tmp_path / "home", tmp_path / "home" / "jobs" / "bare" / "ncu"
     scratch.mkdir(parents=True)
     ncu_path = shutil.which("ncu")
-    conf = confinement(home, WorkerLimits(read_paths=(ncu_install(ncu_path),)), scratch)  # as `_ncu_pass` has it
+    conf = confinement(home, WorkerLimits(read_paths=(ncu_install(ncu_path),)), scratch)  # as `_rerun_pass` has it
     log, report = scratch / "nsight.log", scratch / "profile"
     # The program applies Landlock itself before torch, as the profiled worker does (`--landlock`): the sandbox's
     # process leaves it to its target (`Confinement.landlock_later`).

@@ -33,3 +33,15 @@ def test_counters_come_from_the_hottest_own_kernel():
     counters = {c.name: (c.value, c.unit) for c in counters_for(kernels)}
     assert counters == {"Duration [us]": (9.0, "us"), "Memory Throughput": (70.0, "%")}
     assert counters_for([]) == []
+
+
+def test_a_rerun_profilers_report_is_a_binary_artifact_named_by_the_profiler():
+    """What the profile's rerun pass and the artifact resource read from the profiler, not from a name of Nsight
+    Compute's in the tools: its report's suffix (binary), its log's name, its launches and its time."""
+    from kforge.profilers import binary_report_suffixes, load_profiler
+    from kforge.profilers.base import Profiler
+
+    ncu = load_profiler("ncu")
+    assert isinstance(ncu, Profiler)
+    assert (ncu.report_suffix, ncu.log_name, ncu.launches) == (".ncu-rep", "nsight.log", 3) and ncu.timeout_s > 0
+    assert binary_report_suffixes() == frozenset({".ncu-rep"})  # perf writes no report

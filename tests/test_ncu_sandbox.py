@@ -72,7 +72,7 @@ def fake_ncu(tmp_path) -> list[str]:
 
 
 def _limits(fake_ncu: list[str]) -> WorkerLimits:
-    """The stand-in's directory readable in the sandbox, as `_ncu_pass` makes ncu's install (`ncu_install`)."""
+    """The stand-in's directory readable in the sandbox, as `_rerun_pass` makes ncu's install (`ncu_install`)."""
     return WorkerLimits(read_paths=(str(Path(fake_ncu[0]).parent),))
 
 

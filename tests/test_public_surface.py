@@ -40,7 +40,7 @@ PACKAGES: dict[str, list[str]] = {
                         "worker_env_names"],
     "kforge.backends.build": ["compiler_report", "cuda_split", "diagnostics", "fast_build", "inline", "models",
                               "nvrtc"],
-    "kforge.profilers": ["load_profiler", "profiler_for", "profiler_names"],
+    "kforge.profilers": ["binary_report_suffixes", "load_profiler", "profiler_for", "profiler_names"],
     "kforge.profilers.analyst": ["Analysis", "AnalystProvider", "Bottleneck", "Evidence", "Recommendation",
                                  "RulesAnalyst", "load_provider", "parse_profile_text"],
     "kforge.server": ["app", "auth", "catalog", "cli", "clients", "compact", "http", "jsonrpc_errors", "kernelbench",

@@ -54,8 +54,6 @@ _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
 _TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...
 _ONE_SET_BYTES = 2**30  # ... but only 1 for problems over this size)
 _PROFILED_CALLS = 5
-_NCU_LAUNCHES = 3  # kernel launches profiled; each is replayed once per metric pass
-_NCU_TIMEOUT_S = 300.0  # torch start-up and kernel replay under ncu are slow
 # torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
 _COMPILE_TIMEOUT_S = 600.0
 # The server's own clock on the candidate's calls (`_wall_anchor`): ops of about this long and twice as long, each
@@ -196,7 +194,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     return failed(died.failure)
                 cand = series["candidate"]
                 artifacts = ctx.store.artifact_dir(profile_id)
-                ncu_warnings: list[str] = []
+                rerun_warnings: list[str] = []
 
                 async def last_steps() -> tuple[dict[str, Any], dict[str, Any], list[NcuKernel], str | None]:
                     revalidated = await _revalidate(judge, worker, cand["revalidation"], precision,
@@ -210,14 +208,14 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                             or not hardware_counters:
                         return revalidated, prof, [], None
                     await step(f"collecting {counter_profiler.title} metrics of the candidate's kernels")
-                    return revalidated, prof, *await _ncu_pass(ctx, counter_profiler, backend, scratch, candidate_code,
-                                                               judge, worker.kernel_names, artifacts, problem["inputs"],
-                                                               ncu_warnings)
+                    return revalidated, prof, *await _rerun_pass(ctx, counter_profiler, backend, scratch, candidate_code,
+                                                                 judge, worker.kernel_names, artifacts, problem["inputs"],
+                                                                 rerun_warnings)
 
                 try:
                     await step("reading the device's ceilings (measured once per device)")
                     charts = charts or PendingCharts(timed)
-                    revalidated, prof, ncu_kernels, ncu_note = await last_steps()
+                    revalidated, prof, rerun_kernels, rerun_note = await last_steps()
                     # What is left of their drawing (0.1-0.3 s each).
                     with traced("server", "profile.charts", to=ctx.limits.trace_file):
                         await charts.keep(artifacts)
@@ -234,14 +232,14 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     report = timed.model_copy(update=dict(
         collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
         custom_share=custom_share(rows, prof.total_us, prof.basis),
-        counters=tuple(prof.counters) + tuple(counter_profiler.counters(ncu_kernels) if counter_profiler else ()),
-        counters_note=_counters_note(counter_profiler, prof.counters_note, ncu_kernels, ncu_note),
-        ncu=tuple(ncu_kernels),
+        counters=tuple(prof.counters) + tuple(counter_profiler.counters(rerun_kernels) if counter_profiler else ()),
+        counters_note=_counters_note(counter_profiler, prof.counters_note, rerun_kernels, rerun_note),
+        ncu=tuple(rerun_kernels),
         notes=(f"timed with {candidate_stats.samples} samples in {candidate_stats.rounds} rounds interleaved with the "
                f"baselines', after warm-up, calls queued back to back with the caches flushed between them "
                f"(candidate, eager and torch.compile each with {candidate_stats.threads} host threads: torch's "
                "intra-op team, which every OpenMP runtime in the worker also gives a candidate's parallel regions)",)))
-    warnings = list(candidate_stats.warnings) + ctx.sandbox_warnings() + ncu_warnings
+    warnings = list(candidate_stats.warnings) + ctx.sandbox_warnings() + rerun_warnings
     threads = {n: t["stats"].threads for n, t in series.items() if "stats" in t}
     if len(set(threads.values())) > 1:
         warnings.append("the series were timed with different thread counts ("
@@ -542,52 +540,56 @@ def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: TimeRep
     return order[:1] + redo + order[1:], keep
 
 
-async def _ncu_pass(ctx: ToolContext, profiler: Any, backend: str, scratch: Path, candidate_code: str,
-                    judge: WorkerProcess, kernel_names: list[str], artifacts: Path, inputs: SetupRequest,
-                    warnings: list[str]) -> tuple[list[NcuKernel], str | None]:
+async def _rerun_pass(ctx: ToolContext, profiler: Any, backend: str, scratch: Path, candidate_code: str,
+                      judge: WorkerProcess, kernel_names: list[str], artifacts: Path, inputs: SetupRequest,
+                      warnings: list[str]) -> tuple[list[NcuKernel], str | None]:
     """Run the candidate once more under a rerun profiler (`profiler.where == "rerun"`: Nsight Compute), the profiler
-    and the candidate in one sandbox of their own
-    (`WorkerProcess._command`); the judge reads the report. What of that sandbox this host refused beyond what every
-    worker lacks (`ToolContext.sandbox_warnings`) goes to `warnings`."""
-    where = scratch / "ncu"
+    and the candidate in one sandbox of their own (`WorkerProcess._command`); the judge reads the report, which is
+    kept among the profile's artifacts with the profiler's log. What of that sandbox this host refused beyond what
+    every worker lacks (`ToolContext.sandbox_warnings`) goes to `warnings`."""
+    where = scratch / "rerun"
     where.mkdir(parents=True, exist_ok=True)
-    report, log = where / "profile", where / "nsight.log"
-    prefix = profiler.command(report, log, kernel_names, launches=_NCU_LAUNCHES)
+    report, log = where / "profile", where / profiler.log_name
+    prefix = profiler.command(report, log, kernel_names, launches=profiler.launches)
     if prefix is None:
         return [], (f"{profiler.name} not found on PATH: install {profiler.title} for hardware metrics (timing and "
                     "torch.profiler are unaffected)")
     problem = None
     try:
-        # ncu's install stays readable in the sandbox wherever it lies (not only under /usr or /opt); HOME: ncu
-        # deploys its section files under it, and the server's is out of the sandbox's reach.
+        # The profiler's install stays readable in the sandbox wherever it lies (not only under /usr or /opt); HOME:
+        # Nsight Compute deploys its section files under it, and the server's is out of the sandbox's reach.
         limits = replace(ctx.limits, read_paths=(*ctx.limits.read_paths, profiler.install_dir(prefix[0])))
         async with WorkerProcess(backend=backend, home=ctx.home, scratch=where, limits=limits, role="rerun",
                                  prefix=prefix, extra_env={**pin_env(current_gpu()), "HOME": str(where)}) as w:
             if missing := [m for m in w.isolation["missing"] if m not in ctx.worker_isolation.get("missing", [])]:
-                warnings.append(f"the Nsight Compute run's sandbox is incomplete on this host: {'; '.join(missing)}")
-            loaded = await w.call(LoadRequest(role="candidate", source=candidate_code), stage="ncu",
-                                  timeout_s=_NCU_TIMEOUT_S)
+                warnings.append(f"the {profiler.title} run's sandbox is incomplete on this host: {'; '.join(missing)}")
+            loaded = await w.call(LoadRequest(role="candidate", source=candidate_code), stage="rerun",
+                                  timeout_s=profiler.timeout_s)
             if loaded.failure is None:
-                await launch_once(w, inputs, timeout_s=_NCU_TIMEOUT_S)
+                await launch_once(w, inputs, timeout_s=profiler.timeout_s)
     except (WorkerDied, HarnessError) as exc:
-        problem = f"the run under ncu failed: {exc}"[:400]
-    rep = report.with_suffix(".ncu-rep")
+        problem = f"the run under {profiler.name} failed: {exc}"[:400]
+    rep = report.with_suffix(profiler.report_suffix)
     log_text = log.read_text(errors="replace") if log.exists() else ""
     if log_text:
-        shutil.copy(log, artifacts / "nsight.log")
+        shutil.copy(log, artifacts / profiler.log_name)
     if not rep.exists():
-        return [], profiler.log_problem(log_text) or problem or f"{profiler.name} wrote no report (see artifact nsight.log)"
-    shutil.copy(rep, artifacts / "profile.ncu-rep")
-    readable = judge.scratch / "profile.ncu-rep"  # the judge's sandbox shows it only its own directory
+        return [], profiler.log_problem(log_text) or problem or (f"{profiler.name} wrote no report (see artifact "
+                                                                 f"{profiler.log_name})")
+    kept = "profile" + profiler.report_suffix
+    shutil.copy(rep, artifacts / kept)
+    readable = judge.scratch / kept  # the judge's sandbox shows it only its own directory
     shutil.copy(rep, readable)
-    reply = await judge.call(ReadReportRequest(profiler=profiler.name, report=str(readable), custom_names=kernel_names), stage="ncu")
+    reply = await judge.call(ReadReportRequest(profiler=profiler.name, report=str(readable), custom_names=kernel_names),
+                             stage="rerun")
     return list(reply.kernels), reply.note
 
 
-def _counters_note(profiler: Any, perf_note: str | None, ncu_kernels: list[NcuKernel], ncu_note: str | None) -> str | None:
-    """Why hardware counters are missing, for the device's own profiler (perf in the worker on CPUs, ncu in a rerun
-    on NVIDIA GPUs)."""
+def _counters_note(profiler: Any, perf_note: str | None, rerun_kernels: list[NcuKernel],
+                   rerun_note: str | None) -> str | None:
+    """Why hardware counters are missing, for the device's own profiler (perf in the worker on CPUs, Nsight Compute
+    in a rerun on NVIDIA GPUs)."""
     if profiler is not None and profiler.where == "rerun":
-        return None if ncu_kernels else (ncu_note or f"{profiler.title} was not run (hardware_counters=False) or "
-                                         "collected no kernels")
+        return None if rerun_kernels else (rerun_note or f"{profiler.title} was not run (hardware_counters=False) or "
+                                           "collected no kernels")
     return perf_note
