@@ -15,7 +15,7 @@ Usage (from the repository root, with the checkout importable as the package `kf
   --candidate PATH (tests/candidates/relu_python.py: no build, runs on any device) --configs 1gpu 2gpu ray
   --ray (adds the ray config) --baselines eager [torch.compile] (eager) --trials 5 --budget-s S (server default)
   --warmup 1 (candidates per device before the clock starts; 0: none) --config-timeout-s 200 --parallel N
-  --allow-partial-sandbox --out DIR (bench/results) --tag TAG (files gpu-throughput-<tag>.json and .md).
+  --allow-partial-sandbox --server-env KEY=VALUE ... --out DIR (bench/results) --tag TAG (files gpu-throughput-<tag>.json and .md).
 
 Each configuration runs one after another with its own fresh data directory and its own token-protected
 `python3 -m kforge.server.cli serve --transport http` on loopback (as bench/load.py):
@@ -186,6 +186,7 @@ def _server_env(home: Path, args: argparse.Namespace) -> dict[str, str]:
         env["KFORGE_PARALLEL_JOBS"] = str(args.parallel)
     if args.allow_partial_sandbox:
         env["KFORGE_ALLOW_PARTIAL_SANDBOX"] = "1"
+    env.update(kv.split("=", 1) for kv in args.server_env)  # e.g. KFORGE_MAX_FORKS=4 for an A/B
     return env
 
 
@@ -881,6 +882,8 @@ def main() -> None:
                     help="stop a configuration's measured window after this long (its warm-up after half of it); "
                          "what is unfinished is cancelled and counted as failed (default 200)")
     ap.add_argument("--parallel", type=int, help="KFORGE_PARALLEL_JOBS for the servers (default: theirs)")
+    ap.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra environment for every configuration's server (e.g. KFORGE_MAX_FORKS=4)")
     ap.add_argument("--allow-partial-sandbox", action="store_true", help="serve where the host refuses part of the "
                     "workers' sandbox (KFORGE_ALLOW_PARTIAL_SANDBOX=1)")
     ap.add_argument("--keep-data", action="store_true", help="keep each configuration's data directory")

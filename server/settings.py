@@ -122,6 +122,10 @@ class Settings(BaseSettings):
                                       "for its flags in the background, so later builds with those flags skip parsing it.")
     warm_workers: int = Field(default=2, ge=0, le=16, description="Workers kept started (torch imported, device "
                               "ready) per available backend, so a job does not wait for start-up; 0: every worker starts cold.")
+    max_forks: int = Field(default=0, ge=0, le=64, description="Warm workers forked at once, by the whole pool (0: "
+                           "no limit). The host starts device contexts one at a time, so N forks started together all "
+                           "arrive after about N/4 s; fewer at once bring the first ones sooner, those a job waits for "
+                           "first. Off until a GPU run has measured it.")
     warm_baselines: Literal["gpu", "all", "off"] = Field(
         default="off", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
         "its first candidate's compile or verify, so the profile after them does not wait for the compile: 'gpu' "
@@ -243,6 +247,7 @@ def tool_context(settings: Settings) -> ToolContext:
     memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
     files = settings.worker_file_mb * 2**20 if settings.worker_file_mb else None
     return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch, warm_baselines=settings.warm_baselines,
+                       max_forks=settings.max_forks,
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
                                            isolate_network=settings.worker_network == "isolated",
                                            sandbox=settings.worker_sandbox, hidden_files=secret_files(settings),
@@ -261,5 +266,6 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
     node = NodeConfig(limits=replace(tools.limits, trace_file=None),
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
                       keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
-                      trace=settings.trace is not None, warm_baselines=settings.warm_baselines)
+                      trace=settings.trace is not None, warm_baselines=settings.warm_baselines,
+                      max_forks=settings.max_forks)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

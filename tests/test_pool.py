@@ -460,3 +460,33 @@ async def test_workers_start_with_no_signal_blocked_whatever_their_parent_blocke
                             {p: _blocked_signals(p) for p in python}
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+async def test_a_limit_on_forks_at_once_holds_every_kind_to_it_and_forks_the_kind_a_job_waits_for_first(tmp_path):
+    """`max_forks`: the pool never has more forks under way than the limit, over all its kinds; when it has room for
+    one, a kind some job waits for gets it before a kind that only refills."""
+    ctx = ToolContext(home=tmp_path / "home", max_forks=1)
+    async with ctx.warm_workers(2) as pool:
+        most = 0
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, sum(pool._starting.values()))
+                await anyio.sleep(0.005)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await _ready(pool, 2)  # the cpu kind's two, one at a time
+            _two_cpu_kinds(pool)  # a second kind wants its two; a job of the first kind then waits for one
+            await anyio.sleep(0)  # (its refill is asked for first)
+            taken = [pool.take("cpu"), pool.take("cpu")]
+            with anyio.fail_after(180):
+                waited = await pool.acquire("cpu")
+            idle_of_second_kind = _idle(pool, *SYNC_LAUNCHES.items())
+            tg.cancel_scope.cancel()
+    assert most == 1
+    assert waited is not None and idle_of_second_kind <= 1, "the waiting job's kind got the fork after the other's two"
+    for warm in (*taken, waited):
+        await kill_group(warm.proc)
+        await warm.proc.aclose()

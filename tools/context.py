@@ -123,6 +123,8 @@ class ToolContext:
     #: (`kforge.tools.warmup`): "gpu" backends only (the compile takes host cores a CPU backend's trials use),
     #: "all", or "off" (the default until a GPU run has measured what it gains)
     warm_baselines: str = "off"
+    #: warm workers forked at once by the pool (`WorkerPool.max_forks`; 0: no limit)
+    max_forks: int = 0
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends
     warmups: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False)  # `warmup.Warmup`s
     #: the server's task group for work no call waits for (warm-ups), while `warm_workers` runs
@@ -172,7 +174,7 @@ class ToolContext:
     @asynccontextmanager
     async def warm_workers(self, size: int) -> AsyncIterator[WorkerPool]:
         """Keep `size` warm workers per available backend while the block runs (a server's lifetime)."""
-        pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network,
+        pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network, max_forks=self.max_forks,
                           sandbox=sandbox_args(self.home, self.limits), trace_file=self.limits.trace_file)
 
         async def want_available() -> None:

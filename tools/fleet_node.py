@@ -63,6 +63,7 @@ class NodeConfig:
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
     warm_baselines: str = "off"  # `ToolContext.warm_baselines`
+    max_forks: int = 0  # `ToolContext.max_forks`
 
 
 @dataclass
@@ -162,7 +163,7 @@ class NodeAgent:
         # The server's trace file is a path of its own host: a node traces into its own data directory.
         limits = replace(config.limits, trace_file=str(home / "trace.jsonl") if config.trace else None)
         self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch,
-                                 warm_baselines=config.warm_baselines)
+                                 warm_baselines=config.warm_baselines, max_forks=config.max_forks)
         self.tools.store = self.store = _RecordingStore(home)
         self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
         self._pool_task: asyncio.Task[None] | None = None

@@ -321,8 +321,12 @@ async def _discard_kept(worker: _KeptWorker) -> None:
 class WorkerPool:
     def __init__(self, home: Path, *, size: int, isolate_network: bool, max_size: int | None = None,
                  sandbox: list[str] | None = None, trace_file: str | None = None,
-                 host_holds: HostHolds | None = None) -> None:
+                 host_holds: HostHolds | None = None, max_forks: int = 0) -> None:
         self.home, self.size, self.isolate_network = home, size, isolate_network
+        # Forks under way at once, all kinds together (0: no limit). The host starts device contexts one at a time
+        # (~4 a second on any number of GPUs), so 32 forks started together all arrived 3.7-7.8 s later, where a few
+        # at a time bring the first ones in about a second (2x H200, s22's traces); kinds a job waits for go first.
+        self.max_forks = max_forks
         self.sandbox = sandbox or []  # the workers' `--sandbox` arguments (`limits.sandbox_args`)
         self.trace_file = trace_file  # `WorkerLimits.trace_file`: where its forks are traced
         # A kind asked for while none was idle keeps one more ready from then on, up to max_size: the pool
@@ -687,10 +691,13 @@ class WorkerPool:
     def _refill(self) -> None:
         if self._tg is None:
             return
-        for kind in self._wanted:
+        room = self.max_forks - sum(self._starting.values()) if self.max_forks else None
+        for kind in sorted(self._wanted, key=lambda k: -self._waiting[k]):  # kinds a job waits for first
             held = self._covered(light=False) or (self._covered(light=True) and not self._short(kind))
             target = 0 if held else self._target[kind]  # while held, only forks a job waits for
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
+            if room is not None:
+                missing, room = min(missing, room), room - max(0, min(missing, room))
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
@@ -726,6 +733,8 @@ class WorkerPool:
             self._under_way.discard(under_way)
             under_way.go_on()  # (a fork that failed while stopped must not stay stopped)
             self._starting[kind] -= 1
+            if self.max_forks:
+                self._wake.set()  # room for a fork held back by the limit
         if isinstance(warm, str):
             shutil.rmtree(own, ignore_errors=True)
             self._failed[kind] += 1
