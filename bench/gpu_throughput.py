@@ -922,7 +922,7 @@ def main() -> None:
         if args.candidate.resolve().is_relative_to(REPO) else str(args.candidate),
         "clients": args.clients, "candidates": args.candidates, "in_flight": args.in_flight, "trials": args.trials, "baselines": args.baselines,
         "budget_s": args.budget_s, "warmup": args.warmup, "config_timeout_s": args.config_timeout_s,
-        "parallel": args.parallel or "server default", "configs": configs,
+        "parallel": args.parallel or "server default", "server_env": args.server_env, "configs": configs,
         "host_gpus": host_gpus if args.backend != "cpu" else smi_rows, "gpus_found": found_how,
         "gpu_ids": gpu_ids, "driver": (smi_rows[0]["driver_version"] if smi_rows else "none (no nvidia-smi)"),
         "versions": _versions(), "notes": notes, "ratio_note": ratio_note,
