@@ -397,6 +397,7 @@ class NvidiaGpu(CudaAllocator, NvidiaDeviceNodes):
     native_scan_rules, python_scan_rules = NATIVE_SCAN_RULES, PYTHON_SCAN_RULES
     worker_env_names = WORKER_ENV_NAMES
     toolchain_env_names = ("CUDA_HOME", "CUDA_PATH")
+    lock_clocks_hint = "nvidia-smi -lgc"
     # torch.cuda.is_available() through NVML, not the CUDA runtime: asking must not initialize CUDA in the fork server.
     fork_server_env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     # What `EventTimer` and `synchronize` call: a candidate that rebinds one could shorten its own timing.

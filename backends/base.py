@@ -150,6 +150,8 @@ class Backend(Protocol):
     #: Top-level modules whose callables, found in a candidate's module, are kernels it launches itself, compiled at
     #: their first launch (("triton",): jit functions, autotuners, heuristics): the candidate's own, in its profile.
     kernel_modules: tuple[str, ...]
+    #: How an operator locks its device's clocks for steady timings ("nvidia-smi -lgc"), named in advice; "" if none.
+    lock_clocks_hint: str
     #: The static scan's rules for this device (`kforge.tools.static_scan`): (rule, hard, regex, message) matched
     #: against native source in the candidate's strings ...
     native_scan_rules: tuple[tuple[str, bool, str, str], ...]
@@ -321,6 +323,7 @@ class BackendBase:
     worker_env_names: tuple[str, ...] = ()
     toolchain_env_names: tuple[str, ...] = ()
     kernel_modules: tuple[str, ...] = ()
+    lock_clocks_hint: str = ""
     native_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     python_scan_rules: tuple[tuple[str, bool, str, str], ...] = ()
     fork_server_env: dict[str, str] = {}

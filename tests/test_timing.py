@@ -305,9 +305,12 @@ class ThrottledBackend(FakeBackend):
 def test_a_device_that_slows_its_clock_while_timed_says_so_and_the_clock_read():
     """Read once per batch while it runs: the lowest and highest clock, and why it ran below its clock."""
     policy = TimingPolicy(min_samples=300, max_samples=400, budget_s=50)  # batches of 100: 3 or 4 of them
-    stats = timed(ThrottledBackend(100e-6, capped_after_batches=1), policy).stats
+    throttled = ThrottledBackend(100e-6, capped_after_batches=1)
+    throttled.lock_clocks_hint = "gpuclock --lock"  # the backend's own command (NVIDIA's: nvidia-smi -lgc)
+    stats = timed(throttled, policy).stats
     assert stats.sm_clock_mhz == (1410.0, 1980.0) and stats.clock_slowdowns == ("SW power cap",)
-    assert any("ran below its clock" in w and "SW power cap" in w for w in stats.warnings), stats.warnings
+    assert any("ran below its clock" in w and "SW power cap" in w and "(gpuclock --lock)" in w
+               for w in stats.warnings), stats.warnings
     steady = timed(ThrottledBackend(100e-6, capped_after_batches=10**6), policy).stats
     assert steady.sm_clock_mhz == (1980.0, 1980.0) and steady.clock_slowdowns == ()
     assert not any("below its clock" in w for w in steady.warnings)

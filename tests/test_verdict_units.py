@@ -46,6 +46,7 @@ def test_bound_floor_and_reference_error():
 @pytest.mark.parametrize(("snippet", "rule", "hard"), [
     ("import gc\nx = gc.get_objects()", "introspection", True),
     ("import time\ntime.perf_counter = lambda: 0.0", "harness_patch", True),
+    ("import triton\ntriton.testing.do_bench = lambda f: 1.0", "harness_patch", True),  # a kernel module's
     ("import threading", "threads_or_processes", True),
     ("import torch\nclass Lazy(torch.Tensor):\n    pass", "lazy_tensor", True),
     ('src = """\ncudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, n);\n"""', "l2_persistence", True),

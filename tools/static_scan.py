@@ -35,7 +35,8 @@ _INTROSPECTION = {
 _SPAWN_MODULES = {"threading", "multiprocessing", "subprocess", "concurrent", "_thread", "ctypes", "signal"}
 _SPAWN_CALLS = {("os", "fork"), ("os", "system"), ("os", "popen"), ("os", "spawnv"), ("os", "execv")}
 # Objects whose attributes a candidate must not rebind (timers, sync, comparison, tensor methods).
-_PROTECTED_ROOTS = {"time", "torch", "builtins", "triton", "numpy", "np", "os", "sys"}
+# (And the modules of kernels a candidate launches itself, `kforge.backends.kernel_modules`: Triton's.)
+_PROTECTED_ROOTS = frozenset({"time", "torch", "builtins", "numpy", "np", "os", "sys"})
 _PRECISION_CALLS = {"half", "bfloat16", "set_float32_matmul_precision"}
 _PRECISION_FLAGS = {"allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"}
 
@@ -50,7 +51,7 @@ _NATIVE_RULES = (  # (rule, hard, pattern, message) for native text, any device;
 def scan_candidate(source: str, backend: str | None = None) -> list[Finding]:
     """Findings in `source`, hard ones first, at most one per rule and line: the rules of any device, and those of
     `backend`'s (`Backend.native_scan_rules`, `python_scan_rules`; every registered backend's for None)."""
-    from kforge.backends import scan_rules
+    from kforge.backends import kernel_modules, scan_rules
 
     try:
         tree = ast.parse(source)
@@ -64,8 +65,9 @@ def scan_candidate(source: str, backend: str | None = None) -> list[Finding]:
         at = line if line is not None else getattr(node, "lineno", None)
         found.setdefault((rule, at), Finding(rule, hard, at, message))
 
+    protected = _PROTECTED_ROOTS | set(kernel_modules())
     for node in ast.walk(tree):
-        _python_rules(node, add)
+        _python_rules(node, add, protected)
         if isinstance(node, ast.Attribute):
             dotted = _dotted(node)
             for rule, hard, pattern, message in python:
@@ -86,7 +88,7 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
-def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
+def _python_rules(node: ast.AST, add, protected: frozenset[str] | set[str]) -> None:  # noqa: ANN001 - local callback
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
         for name in names:
@@ -113,7 +115,7 @@ def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
             if isinstance(t, ast.Attribute) and t.attr in _PRECISION_FLAGS:
                 add("precision_flag", False, node, f"sets {dotted}: changes global numerics (fails under strict "
                     "precision if it changes the result)")
-            elif root in _PROTECTED_ROOTS and dotted.count(".") >= 1:
+            elif root in protected and dotted.count(".") >= 1:
                 add("harness_patch", True, node, f"rebinds {dotted}: the harness's timers, synchronization and "
                     "library functions must stay as they are")
             if isinstance(t, ast.Subscript) and _dotted(t.value) in {"os.environ"}:
@@ -128,7 +130,7 @@ def _python_rules(node: ast.AST, add) -> None:  # noqa: ANN001 - local callback
         add("fallback", False, node, "try/except: a custom kernel that fails must not silently fall back to the framework")
     elif isinstance(node, ast.Call) and _dotted(node.func) in {"setattr", "builtins.setattr"} and node.args:
         target = _dotted(node.args[0])
-        if target.split(".")[0] in _PROTECTED_ROOTS:
+        if target.split(".")[0] in protected:
             add("harness_patch", True, node, f"setattr on {target}: the harness's functions must stay as they are")
     elif isinstance(node, ast.Call) and _dotted(node.func) in {"open", "io.open"} and node.args:
         arg = node.args[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kforge.backends import is_device_fault, is_out_of_memory
+from kforge.backends import backend_class, is_device_fault, is_out_of_memory
 
 from .models import Check, TrialReport
 from .static_scan import Finding
@@ -373,6 +373,14 @@ def _spread(stats: Any) -> float:
     return (q3 - q1) / median if q1 is not None and q3 is not None and median else 0.0
 
 
+def _lock_clocks_hint(backend: str | None) -> str:
+    """How the operator locks `backend`'s clocks (`Backend.lock_clocks_hint`), or "" where it says nothing."""
+    try:
+        return getattr(backend_class(backend), "lock_clocks_hint", "") if backend else ""
+    except Exception:  # noqa: BLE001 - an unknown or broken plug-in: advice without the command
+        return ""
+
+
 def _stable_timing_check(report: Any) -> Check:
     """Each comparison's interval must rank something. One that is wide because the *baseline's* own series varies
     (its IQR several times the candidate's: a torch.compile of a few-microsecond op whose host path outlasts the
@@ -398,8 +406,9 @@ def _stable_timing_check(report: Any) -> Check:
     if wide:
         series = [getattr(report, "candidate", None), *(b.timing for b in timed)]
         slowed = list(dict.fromkeys(r for t in series for r in getattr(t, "clock_slowdowns", None) or ()))
+        hint = _lock_clocks_hint(getattr(report, "backend", None))
         why = (f"the GPU ran below its clock while timed ({', '.join(slowed)}), so the kernels' times moved with "
-               "it: lock the clocks (nvidia-smi -lgc) or profile again when the device is cool and idle"
+               f"it: lock the clocks{f' ({hint})' if hint else ''} or profile again when the device is cool and idle"
                if slowed else "the device or host was busy, or the kernel's time varies: profile again with a larger "
                "budget_s, on an idle device")
         return Check(name="stable_timing", status="fail", hard=True,

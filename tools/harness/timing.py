@@ -118,9 +118,11 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     extra = []
     clocks, slowdowns = _clock_summary(clock_reads)
     if slowdowns:
+        hint = getattr(backend, "lock_clocks_hint", "")
         extra.append(f"the device ran below its clock while this was timed ({', '.join(slowdowns)}): a kernel that "
                      "draws this much power or heat runs at the clock it allows, so its time moves with it; compare "
-                     "series timed under the same load, or lock the clocks (nvidia-smi -lgc) for steady numbers")
+                     f"series timed under the same load, or lock the clocks{f' ({hint})' if hint else ''} for steady "
+                     "numbers")
     if contention and (busy := contention().get("warning")):
         extra.append(busy)
     if unseen:
