@@ -2,7 +2,7 @@
 
 `ncu_command` builds the prefix that runs a worker under ncu (only the candidate's own kernels,
 a few launches, the sections that decide the next change; ncu's messages go to a log file so they
-cannot reach the worker's protocol pipe); `kforge.tools.process.ncu_launch` runs ncu and the worker it
+cannot reach the worker's protocol pipe); `kforge.tools.process.profiled_launch` runs ncu and the worker it
 profiles in one sandbox. `read_report` condenses the `.ncu-rep` with NVIDIA's own report module, which
 ships with ncu under `extras/python`. `NcuProfiler` puts them behind `kforge.profilers.base.Profiler`.
 """

@@ -151,7 +151,7 @@ def test_ncu_profiles_a_torch_program_in_the_bare_sandbox(tmp_path):
            "--launch-count", "1", "--clock-control", "none", "--section", "SpeedOfLight"]
     ours, theirs = socket.socketpair()  # fd 0: the wrapper's report goes there first, as to the server
     with ours:
-        done = subprocess.run([sys.executable, "-m", "kforge.tools.process.ncu_launch", conf.as_arg(), "--", *ncu,
+        done = subprocess.run([sys.executable, "-m", "kforge.tools.process.profiled_launch", conf.as_arg(), "--", *ncu,
                                sys.executable, "-c", program, conf.as_arg()],
                               stdin=theirs.fileno(), capture_output=True, text=True, timeout=300, cwd=scratch,
                               env=worker_env(home, scratch, {"HOME": str(scratch)}))

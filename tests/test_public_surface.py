@@ -50,8 +50,8 @@ PACKAGES: dict[str, list[str]] = {
                      "tool_inputs", "trials", "verdict"],
     "kforge.tools.harness": ["bench", "candidate", "compare", "forkserver", "handoff", "inputs",
                              "integrity", "judge", "loader", "output_contract", "session", "timing", "worker"],
-    "kforge.tools.process": ["build_service", "channel", "host_holds", "lifecycle", "limits", "ncu_launch", "pool", "protocol", "runner",
-                                   "sandbox"],
+    "kforge.tools.process": ["build_service", "channel", "host_holds", "lifecycle", "limits", "pool", "profiled_launch",
+                             "protocol", "runner", "sandbox"],
 }
 
 

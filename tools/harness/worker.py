@@ -337,7 +337,7 @@ def _confinement(flag: str = "--sandbox") -> Any:
 
 def _landlock_here(confinement: Any, backend: str | None) -> dict[str, Any]:
     """Landlock alone (`sandbox.apply_landlock`), for a worker profiled by ncu: the rest of the sandbox it shares
-    with ncu's front-end was entered before ncu started, and reported by it (`kforge.tools.process.ncu_launch`)."""
+    with ncu's front-end was entered before ncu started, and reported by it (`kforge.tools.process.profiled_launch`)."""
     from ..process.sandbox import apply_landlock, with_gpu_nodes
 
     confinement, why = with_gpu_nodes(confinement, backend)

@@ -163,7 +163,7 @@ class WorkerProcess:
 
     def _command(self) -> list[str]:
         """The worker's command line. Under a profiler (ncu), the profiler's front-end and the worker share one
-        sandbox, entered before the front-end starts (`kforge.tools.process.ncu_launch`, which sends its report first):
+        sandbox, entered before the front-end starts (`kforge.tools.process.profiled_launch`, which sends its report first):
         they talk through an abstract socket and FIFOs in /tmp, which two sandboxes would part. The worker itself
         then enters none (no `--sandbox`): a second one inside would part it from its profiler. It applies Landlock
         itself (`--landlock`, `sandbox.apply_landlock`): the CUDA driver writes the worker's own /proc/self/task."""
@@ -172,7 +172,7 @@ class WorkerProcess:
             return [*worker, *sandbox_args(self.home, self.limits, self.scratch)]
         if (conf := confinement(self.home, self.limits, self.scratch)) is None:
             return [*self._prefix, *worker]
-        return [sys.executable, "-m", "kforge.tools.process.ncu_launch", conf.as_arg(), "--", *self._prefix, *worker,
+        return [sys.executable, "-m", "kforge.tools.process.profiled_launch", conf.as_arg(), "--", *self._prefix, *worker,
                 "--landlock", conf.as_arg()]
 
     def _profiled_worker(self) -> int | None:

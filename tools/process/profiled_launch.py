@@ -1,5 +1,5 @@
-"""`python -m kforge.tools.process.ncu_launch CONFINEMENT -- ncu ... python -m kforge.tools.harness.worker`: Nsight
-Compute's front-end and the worker it profiles in one sandbox of their own.
+"""`python -m kforge.tools.process.profiled_launch CONFINEMENT -- PROFILER ... python -m kforge.tools.harness.worker`:
+a rerun profiler's front-end and the worker it profiles in one sandbox of their own (Nsight Compute's, `ncu`).
 
 Process plumbing, so it lives with the sandbox it enters (`kforge.profilers.ncu` builds ncu's command and reads its
 report, and imports nothing of the tools). It runs as `kforge.tools.process.sandbox`'s own main runs a command, but
