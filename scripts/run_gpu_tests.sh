@@ -4,7 +4,7 @@
 #
 # Works from a plain checkout without installing: the checkout is exposed as the package `kforge`
 # through a symlink, and wheels the host lacks (mcp, pydantic-settings, ...) come from .whl/
-# (made here with ../shared/gpu/fetch-wheels.sh platformdirs ninja). Writes results under $OUT
+# (made here with ../shared/gpu/fetch-wheels.sh platformdirs ninja pyseccomp pytest pytest-timeout). Writes results under $OUT
 # when set (the device tool's output folder), else under bench/out/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
