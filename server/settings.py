@@ -129,8 +129,8 @@ class Settings(BaseSettings):
     warm_baselines: Literal["gpu", "all", "off"] = Field(
         default="off", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
         "its first candidate's compile or verify, so the profile after them does not wait for the compile: 'gpu' "
-        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off' (the default "
-        "until a GPU run has measured it).")
+        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off' (the default: "
+        "with calls back to back it saved 0.1-0.7 s on a GPU; with an agent's turn between them, not yet measured).")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "

@@ -10,9 +10,11 @@ reference on its GPU that has its judge (`Warmup.compiling`), then takes that ju
 it cancels, and compiles itself (`steps.prepare_judge`). Dynamo's cache lives in the judge's process, so its next
 jobs' torch.compile of the reference compiles in milliseconds.
 
-Off by default (`ToolContext.warm_baselines`): not yet measured on a GPU. Where a verify comes first, a GPU verify of
-a small problem (0.5-0.9 s) is shorter than the compile (2.0-3.6 s, 2x H100), so the profile still waits for most
-of it (`bench/results/README.md`, twenty-first session).
+Off by default (`ToolContext.warm_baselines`). On KernelBench problems (2x H200, 2026-11-28) every warm-up was kept
+and timing did not move, but with calls back to back it saved only 0.1-0.7 s: a verify (0.4-0.8 s) or a compile with
+the reference (0.2-0.3 s) is shorter than the compile (2.0-3.5 s), so the profile still waits for most of it. An
+agent's turn between its calls would cover the rest; not yet measured (`bench/results/README.md`, twenty-second
+session).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from kforge.backends import kernel_modules
+
 from ..models import Failure
 from ..process.channel import close_all
 from ..process.protocol import LoadReply, LoadRequest, ResetReply
@@ -111,8 +113,6 @@ class Session:
         self.module, self.extensions = outcome.module, outcome.extensions
         self.kernel_names = [k.kernel for b in outcome.builds for k in b.kernels]
         if self.module is not None:  # kernels compiled at first launch are the candidate's own too (Triton's jit)
-            from kforge.backends import kernel_modules
-
             launched = kernel_modules()
             self.kernel_names += [name for name, obj in vars(self.module).items()
                                   if type(obj).__module__.split(".")[0] in launched and callable(obj)]

@@ -697,7 +697,8 @@ class WorkerPool:
             target = 0 if held else self._target[kind]  # while held, only forks a job waits for
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             if room is not None:
-                missing, room = min(missing, room), room - max(0, min(missing, room))
+                missing = min(missing, room)
+                room -= max(0, missing)
             for _ in range(max(0, missing)):
                 self._starting[kind] += 1
                 self._tg.start_soon(self._start_one, kind)
