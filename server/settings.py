@@ -127,10 +127,11 @@ class Settings(BaseSettings):
                            "arrive after about N/4 s; fewer at once bring the first ones sooner, those a job waits for "
                            "first. Off until a GPU run has measured it.")
     warm_baselines: Literal["gpu", "all", "off"] = Field(
-        default="off", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
+        default="gpu", description="Compile a problem's torch.compile baseline ahead, in a judge of its own beside "
         "its first candidate's compile or verify, so the profile after them does not wait for the compile: 'gpu' "
-        "backends only (a CPU backend's trials need the cores the compile takes), 'all', or 'off' (the default: "
-        "with calls back to back it saved 0.1-0.7 s on a GPU; with an agent's turn between them, not yet measured).")
+        "backends only (the default: a CPU backend's trials need the cores the compile takes), 'all', or 'off'. "
+        "On KernelBench problems (2x H200) with an agent's 5 s turn before the profile, a new problem's first profile "
+        "took 1.45-2.26 s instead of 3.17-4.74 s; with calls back to back it saves 0.1-0.7 s.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "

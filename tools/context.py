@@ -121,8 +121,8 @@ class ToolContext:
     _gpu_calls: Counter[str] = field(default_factory=Counter, init=False)
     #: where a problem's torch.compile baseline is compiled ahead, beside its first candidate's compile or verify
     #: (`kforge.tools.warmup`): "gpu" backends only (the compile takes host cores a CPU backend's trials use),
-    #: "all", or "off" (the default: back to back it saved 0.1-0.7 s on a GPU; an agent's turn is not yet measured)
-    warm_baselines: str = "off"
+    #: "all", or "off"; "gpu" by default (with an agent's turn before the profile it hides the compile: README)
+    warm_baselines: str = "gpu"
     #: warm workers forked at once by the pool (`WorkerPool.max_forks`; 0: no limit)
     max_forks: int = 0
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends

@@ -62,7 +62,7 @@ class NodeConfig:
     slots: int | None = None
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
-    warm_baselines: str = "off"  # `ToolContext.warm_baselines`
+    warm_baselines: str = "gpu"  # `ToolContext.warm_baselines`
     max_forks: int = 0  # `ToolContext.max_forks`
 
 
