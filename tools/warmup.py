@@ -10,11 +10,11 @@ reference on its GPU that has its judge (`Warmup.compiling`), then takes that ju
 it cancels, and compiles itself (`steps.prepare_judge`). Dynamo's cache lives in the judge's process, so its next
 jobs' torch.compile of the reference compiles in milliseconds.
 
-Off by default (`ToolContext.warm_baselines`). On KernelBench problems (2x H200, 2026-11-28) every warm-up was kept
-and timing did not move, but with calls back to back it saved only 0.1-0.7 s: a verify (0.4-0.8 s) or a compile with
-the reference (0.2-0.3 s) is shorter than the compile (2.0-3.5 s), so the profile still waits for most of it. An
-agent's turn between its calls would cover the rest; not yet measured (`bench/results/README.md`, twenty-second
-session).
+On for GPU backends by default (`ToolContext.warm_baselines`). On KernelBench problems (2x H200, 2026-11-28) every
+warm-up was kept and timing did not move. With an agent's 5 s turn before the profile, the first profile took 1.45-2.26 s
+instead of 3.17-4.74 s; with calls back to back it saved only 0.1-0.7 s, since a verify (0.4-0.8 s) or a compile with
+the reference (0.2-0.3 s) is shorter than the compile (2.0-3.5 s) (`bench/results/README.md`, twenty-second and
+twenty-third sessions).
 """
 
 from __future__ import annotations
