@@ -52,5 +52,23 @@ def test_a_used_entry_is_kept_over_an_older_one(tmp_path):
     assert report.removed == ["cache/builds/newer"]
 
 
+def test_an_older_kforges_compiler_caches_are_counted_and_pruned_first_whole(tmp_path):
+    """Jobs keep the compilers' caches in their scratch now; the folders an older KForge left under cache/ are
+    counted, and go before any current entry, however recently they changed (but not within KEEP_RECENT_S)."""
+    cache = tmp_path / "cache"
+    _entry(cache / "builds" / "relu-1", 1, age_s=5 * 86400)
+    _entry(cache / "triton" / "abc", 1, age_s=3600)
+    _entry(cache / "inductor" / "xyz", 1, age_s=3600)
+    old = time.time() - 3600
+    for legacy in (cache / "triton", cache / "inductor"):
+        os.utime(legacy, (old, old))
+    usage = disk_usage(tmp_path)
+    assert usage.caches["triton"] >= 2**20 and usage.caches["inductor"] >= 2**20
+    assert "torch_extensions" not in usage.caches  # absent: not listed
+    report = prune_caches(tmp_path, max_bytes=int(1.5 * 2**20))
+    assert sorted(report.removed) == ["cache/inductor", "cache/triton"], report.removed
+    assert (cache / "builds" / "relu-1").exists()
+
+
 def test_format_bytes():
     assert [format_bytes(n) for n in (512, 1300, 790_200_000, 2.3e9)] == ["512 B", "1.3 KB", "790.2 MB", "2.3 GB"]

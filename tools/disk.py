@@ -1,9 +1,11 @@
 """The disk a data directory takes, and pruning its rebuildable caches to a size cap.
 
 Under `KFORGE_HOME` the store (`kforge.db`, `artifacts/`) holds answers and profiles, which cannot be
-made again; `cache/` holds what can: built extensions, precompiled headers (about 0.8 GB each for
-torch/extension.h on CPU), torch.compile's and Triton's caches. Only the caches are pruned, least
-recently used first, and never an entry used in the last `KEEP_RECENT_S` (a server may be about to load it).
+made again; `cache/` holds what can: built extensions and precompiled headers (about 0.8 GB each for
+torch/extension.h on CPU). The compilers' own caches (torch's extensions, torch.compile's, Triton's) live in each
+job's scratch directory; an older KForge kept them under `cache/` too, and those folders are pruned first, whole.
+Only the caches are pruned, least recently used first, and never an entry used in the last `KEEP_RECENT_S` (a server
+may be about to load it).
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ from pathlib import Path
 
 from kforge.backends.build.fast_build import mark_used
 
-__all__ = ["CACHES", "KEEP_RECENT_S", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_loaded", "mark_used",
+__all__ = ["CACHES", "KEEP_RECENT_S", "LEGACY_CACHES", "DiskUsage", "PruneReport", "disk_usage", "format_bytes", "mark_loaded", "mark_used",
            "prune_caches"]
 
-# cache/<name>: what it holds. Entries of the first three are pruned one by one; the compilers' own caches whole.
+# cache/<name>: what it holds, pruned entry by entry.
 CACHES = {
     "builds": "built extensions",
     "pch": "precompiled headers",
-    "torch_extensions": "torch's extension builds",
-    "inductor": "torch.compile (inductor) cache",
-    "triton": "Triton's kernel cache",
 }
-_PER_ENTRY = ("builds", "pch", "torch_extensions")
+# cache/<name> that an older KForge wrote (the compilers' caches are per job now, `fast_build`): nothing reads them,
+# so they are counted, and pruned whole before any current entry.
+LEGACY_CACHES = {
+    "torch_extensions": "torch's extension builds (left by an older KForge)",
+    "inductor": "torch.compile's cache (left by an older KForge)",
+    "triton": "Triton's kernel cache (left by an older KForge)",
+}
 # An entry used this recently may be loaded by a running job: pruning it then could fail that job's build.
 KEEP_RECENT_S = 600.0
 
@@ -96,7 +101,8 @@ class DiskUsage:
 
 def disk_usage(home: Path) -> DiskUsage:
     """What the data directory `home` takes on disk, split into store, caches and the rest."""
-    caches = {name: _size(home / "cache" / name) for name in CACHES}
+    caches = {name: _size(home / "cache" / name) for name in (*CACHES, *LEGACY_CACHES)}
+    caches = {name: n for name, n in caches.items() if n or name in CACHES}
     store = _size(home / "artifacts") + sum(_size(p) for p in home.glob("kforge.db*"))
     total = _size(home)
     return DiskUsage(home=home, store_bytes=store, caches=caches, other_bytes=max(0, total - store - sum(caches.values())))
@@ -127,20 +133,18 @@ def _header_being_built(entry: Path) -> bool:
 
 
 def _entries(home: Path) -> list[tuple[float, int, Path]]:
-    """(last used, bytes, path) of every prunable cache entry."""
+    """(last used, bytes, path) of every prunable cache entry, in the order they go: the legacy folders, then the
+    least recently used."""
+    legacy = [base for base in (home / "cache" / name for name in LEGACY_CACHES) if base.is_dir()]
     found = []
     for name in CACHES:
         base = home / "cache" / name
-        if not base.is_dir():
-            continue
-        if name in _PER_ENTRY:
+        if base.is_dir():
             # A build publishes itself with one rename from .building-*; a header being built has a 'building' marker.
-            paths = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".building-")
-                     and not _header_being_built(p)]
-        else:
-            paths = [base]
-        found += [(_last_used(p), _size(p), p) for p in paths]
-    return sorted(found, key=lambda e: e[0])
+            found += [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".building-")
+                      and not _header_being_built(p)]
+    entries = [(_last_used(p), _size(p), p) for p in (*legacy, *found)]
+    return [*entries[:len(legacy)], *sorted(entries[len(legacy):], key=lambda e: e[0])]
 
 
 def prune_caches(home: Path, *, max_bytes: int | None, now: float | None = None) -> PruneReport:
