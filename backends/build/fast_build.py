@@ -32,12 +32,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from kforge.backends.host import process_stat
 
 __all__ = ["ARCH_PATTERN", "MAX_ANSWER_BYTES", "NAME_PATTERN", "build_key", "build_needs_device", "build_pch_now", "claim_pch",
-           "job_cache_env", "lean_cuda_sources", "main_cpp_flags", "mark_used", "name_builder", "pch_dir_for", "pch_key",
+           "header_to_build", "job_cache_env", "lean_cuda_sources", "main_cpp_flags", "mark_used", "name_builder", "pch_dir_for", "pch_key",
            "promote_build", "toolchain_id"]
 
 BUILD_PATH_VERSION = "3"  # bump when what a key covers, or how a key is built, changes
@@ -194,6 +194,17 @@ def _promoted_pch_command(pch_dir: Path, build_dir: Path) -> list[str] | None:
     if recorded.get("pch_key") != pch_dir.name or not isinstance(cmd, list) or not all(isinstance(c, str) for c in cmd):
         return None
     return cmd
+
+
+def header_to_build(cache: Path, how: Sequence[str], header_key: str, has_command: bool, enabled: bool) -> Path | None:
+    """After the server promoted a build into `cache`/builds: the precompiled header to build next in the background,
+    or None. A build that used one marks it used (the builder saw the cache read-only); one that did not asks for its
+    header where headers are on and torch's build step recorded main.cpp's command to build it with."""
+    pch_dir = cache / "pch" / header_key
+    if "precompiled header" in how:
+        mark_used(pch_dir)
+        return None
+    return pch_dir if enabled and has_command else None
 
 
 def claim_pch(pch_dir: Path) -> bool:

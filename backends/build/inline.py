@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
@@ -36,7 +37,7 @@ from .diagnostics import SourceMap, parse_compiler_output, parse_ptxas_resources
 from .fast_build import MAX_ANSWER_BYTES, build_key, lean_cuda_sources, main_cpp_flags, mark_used, pch_dir_for, pch_key
 from .models import BuildInfo, Diagnostic, KernelResources
 
-__all__ = ["BuildError", "InlineBuilder", "sweep_abandoned_builds", "tail"]
+__all__ = ["BuildError", "InlineBuilder", "ServedBuild", "read_served_build", "sweep_abandoned_builds", "tail"]
 
 _TAIL_LINES = 30
 # A private build directory untouched this long belongs to a killed build (builds write as they go, and a
@@ -421,6 +422,36 @@ def _serve_build(request_file: Path, out: Path) -> None:
         return
     say({"done": True, "ok": True, "build_dir": build_dir.name, "how": how, "mode": builder.last_mode,
          "not_split": builder._pop_not_split(), "generated": generated()})
+
+
+@dataclass(frozen=True)
+class ServedBuild:
+    """What the server's builder (`_serve_build`) said on its trusted stdout: the keys it builds under, computed
+    before any compiler ran; its last line (`done`: ok, how, mode, output, build_dir, ...); and main.cpp's compile
+    command of each build directory that ninja ran (what a precompiled header is built with)."""
+
+    key: str
+    pch_key: str
+    done: dict[str, Any]
+    main_cpp_commands: dict[str, Any]
+
+
+def read_served_build(data: bytes) -> ServedBuild | None:
+    """`_serve_build`'s answer from its stdout, or None where it did not name its keys or did not finish."""
+    lines = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            lines.append(item)
+    head = lines[0] if lines else {}
+    done = next((x for x in lines if "done" in x), None)
+    key, header = head.get("key"), head.get("pch_key")
+    if done is None or not all(isinstance(k, str) and re.fullmatch(r"[0-9a-f]{20}", k) for k in (key, header)):
+        return None
+    return ServedBuild(key, header, done, {x["ninja"]: x.get("cmd") for x in lines if isinstance(x.get("ninja"), str)})
 
 
 if __name__ == "__main__":  # the server's build of a worker's request, inside its sandbox: --build REQUEST OUT

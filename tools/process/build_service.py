@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,8 +19,9 @@ from typing import Any
 
 import anyio
 
-from kforge.backends.build.fast_build import (ARCH_PATTERN, MAX_ANSWER_BYTES, NAME_PATTERN, build_needs_device, mark_used,
-                                              promote_build)
+from kforge.backends.build.fast_build import (ARCH_PATTERN, MAX_ANSWER_BYTES, NAME_PATTERN, build_needs_device,
+                                              header_to_build, promote_build)
+from kforge.backends.build.inline import read_served_build
 
 from .lifecycle import kill_group, worker_env
 from .limits import WorkerLimits, confinement
@@ -64,7 +64,6 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
             readable = (*conf.extra_readable, str(staging), *([str(scratch.resolve())] if scratch else []))
             command = [sys.executable, "-m", "kforge.tools.process.sandbox", replace(conf, extra_readable=readable).as_arg(),
                        "--", *command]
-        lines: list[dict[str, Any]] = []
         with open(staging / "builder.log", "wb") as errors:
             proc = await anyio.open_process(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
                                             cwd=str(out), env=worker_env(home, out), start_new_session=True)
@@ -84,21 +83,12 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
                     if proc.returncode is None:  # cancelled or late: its processes die with its PID namespace
                         await kill_group(proc)
                     await proc.aclose()
-        for line in data.decode(errors="replace").splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(item, dict):
-                lines.append(item)
-        head = lines[0] if lines else {}
-        done = next((x for x in lines if "done" in x), None)
-        key, pch_key = head.get("key"), head.get("pch_key")
-        if not (isinstance(key, str) and re.fullmatch(r"[0-9a-f]{20}", key or "") and isinstance(pch_key, str)
-                and re.fullmatch(r"[0-9a-f]{20}", pch_key or "")) or done is None:
+        served = read_served_build(data)
+        if served is None:
             tail = (staging / "builder.log").read_text(errors="replace")[-4000:]
             return {"ok": False, "mode": "plain", "output": f"the server's build of {name} did not finish "
                                                             f"(exit {proc.returncode}): {tail}"}
+        done = served.done
         answer = {k: done.get(k) for k in ("ok", "how", "not_split", "mode", "output", "generated")}
         built = out / str(done.get("build_dir") or "-")
         answer["build_dir"] = str(built)
@@ -107,17 +97,15 @@ async def serve_build_request(home: Path, limits: Any, scratch: Path | None, req
             return answer
         if built.parent != out or not built.name.startswith(".building-"):
             return {**answer, "ok": False, "output": "the server's builder named no build directory of its own"}
-        cmds = [x.get("cmd") for x in lines if x.get("ninja") == built.name]
-        final = promote_build(cache_dir, name, key, built, {"pch_key": pch_key, "cmd": cmds[-1] if cmds else None})
+        command = served.main_cpp_commands.get(built.name)
+        final = promote_build(cache_dir, name, served.key, built, {"pch_key": served.pch_key, "cmd": command})
         if final is None:
             return {**answer, "ok": False, "output": f"the server's build of {name} made no library {name}.so"}
         answer.update(ok=True, dir=str(final))
-        how = done.get("how") or []
-        if "precompiled header" in how:  # the header the build used (the builder sees the cache read-only)
-            mark_used(home / "cache" / "pch" / pch_key)
-        elif limits.precompiled_headers and cmds:
-
-            spawn_pch_build(home, limits, home / "cache" / "pch" / pch_key, final)
+        header = header_to_build(home / "cache", done.get("how") or [], served.pch_key, built.name in served.main_cpp_commands,
+                                 bool(limits.precompiled_headers))
+        if header is not None:
+            spawn_pch_build(home, limits, header, final)
         return answer
     finally:
         shutil.rmtree(staging, ignore_errors=True)
