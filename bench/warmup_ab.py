@@ -8,6 +8,8 @@ first candidate (compile,) verify and profile, the warm-up's outcome from the se
 
   python3 bench/warmup_ab.py --problems level1/1 level1/40 level2/12 --out $OUT   # from bench/run_kernelbench_sample.sh's env
   python3 bench/warmup_ab.py --sample-args --turn-s 5 --ncu-clocks none            # an agent's 5 s turn before each first profile
+  python3 bench/warmup_ab.py --settings gpu timed --flows verify-first --sample-args --turn-s 5 --ncu-clocks none
+                                                    # the warm-up that also times its baseline (KFORGE_WARM_TIMING)
   python3 bench/warmup_ab.py --summarize DIR                                       # the table again from DIR
 """
 
@@ -22,17 +24,19 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = ("off", "gpu")
+# Each setting's server environment: the warm-up off, on (compile only), or on and timing its baseline too.
+SETTINGS = {"off": ["KFORGE_WARM_BASELINES=off"], "gpu": ["KFORGE_WARM_BASELINES=gpu"],
+            "timed": ["KFORGE_WARM_BASELINES=gpu", "KFORGE_WARM_TIMING=1"]}
 
 
-def run_pair(flow: str, problems: list[str], out: Path, extra: list[str], swap: bool) -> None:
+def run_pair(flow: str, problems: list[str], out: Path, extra: list[str], swap: bool, settings: list[str]) -> None:
     procs = []
-    for gpu, setting in enumerate(reversed(SETTINGS) if swap else SETTINGS):
+    for gpu, setting in enumerate(reversed(settings) if swap else settings):
         d = out / f"{flow}-{setting}"
         d.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, str(HERE / "kernelbench_sample.py"), "--kernelbench", str(HERE.parent / ".kb"),
                "--problems", *problems, "--out", str(d), "--state", str(d / "state.json"),
-               "--server-env", f"KFORGE_WARM_BASELINES={setting}", *extra]
+               "--server-env", *SETTINGS[setting], *extra]
         if flow == "compile-first":
             cmd.append("--compile-first")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -93,6 +97,8 @@ def summarize(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", nargs="+", default=["level1/1", "level1/40", "level2/12", "level2/76"])
+    ap.add_argument("--settings", nargs=2, default=["off", "gpu"], choices=list(SETTINGS),
+                    help="the two settings side by side, one per GPU (default: off gpu)")
     ap.add_argument("--flows", nargs="+", default=["verify-first", "compile-first"],
                     choices=["verify-first", "compile-first"])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or HERE / "out"))
@@ -102,7 +108,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.summarize:
         for i, flow in enumerate(args.flows):
-            run_pair(flow, args.problems, args.out, args.sample_args, swap=i % 2 == 1)
+            run_pair(flow, args.problems, args.out, args.sample_args, swap=i % 2 == 1, settings=args.settings)
     table = summarize(args.summarize or args.out)
     print(table)
     (args.summarize or args.out).joinpath("warmup-ab.md").write_text(table + "\n")

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
         "backends only (the default: a CPU backend's trials need the cores the compile takes), 'all', or 'off'. "
         "On KernelBench problems (2x H200) with an agent's 5 s turn before the profile, a new problem's first profile "
         "took 1.45-2.26 s instead of 3.17-4.74 s; with calls back to back it saves 0.1-0.7 s.")
+    warm_timing: bool = Field(default=False, description="Where a torch.compile baseline is compiled ahead "
+                              "(KFORGE_WARM_BASELINES), also time it and eager (its canary) once the compile is done, "
+                              "alone on the device as any timing, with the default budget: the profile that follows "
+                              "reuses it while eager times within 2%, and times only eager and the candidate. Off until "
+                              "a GPU run has measured it.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "
@@ -248,6 +253,7 @@ def tool_context(settings: Settings) -> ToolContext:
     memory = settings.worker_memory_mb * 2**20 if settings.worker_memory_mb else None
     files = settings.worker_file_mb * 2**20 if settings.worker_file_mb else None
     return ToolContext(home=settings.home, keep_scratch=settings.keep_scratch, warm_baselines=settings.warm_baselines,
+                       warm_timing=settings.warm_timing, timing_budget_s=settings.timing_budget_s,
                        max_forks=settings.max_forks,
                        limits=WorkerLimits(timeout_s=settings.worker_timeout_s, memory_bytes=memory, file_bytes=files,
                                            isolate_network=settings.worker_network == "isolated",
@@ -268,5 +274,6 @@ def ray_fleet(settings: Settings, tools: ToolContext) -> RayFleet | None:
                       home=str(settings.ray_node_home) if settings.ray_node_home else None,
                       keep_scratch=settings.keep_scratch, warm_workers=settings.warm_workers,
                       trace=settings.trace is not None, warm_baselines=settings.warm_baselines,
+                      warm_timing=settings.warm_timing, timing_budget_s=settings.timing_budget_s,
                       max_forks=settings.max_forks)
     return RayFleet(settings.ray, node, tools.store, cpus_per_job=settings.ray_cpus_per_job)

@@ -96,3 +96,43 @@ async def test_a_profile_does_not_wait_for_a_warm_up_still_without_a_worker_and_
                                                             budget_s=0.3, hardware_counters=False, use_store=False))
         assert prof.ok and prof.output_correct, prof.failure
         assert waiting.scope.cancel_called and not waiting.done.is_set()
+
+
+async def test_a_timed_warm_up_stores_the_baseline_and_the_next_profile_times_only_eager_and_the_candidate(tmp_path,
+                                                                                                          monkeypatch):
+    """`warm_timing`: once its compile is done, the warm-up times torch.compile and eager (its canary) alone on the
+    device, with the server's default budget; the profile with that budget reuses torch.compile (and says how old it
+    is) while eager still agrees, timing only eager and the candidate. With another budget it times its own."""
+    # Whether eager still agrees within 2% is the canary's call, which a busy 2-core VM's noise decides either way
+    # (test_e2e_stdio checks it both ways): here it always agrees, so what is checked is what the warm-up stored.
+    monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
+                                                                     candidate_code=RELU, use_store=False))
+        assert verified.correct, str(verified)
+        with anyio.fail_after(300):  # an agent's turn: the warm-up compiles and times meanwhile
+            while ctx.warmups:
+                await anyio.sleep(0.1)
+        [warmup] = [line for line in _lines(trace) if line["op"] == "warmup.torch_compile"]
+        assert warmup["outcome"] == "kept, timed", warmup
+        before = len([line for line in _lines(trace) if line["role"] == "judge" and line["op"] == "time"])
+
+        async def profile(budget_s: float):
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                            baselines=("eager", "torch.compile"), budget_s=budget_s,
+                                                            hardware_counters=False, use_store=False))
+            assert prof.ok and prof.output_correct, prof.failure
+            return {b.name: b for b in prof.report.baselines}
+
+        reused = await profile(0.3)
+        compiled = reused["torch.compile"]
+        assert compiled.timing is not None and compiled.reused_after_s is not None, compiled
+        assert reused["eager"].reused_after_s is None  # the canary is timed in every profile
+        judge_times = [line for line in _lines(trace) if line["role"] == "judge" and line["op"] == "time"][before:]
+        assert judge_times and len(judge_times) <= 5, judge_times  # eager's rounds only (3, or 5 for a short call)
+        assert (await profile(0.4))["torch.compile"].reused_after_s is None  # another budget: timed in its own run

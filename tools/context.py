@@ -23,7 +23,7 @@ import anyio
 from kforge.backends import Availability, DeviceFacts, backend_names
 
 from . import gpus
-from .tool_inputs import RequestError
+from .tool_inputs import DEFAULT_BUDGET_S, RequestError
 from .device_use import DeviceUse
 from .models import sha256_text
 from .process.pool import WorkerPool
@@ -123,6 +123,10 @@ class ToolContext:
     #: (`kforge.tools.warmup`): "gpu" backends only (the compile takes host cores a CPU backend's trials use),
     #: "all", or "off"; "gpu" by default (with an agent's turn before the profile it hides the compile: README)
     warm_baselines: str = "gpu"
+    #: whether a warm-up also times the baseline it compiled, and eager beside it, once the compile is done (alone on
+    #: the device, as any timing), for a profile with `timing_budget_s` (the server's default budget) to reuse
+    warm_timing: bool = False
+    timing_budget_s: float = DEFAULT_BUDGET_S
     #: warm workers forked at once by the pool (`WorkerPool.max_forks`; 0: no limit)
     max_forks: int = 0
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends

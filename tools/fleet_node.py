@@ -63,6 +63,8 @@ class NodeConfig:
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
     warm_baselines: str = "gpu"  # `ToolContext.warm_baselines`
+    warm_timing: bool = False  # `ToolContext.warm_timing`
+    timing_budget_s: float = 1.0  # `ToolContext.timing_budget_s`: the server's default budget
     max_forks: int = 0  # `ToolContext.max_forks`
 
 
@@ -163,7 +165,8 @@ class NodeAgent:
         # The server's trace file is a path of its own host: a node traces into its own data directory.
         limits = replace(config.limits, trace_file=str(home / "trace.jsonl") if config.trace else None)
         self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch,
-                                 warm_baselines=config.warm_baselines, max_forks=config.max_forks)
+                                 warm_baselines=config.warm_baselines, max_forks=config.max_forks,
+                                 warm_timing=config.warm_timing, timing_budget_s=config.timing_budget_s)
         self.tools.store = self.store = _RecordingStore(home)
         self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
         self._pool_task: asyncio.Task[None] | None = None

@@ -48,7 +48,7 @@ from .verdict import anchor_exceeds, integrity_checks, static_check, timing_chec
 if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
     from . import requests as job
 
-__all__ = ["baseline_stored", "profile_kernel"]
+__all__ = ["baseline_key", "baseline_stored", "profile_kernel", "time_baselines_ahead"]
 _INPUT_SETS = 3  # input sets whose outputs are checked before timing
 _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
 _TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...
@@ -76,6 +76,18 @@ BASELINE_REUSE_S = 600.0
 def _baseline_gpu(gpu: Any) -> str:
     """The GPU part of a stored baseline's key (`ctx.baseline_timings`): timed on this GPU, reused on it only."""
     return gpu_id(gpu) if gpu else ""
+
+
+def baseline_key(reference_sha256: str | None, name: str, budget_s: float, environment: dict[str, Any],
+                 gpu: Any) -> tuple[str, ...]:
+    """A stored baseline's key in `ctx.baseline_timings`: reused only for this reference, budget, environment
+    (versions, device) and GPU."""
+    return (reference_sha256 or "", name, str(budget_s), json.dumps(environment, sort_keys=True), _baseline_gpu(gpu))
+
+
+def _store_baseline(ctx: ToolContext, key: tuple[str, ...], series: dict[str, Any], eager_median_us: float) -> None:
+    """Keep a baseline's merged series (`stats`, `rounds`) with the eager median it was timed beside (its canary)."""
+    ctx.baseline_timings[key] = (time.monotonic(), {**series, "eager_median_us": eager_median_us})
 
 
 def baseline_stored(ctx: ToolContext, reference_sha256: str, name: str) -> bool:
@@ -451,8 +463,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     otherwise it is timed in this run.
     """
     def key(name: str) -> tuple[str, ...]:
-        return (spec.reference_sha256 or "", name, str(budget_s), json.dumps(spec.environment, sort_keys=True),
-                _baseline_gpu(spec.gpu))
+        return baseline_key(spec.reference_sha256, name, budget_s, spec.environment, spec.gpu)
 
     stored = {n: ctx.baseline_timings.get(key(n)) for n in baselines if n != "eager"}
     stored = {n: v for n, v in stored.items()
@@ -460,7 +471,7 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     order = ["eager"] + [n for n in baselines if n != "eager" and n not in stored] + ["candidate"]
     replies: dict[str, list[TimeReply]] = {n: [] for n in order}
     failures: dict[str, Failure] = {}
-    rounds = _SHORT_CALL_ROUNDS if reference_call_s is not None and reference_call_s < _SHORT_CALL_S else _ROUNDS
+    rounds = _round_count(reference_call_s)
     policy = {"budget_s": budget_s / rounds}
     # A round is its budget plus warm-up, the estimate and the cross-check: ~_CALLS_OUTSIDE_BUDGET calls.
     deadline, why = ctx.limits.hang_deadline(reference_call_s, _CALLS_OUTSIDE_BUDGET)
@@ -527,8 +538,40 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             out[name] = {**earlier, "reused_after_s": round(time.monotonic() - when, 1),
                          "drift": eager_now / earlier["eager_median_us"] - 1}
         elif name != "eager" and "stats" in out.get(name, {}) and eager_now:
-            ctx.baseline_timings[key(name)] = (time.monotonic(), {**out[name], "eager_median_us": eager_now})
+            _store_baseline(ctx, key(name), out[name], eager_now)
     return out
+
+
+def _round_count(reference_call_s: float | None) -> int:
+    return _SHORT_CALL_ROUNDS if reference_call_s is not None and reference_call_s < _SHORT_CALL_S else _ROUNDS
+
+
+async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any, baselines: tuple[str, ...],
+                               budget_s: float, reference_call_s: float | None, problem_bytes: int) -> bool:
+    """Time `baselines` of the reference that `judge` has loaded and prepared, as a profile with `budget_s` times them (its timing sets, its rounds, eager first in the rotation as their canary), and store them for the
+    profiles that follow: `_time_in_rounds` reuses one while eager still times within `_CANARY_TOLERANCE` of eager
+    here, and says how old it is. `key(name)` is the stored baseline's key (`baseline_key`). The caller holds the
+    device's timing use. Returns whether they were stored (not on any failure)."""
+    made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(_timing_set_count(problem_bytes))[1]),
+                            stage="reference")
+    if made.failure is not None:
+        return False
+    rounds = _round_count(reference_call_s)
+    policy = {"budget_s": budget_s / rounds}
+    order = ["eager", *baselines]
+    replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            reply = await judge.call(TimeRequest(label=name, compile=(name == "torch.compile"), policy=policy),
+                                     stage=f"timing {name}", timeout_s=_COMPILE_TIMEOUT_S, watch_background=False)
+            if reply.failure is not None:
+                return False
+            replies[name].append(reply.model_dump(mode="json"))
+    eager_median = merge_rounds("eager", replies["eager"])[0].median_us
+    for name in baselines:
+        stats, per_round = merge_rounds(name, replies[name])
+        _store_baseline(ctx, key(name), {"stats": stats, "rounds": per_round}, eager_median)
+    return True
 
 
 def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: TimeReply) -> tuple[list[str], dict[str, Any]]:

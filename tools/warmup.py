@@ -30,9 +30,9 @@ from .gpus import current as current_gpu
 from .gpus import placed_on
 from .models import sha256_text
 from .process.lifecycle import trace
-from .process.protocol import LoadRequest, PrepareRequest, TimeRequest, TimingSetsRequest
+from .process.protocol import LoadRequest, PrepareReply, PrepareRequest, ProblemSizeRequest, TimeRequest, TimingSetsRequest
 from .process.runner import NoIdleWorker, WorkerGroup
-from .profile import baseline_stored
+from .profile import baseline_key, baseline_stored, time_baselines_ahead
 from .steps import fresh_seeds, warm_key
 
 __all__ = ["Warmup", "start_warmup"]
@@ -86,8 +86,10 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 warmup.compiling = True  # from now on a profile of the reference waits for it (`steps.prepare_judge`)
                 # Its compile takes host cores and its calls the device: never beside a timing.
                 async with ctx.device_use(device).run():
-                    outcome = await _compile(judge, reference)
-                if outcome == "kept":
+                    outcome, prepared = await _compile(judge, reference)
+                if outcome == "kept" and ctx.warm_timing and prepared is not None:
+                    outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s)
+                if outcome.startswith("kept"):
                     workers.give_back(judge, key)
     except NoIdleWorker:
         outcome = "no idle worker"
@@ -100,19 +102,46 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
         warmup.done.set()
 
 
-async def _compile(judge: Any, reference: str) -> str:
-    """Load and build the reference in `judge`, then compile it with torch.compile and call it: "kept" or why not."""
+async def _compile(judge: Any, reference: str) -> tuple[str, PrepareReply | None]:
+    """Load and build the reference in `judge`, then compile it with torch.compile and call it: "kept" or why not,
+    and the reference's prepared reply."""
     loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
     if loaded.failure is not None:
-        return "the reference failed to load"
+        return "the reference failed to load", None
     init_seed, seeds = fresh_seeds(1)
     prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False, variants=False),
                                 stage="reference")
     if prepared.failure is not None:
-        return "the reference failed"
+        return "the reference failed", None
     made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
     if made.failure is not None:
-        return "the reference's inputs failed"
+        return "the reference's inputs failed", None
     timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
                              stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
-    return "torch.compile failed" if timed.failure is not None else "kept"
+    return ("torch.compile failed" if timed.failure is not None else "kept"), prepared
+
+
+async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str, device: str,
+                      reference_call_s: float | None) -> str:
+    """Time the compiled baseline and eager, its canary, as a profile with the server's default budget would
+    (`profile.time_baselines_ahead`), alone on the device and with no fork readying a device beside them, as a
+    profile's timing. "kept, timed", or "kept" where they could not be timed (the profile times them itself)."""
+    size = await judge.call(ProblemSizeRequest(), stage="reference")
+    if size.failure is not None:
+        return "kept"
+    placement = current_gpu()
+    environment = await ctx.environment(backend)
+    reference_sha = sha256_text(reference)
+
+    def key(name: str) -> tuple[str, ...]:
+        return baseline_key(reference_sha, name, ctx.timing_budget_s, environment, placement.gpu if placement else None)
+
+    async with ctx.device_use(device).timing():
+        release = ctx.hold_forks()
+        ctx.pause_forks()
+        try:
+            timed = await time_baselines_ahead(ctx, judge, key, ("torch.compile",), ctx.timing_budget_s,
+                                               reference_call_s, size.problem_bytes)
+        finally:
+            release()
+    return "kept, timed" if timed else "kept"
