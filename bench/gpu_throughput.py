@@ -298,6 +298,7 @@ class Candidate:
     label: str
     sha: str
     stages: dict[str, Stage] = field(default_factory=dict)
+    done_at: float | None = None  # perf_counter when its last stage answered
 
 
 @dataclass
@@ -368,6 +369,7 @@ async def _pipeline(client: Client, args: argparse.Namespace, code: str, label: 
     rec.candidates.append(cand)
     for tool in TOOLS:  # each stage after the one before, as an agent would; all three run whatever the verdict
         cand.stages[tool] = await _stage(client, tool, _args_for(tool, args, code, gpu), rec)
+    cand.done_at = time.perf_counter()
 
 
 def _session(url: str):
@@ -474,8 +476,21 @@ async def _drive(args: argparse.Namespace, url: str, config: str, candidate: str
     if left := sorted(rec.inflight):  # past --config-timeout-s: cancel what still runs, and say so
         await _cancel(url, left)
         out["cancelled_at_timeout"] = left
-    out.update(wall_s=wall, recorder=rec, warm_recorder=warm)
+    out.update(wall_s=wall, window_t0=t0, recorder=rec, warm_recorder=warm)
     return out
+
+
+def steady_rate(done_s: list[float]) -> dict[str, Any] | None:
+    """Candidates per minute between the completion of the first sixth and of the last sixth (the 8th and 40th of
+    48): the window without its start-up (forks, device contexts) and its drain (fewer in flight than the clients
+    keep), which weigh more in a shorter window. None with fewer than 12 completions."""
+    done = sorted(done_s)
+    cut = -(-len(done) // 6)
+    if len(done) < 12 or done[-cut - 1] <= done[cut - 1]:
+        return None
+    lo, hi = cut - 1, len(done) - cut - 1
+    return {"per_min": round(60 * (hi - lo) / (done[hi] - done[lo]), 2), "from_s": round(done[lo], 2),
+            "to_s": round(done[hi], 2), "completions": f"completions {lo + 1}-{hi + 1}"}
 
 
 def _window_lines(traces: dict[Path, int]) -> list[dict]:
@@ -572,6 +587,7 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
     rec: Recorder = drive.pop("recorder")
     warm: Recorder = drive.pop("warm_recorder")
     wall = drive.pop("wall_s")
+    t0 = drive.pop("window_t0")
     pushed = args.clients * args.candidates
     failures, untrusted, timing_checks = [], [], []
     per_gpu: dict[str, dict] = {}
@@ -654,6 +670,8 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
     drive.update(
         config=config, candidates_pushed=pushed, candidates_completed=completed, candidates_good=good,
         wall_s=round(wall, 2), candidates_per_min=round(60 * completed / wall, 2) if wall else None,
+        steady=steady_rate([c.done_at - t0 for c in rec.candidates if c.done_at is not None
+                            and all(s.result is not None for s in c.stages.values()) and len(c.stages) == len(TOOLS)]),
         good_per_min=round(60 * good / wall, 2) if wall else None, gpus=gpus,
         latency_p50_s={t: round(statistics.median(v), 2) for t, v in latencies.items() if v},
         server_queue_wait_p50_s={t: round(statistics.median(v), 2) for t, v in waited.items() if v},
@@ -690,6 +708,12 @@ def _compare(report: dict) -> tuple[dict, list[str]]:
             lines.append(f"{config}: no job waited in a queue at the median ({', '.join(f'{t} {w:g} s' for t, w in waits.items())}): "
                          "its devices were not kept busy, so its rate is a floor of what they can do, and a ratio with it "
                          "is a floor or a ceiling; raise --in-flight or --clients to fill them")
+    steady = {k: (v.get("steady") or {}).get("per_min") for k, v in rows.items() if not v.get("error")}
+    if steady.get("1gpu") and steady.get("2gpu"):
+        r = steady["2gpu"] / steady["1gpu"]
+        out["steady_2gpu_over_1gpu"] = round(r, 3)
+        lines.append(f"steady throughput 2gpu / 1gpu (start-up and drain left out, `steady`): {r:.2f}x "
+                     f"({steady['2gpu']:g} against {steady['1gpu']:g}/min)")
     if rate.get("ray") and rate.get("2gpu"):
         r = rate["ray"] / rate["2gpu"]
         out["ray_over_2gpu"] = round(r, 3)
@@ -716,14 +740,18 @@ def _compare(report: dict) -> tuple[dict, list[str]]:
     return out, lines
 
 
+def _steady(steady: dict | None) -> str:
+    return "-" if not steady else f"{steady['per_min']} ({steady['completions']}, {steady['from_s']}-{steady['to_s']} s)"
+
+
 def _table(report: dict) -> str:
     head = ("| config | GPUs the server saw | warm-up s | wall s | candidates done / pushed | good | candidates/min | "
-            "vs 1gpu | failures | one result each |")
+            "vs 1gpu | steady/min (between) | failures | one result each |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = (report["configs"].get("1gpu") or {}).get("candidates_per_min")
     for name, row in report["configs"].items():
         if row.get("error"):
-            lines.append(f"| {name} | {' '.join(row['error'].split())[:200]} |" + " |" * 8)
+            lines.append(f"| {name} | {' '.join(row['error'].split())[:200]} |" + " |" * 9)
             continue
         seen = ", ".join(f"{g['index']} {g['name']}" for g in row.get("server_gpus", [])) or "none"
         if name == "ray":
@@ -731,7 +759,7 @@ def _table(report: dict) -> str:
         ratio = f"{row['candidates_per_min'] / base:.2f}x" if base and row.get("candidates_per_min") else "-"
         lines.append(f"| {name} | {seen} | {row.get('warmup', {}).get('wall_s', '-')} | {row['wall_s']} | "
                      f"{row['candidates_completed']} / {row['candidates_pushed']} | {row['candidates_good']} | "
-                     f"{row['candidates_per_min']} | {ratio} | {row['failures_count']} | "
+                     f"{row['candidates_per_min']} | {ratio} | {_steady(row.get('steady'))} | {row['failures_count']} | "
                      f"{_one_each(row)} |")
     gpu_head = ("| config | GPU | jobs compile / verify / profile | candidate median us | (max-min)/median | "
                 "IQR/median | within-profile IQR/median | eager median us (spread) |")
