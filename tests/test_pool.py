@@ -490,3 +490,24 @@ async def test_a_limit_on_forks_at_once_holds_every_kind_to_it_and_forks_the_kin
     for warm in (*taken, waited):
         await kill_group(warm.proc)
         await warm.proc.aclose()
+
+
+async def test_the_trace_says_where_a_fork_servers_start_and_each_forks_readying_go(tmp_path):
+    """Where a server's first worker of a kind waits (seconds on a GPU host: the fork server's imports, then each
+    worker's device), by phase: the fork server's preload and each forked worker's own account, in the trace."""
+    import json
+
+    from kforge.tools.process.limits import WorkerLimits
+
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 1)
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    [zygote] = [line for line in lines if line["op"] == "zygote cpu"]
+    assert set(zygote["phases"]) == {"backend module", "dynamo, extensions, profiler", "harness",
+                                     "compilers' identities"}, zygote
+    assert sum(zygote["phases"].values()) <= zygote["s"]  # the rest: the interpreter's start and torch's import
+    forks = [line for line in lines if line["op"] == "fork cpu"]
+    assert forks and all(set(f["phases"]) == {"sandbox", "setup", "device", "libraries"} for f in forks), forks
+    assert all(sum(f["phases"].values()) <= f["s"] for f in forks)

@@ -36,10 +36,11 @@ def _send_line(sock: socket.socket, payload: dict[str, Any]) -> None:
 
 
 def serve_forks(ctl_fd: int, preload: Callable[[], Any], run_child: Callable[[socket.socket], None]) -> None:
-    """Preload, say ready on `ctl_fd`, then fork `run_child(protocol_socket)` per request until EOF."""
+    """Preload, say ready on `ctl_fd` (with what `preload` returned: its phases' seconds), then fork
+    `run_child(protocol_socket)` per request until EOF."""
     ctl = socket.socket(fileno=ctl_fd)
     try:
-        preload()
+        phases = preload()
     except BaseException as exc:  # noqa: BLE001 - the pool falls back to cold workers, which report the problem
         _send_line(ctl, {"ready": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
         return
@@ -47,7 +48,7 @@ def serve_forks(ctl_fd: int, preload: Callable[[], Any], run_child: Callable[[so
     # sight, a worker's full collection (a kept judge's reset) scans only what it made itself (Python's gc.freeze
     # docs: before a fork), and its pages stay shared with the zygote.
     gc.freeze()
-    _send_line(ctl, {"ready": True})
+    _send_line(ctl, {"ready": True, "phases": phases if isinstance(phases, dict) else {}})
     children: set[int] = set()
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)

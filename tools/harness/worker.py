@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
@@ -190,25 +191,43 @@ def _output_to(path: str | None) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _preload(backend_name: str) -> None:
+class _Phases(dict):
+    """Seconds per named phase, for the pool's trace (`pool.zygote`, `pool.fork`): where a start's time goes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._at = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self[name], self._at = round(now - self._at, 3), now
+
+
+def _preload(backend_name: str) -> dict[str, float]:
     """What every job needs, paid once in the zygote: torch, the backend's module, the loader and the
     harness's ops, torch's extension module, and the compilers' identities (subprocesses) that build keys
-    include. Nothing here may start the device: CUDA does not survive a fork."""
+    include. Nothing here may start the device: CUDA does not survive a fork. Returns its phases' seconds."""
     from kforge.backends import backend_class, import_backend_module
 
+    phases = _Phases()
     import_backend_module(backend_name)
+    phases.done("backend module")  # torch and what the backend imports (Triton and Inductor's code generation)
     import torch._dynamo  # noqa: F401 - ~1 s, pulled in by FlopCounterMode and torch.compile
     from torch.utils import cpp_extension, flop_counter  # noqa: F401
 
     from kforge.profilers import torch_profiler  # noqa: F401
+    phases.done("dynamo, extensions, profiler")
 
     from . import candidate, compare, inputs, integrity, judge, output_contract, timing  # noqa: F401
     from .loader import load_user_module  # noqa: F401
+    phases.done("harness")
 
     backend = backend_class(backend_name)
     backend.preload()  # the compilers' identities that its builds' keys include
+    phases.done("compilers' identities")
     if backend.device_started_here():
         raise RuntimeError(f"the {backend_name} device was started while preloading; forked workers could not use it")
+    return phases
 
 
 def _warm_device(backend: Any) -> None:
@@ -267,19 +286,24 @@ def _forked_worker(backend_name: str, network: str, confinement: Any,
         for name in guard:  # the zygote's guard; a job sees what a cold worker sees
             os.environ.pop(name, None)
         os.environ.update(first.get("env") or {})  # before the device starts: CUDA reads it once
+        phases = _Phases()
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
                                backend_name)
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
             os.environ.update(job_cache_env(first["scratch"]))
+        phases.done("sandbox")
         try:
             backend = load_backend(backend_name)
             backend.setup()
+            phases.done("setup")
             _warm_device(backend)
+            phases.done("device")  # its start (a GPU's context), a launch and the profiler's first start
             _warm_libraries(backend)
+            phases.done("libraries")
         except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
             channel.write({"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        channel.write({"warm": True, "pid": isolation["host_pid"]})
+        channel.write({"warm": True, "pid": isolation["host_pid"], "phases": phases})
         _serve(channel, backend, isolation)
 
     return run

@@ -148,6 +148,7 @@ class _Fork:
         self._left_s: float | None = None  # while stopped: what was left of the wait's deadline
         self._want_stopped = False
         self.stopped_s = 0.0  # how long it was kept stopped, in all
+        self.phases: dict[str, float] = {}  # the worker's own account of its readying (setup, device, libraries)
 
     def timed_by(self, scope: anyio.CancelScope) -> None:
         """The wait for this fork's answer. Its deadline does not run while the fork is stopped: a fork kept stopped
@@ -225,6 +226,7 @@ class _Zygote:
         self.children: dict[int, ForkedProcess] = {}
         self._requested: deque[_Fork] = deque()  # forks asked for whose pid the zygote has not named yet
         self._asking = anyio.Lock()  # one request at a time: the "forked" lines come in the order of the requests
+        self.phases: dict[str, float] = {}  # its preload's account of its start, by phase (`worker._preload`)
 
     @classmethod
     async def start(cls, backend: str, argv_extra: list[str], env: dict[str, str], cwd: Path) -> _Zygote | str:
@@ -247,6 +249,7 @@ class _Zygote:
         if not reply.get("ready"):
             await zygote.close()
             return f"the {backend} fork server could not start: {reply.get('why', 'no reason given')}"
+        zygote.phases = reply.get("phases") or {}
         return zygote
 
     async def watch(self) -> None:
@@ -300,6 +303,7 @@ class _Zygote:
             if under_way.pid is not None:
                 killpg(under_way.pid)  # and one that hangs goes too
             return f"a forked worker could not start its device: {reply.get('why', 'no reason given')}"
+        under_way.phases = reply.get("phases") or {}
         proc = ForkedProcess(int(reply["pid"]), channel)
         self.children[proc.pid] = proc
         return WarmProcess(proc, channel, scratch)
@@ -710,7 +714,11 @@ class WorkerPool:
                 scratch.mkdir(parents=True, exist_ok=True)
                 extra = ["--isolate-network"] if self.isolate_network else []
                 extra += self.sandbox
+                started = time.perf_counter()
                 zygote = await _Zygote.start(backend, extra, worker_env(self.home, scratch), scratch)
+                # Its start, the first fork of its backend's wait: its imports and preloads by phase.
+                trace("pool", f"zygote {backend}", isinstance(zygote, _Zygote), started, to=self.trace_file,
+                      phases=zygote.phases if isinstance(zygote, _Zygote) else {})
                 self._zygotes[backend] = zygote
                 if isinstance(zygote, _Zygote) and self._tg is not None:
                     self._tg.start_soon(zygote.watch)
@@ -727,7 +735,8 @@ class WorkerPool:
             own.mkdir(mode=0o700, parents=True)
             warm = await zygote.fork(dict(env), own, under_way) if isinstance(zygote, _Zygote) else zygote
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started,
-                  to=self.trace_file, stopped_s=round(under_way.stopped_s, 3), pid=under_way.pid)
+                  to=self.trace_file, stopped_s=round(under_way.stopped_s, 3), pid=under_way.pid,
+                  phases=under_way.phases)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         finally:
