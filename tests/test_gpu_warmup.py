@@ -51,7 +51,8 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
         tmp_path):
     """`warm_timing`: the warm-up times torch.compile and eager once its compile is done; after an agent's turn, the
     first profile reuses that torch.compile (says how old it is), and a profile right after with fresh baselines
-    times torch.compile within 3% of it (issue 16's bound against do_bench) and eager within its 2% canary."""
+    times torch.compile within 5% of it: this ReLU's kernel takes ~8 us, and 24 profiles of one such candidate spread
+    6% from least to most (2x H200, s22); a baseline timed with its compile, or on other inputs, would be far off."""
     trace = tmp_path / "trace.jsonl"
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
     ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
@@ -81,4 +82,4 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
     assert first["torch.compile"].reused_after_s is not None, first["torch.compile"]
     assert fresh["torch.compile"].reused_after_s is None
     ahead, now = first["torch.compile"].timing.median_us, fresh["torch.compile"].timing.median_us
-    assert abs(ahead / now - 1) <= 0.03, (ahead, now)
+    assert abs(ahead / now - 1) <= 0.05, (ahead, now)
