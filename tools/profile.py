@@ -548,10 +548,11 @@ def _round_count(reference_call_s: float | None) -> int:
 
 async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any, baselines: tuple[str, ...],
                                budget_s: float, reference_call_s: float | None, problem_bytes: int) -> bool:
-    """Time `baselines` of the reference that `judge` has loaded and prepared, as a profile with `budget_s` times them (its timing sets, its rounds, eager first in the rotation as their canary), and store them for the
-    profiles that follow: `_time_in_rounds` reuses one while eager still times within `_CANARY_TOLERANCE` of eager
-    here, and says how old it is. `key(name)` is the stored baseline's key (`baseline_key`). The caller holds the
-    device's timing use. Returns whether they were stored (not on any failure)."""
+    """Time `baselines` of the reference that `judge` has loaded and prepared, as a profile with `budget_s` times
+    them (its timing sets, its rounds, eager first in the rotation as their canary), and store them for the profiles
+    that follow: `_time_in_rounds` reuses one while eager still times within `_CANARY_TOLERANCE` of eager here, and
+    says how old it is. `key(name)` is the stored baseline's key (`baseline_key`). The caller holds the device's
+    timing use. Returns whether they were stored (not on any failure)."""
     made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(_timing_set_count(problem_bytes))[1]),
                             stage="reference")
     if made.failure is not None:

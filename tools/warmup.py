@@ -30,7 +30,8 @@ from .gpus import current as current_gpu
 from .gpus import placed_on
 from .models import sha256_text
 from .process.lifecycle import trace
-from .process.protocol import LoadRequest, PrepareReply, PrepareRequest, ProblemSizeRequest, TimeRequest, TimingSetsRequest
+from .process.protocol import (LoadRequest, PrepareReply, PrepareRequest, ProblemSizeRequest, TimeRequest,
+                               TimingSetsRequest)
 from .process.runner import NoIdleWorker, WorkerGroup
 from .profile import baseline_key, baseline_stored, time_baselines_ahead
 from .steps import fresh_seeds, warm_key
