@@ -28,6 +28,13 @@ def _lines(trace: Path) -> list[dict]:
     return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
 
 
+async def verify_relu(ctx, backend: str, reference: str) -> None:
+    """The problem's first verify, of an honest ReLU: what starts its warm-up."""
+    verified = await verify_against_reference(ctx, VerifyRequest(backend=backend, reference_code=reference,
+                                                                 candidate_code=RELU, use_store=False))
+    assert verified.correct, str(verified)
+
+
 async def _ready(pool, n: int) -> None:
     with anyio.fail_after(150):
         while sum(len(v) for v in pool._idle.values()) < n:
@@ -44,9 +51,7 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
         # The verify's judge and candidate, and the warm-up's judge: idle from the start (with 2, the warm-up waits for
         # the refill the verify's takes start, which a busy 2-core VM readied after the profile had begun).
         await _ready(pool, 3)
-        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
-                                                                     candidate_code=RELU, use_store=False))
-        assert verified.correct, str(verified)
+        await verify_relu(ctx, "cpu", reference)
         warmups = [line for line in _lines(trace) if line["op"] == "warmup.torch_compile"]
         assert warmups or warm_key("cpu", reference) in ctx.warmups, "no warm-up started beside the verify"
         # At once, as an agent does: the profile waits for the warm-up still compiling, then takes its judge.
@@ -112,9 +117,7 @@ async def test_a_timed_warm_up_stores_the_baseline_and_the_next_profile_times_on
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
-        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
-                                                                     candidate_code=RELU, use_store=False))
-        assert verified.correct, str(verified)
+        await verify_relu(ctx, "cpu", reference)
         with anyio.fail_after(300):  # an agent's turn: the warm-up compiles and times meanwhile
             while ctx.warmups:
                 await anyio.sleep(0.1)

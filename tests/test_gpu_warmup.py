@@ -4,23 +4,25 @@ follows at once times torch.compile in that judge. Skipped without a GPU; run by
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import pytest
 
 from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
-from kforge.tools.evaluate import verify_against_reference
 from kforge.tools.process.limits import WorkerLimits
 from kforge.tools.profile import profile_kernel
-from kforge.tools.requests import ProfileRequest, VerifyRequest
+from kforge.tools.requests import ProfileRequest
 
-from .test_baseline_warmup import _lines
+from .test_baseline_warmup import RELU, _lines, verify_relu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
-RELU = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
+
+async def _cuda_ready(pool) -> None:
+    """Two warm cuda workers idle: the verify's judge and candidate, before the warm-up takes the next one."""
+    with anyio.fail_after(240):
+        while sum(len(ws) for kind, ws in pool._idle.items() if kind[0] == "cuda") < 2:
+            await anyio.sleep(0.2)
 
 
 async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_that_compiled_it_ahead(tmp_path):
@@ -29,12 +31,8 @@ async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_th
     ctx.warm_baselines = "gpu"
     reference = problem_reference("relu")
     async with ctx.warm_workers(2) as pool:
-        with anyio.fail_after(240):
-            while sum(len(ws) for kind, ws in pool._idle.items() if kind[0] == "cuda") < 2:
-                await anyio.sleep(0.2)
-        verified = await verify_against_reference(ctx, VerifyRequest(backend="cuda", reference_code=reference,
-                                                                     candidate_code=RELU, use_store=False))
-        assert verified.correct, str(verified)
+        await _cuda_ready(pool)
+        await verify_relu(ctx, "cuda", reference)
         prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
                                                         baselines=("eager", "torch.compile"), budget_s=0.5,
                                                         hardware_counters=False, use_store=False))
@@ -58,12 +56,8 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
     ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
     reference = problem_reference("relu")
     async with ctx.warm_workers(2) as pool:
-        with anyio.fail_after(240):
-            while sum(len(ws) for kind, ws in pool._idle.items() if kind[0] == "cuda") < 2:
-                await anyio.sleep(0.2)
-        verified = await verify_against_reference(ctx, VerifyRequest(backend="cuda", reference_code=reference,
-                                                                     candidate_code=RELU, use_store=False))
-        assert verified.correct, str(verified)
+        await _cuda_ready(pool)
+        await verify_relu(ctx, "cuda", reference)
         with anyio.fail_after(300):  # the agent's turn
             while ctx.warmups:
                 await anyio.sleep(0.1)

@@ -33,7 +33,7 @@ from kforge import __version__
 
 from .context import ToolContext, sweep_leftovers
 
-from .tool_inputs import RequestError
+from .tool_inputs import DEFAULT_BUDGET_S, RequestError
 from .dispatch import run_request
 from .requests import parse_request
 from .process.limits import WorkerLimits
@@ -64,7 +64,7 @@ class NodeConfig:
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
     warm_baselines: str = "gpu"  # `ToolContext.warm_baselines`
     warm_timing: bool = False  # `ToolContext.warm_timing`
-    timing_budget_s: float = 1.0  # `ToolContext.timing_budget_s`: the server's default budget
+    timing_budget_s: float = DEFAULT_BUDGET_S  # `ToolContext.timing_budget_s`: the server's default budget
     max_forks: int = 0  # `ToolContext.max_forks`
 
 

@@ -478,15 +478,11 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
     deadline = deadline and deadline + budget_s / rounds
 
     async def time_baseline(name: str) -> TimeReply:
-        """One round of a baseline in the judge; torch.compile's first one compiles, under the compile deadline."""
-        first_compile = name == "torch.compile" and not replies[name]
-        return await judge.call(TimeRequest(label=name, compile=(name == "torch.compile"), policy=policy),
-                                stage=f"timing {name}", timeout_s=_COMPILE_TIMEOUT_S if first_compile else None,
-                                watch_background=False)
+        return await _time_baseline(judge, name, policy, first_round=not replies[name])
 
     for r in range(rounds):
         await step(f"timing round {r + 1} of {rounds}: {', '.join(order)}")
-        for name in order[r % len(order):] + order[:r % len(order)]:
+        for name in _rotated(order, r):
             if name in failures:
                 continue
             if name == "candidate":
@@ -546,6 +542,19 @@ def _round_count(reference_call_s: float | None) -> int:
     return _SHORT_CALL_ROUNDS if reference_call_s is not None and reference_call_s < _SHORT_CALL_S else _ROUNDS
 
 
+def _rotated(order: list[str], r: int) -> list[str]:
+    """Round r's order: each series starts a round in turn, so drift between the processes shows in the interval."""
+    return order[r % len(order):] + order[:r % len(order)]
+
+
+async def _time_baseline(judge: WorkerProcess, name: str, policy: dict[str, Any], *, first_round: bool) -> TimeReply:
+    """One round of a baseline in the judge; torch.compile's first one compiles, under the compile deadline."""
+    first_compile = name == "torch.compile" and first_round
+    return await judge.call(TimeRequest(label=name, compile=(name == "torch.compile"), policy=policy),
+                            stage=f"timing {name}", timeout_s=_COMPILE_TIMEOUT_S if first_compile else None,
+                            watch_background=False)
+
+
 async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any, baselines: tuple[str, ...],
                                budget_s: float, reference_call_s: float | None, problem_bytes: int) -> bool:
     """Time `baselines` of the reference that `judge` has loaded and prepared, as a profile with `budget_s` times
@@ -562,9 +571,8 @@ async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any,
     order = ["eager", *baselines]
     replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
     for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            reply = await judge.call(TimeRequest(label=name, compile=(name == "torch.compile"), policy=policy),
-                                     stage=f"timing {name}", timeout_s=_COMPILE_TIMEOUT_S, watch_background=False)
+        for name in _rotated(order, r):
+            reply = await _time_baseline(judge, name, policy, first_round=not replies[name])
             if reply.failure is not None:
                 return False
             replies[name].append(reply.model_dump(mode="json"))
