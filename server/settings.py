@@ -132,11 +132,12 @@ class Settings(BaseSettings):
         "backends only (the default: a CPU backend's trials need the cores the compile takes), 'all', or 'off'. "
         "On KernelBench problems (2x H200) with an agent's 5 s turn before the profile, a new problem's first profile "
         "took 1.45-2.26 s instead of 3.17-4.74 s; with calls back to back it saves 0.1-0.7 s.")
-    warm_timing: bool = Field(default=False, description="Where a torch.compile baseline is compiled ahead "
+    warm_timing: bool = Field(default=True, description="Where a torch.compile baseline is compiled ahead "
                               "(KFORGE_WARM_BASELINES), also time it and eager (its canary) once the compile is done, "
                               "alone on the device as any timing, with the default budget: the profile that follows "
-                              "reuses it while eager times within 2%, and times only eager and the candidate. Off until "
-                              "a GPU run has measured it.")
+                              "reuses it while eager times within 2%, and times only eager and the candidate. On "
+                              "KernelBench problems (2x H200, an agent's 5 s turn) a new problem's first profile took "
+                              "1.19-2.49 s instead of 1.65-3.17 s, its timings within 0.6% of do_bench.")
     queue_limit: int = Field(default=32, ge=1, description="Queued jobs per accelerator before calls get 'busy'.")
     cache_max_gb: float = Field(default=20.0, ge=0, description="Most disk the rebuildable caches under the data "
                                 "directory may take (builds, precompiled headers at about 0.8 GB each, compiler caches); "

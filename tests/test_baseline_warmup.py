@@ -46,6 +46,7 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
     trace = tmp_path / "trace.jsonl"
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
     ctx.warm_baselines = "all"  # the cpu backend's too ("gpu", the default, warms GPU backends only; "off" none)
+    ctx.warm_timing = False  # the compile alone, which the profile takes over at once (timed: the next test)
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         # The verify's judge and candidate, and the warm-up's judge: idle from the start (with 2, the warm-up waits for
@@ -74,7 +75,7 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
 
 async def test_gpu_the_default_warms_gpu_backends_only_and_never_without_a_pool(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
-    assert ctx.warm_baselines == "gpu"  # the default
+    assert ctx.warm_baselines == "gpu" and ctx.warm_timing  # the defaults
     assert not await start_warmup(ctx, "cpu", problem_reference("relu"), 0)  # no pool: no kept judge to hand on
     async with ctx.warm_workers(0):
         assert not await start_warmup(ctx, "cpu", problem_reference("relu"), 0)  # a CPU backend's cores run its trials

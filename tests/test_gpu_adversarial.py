@@ -100,12 +100,17 @@ def get_init_inputs():
 
 
 class _PeakGpuMemory:
-    """nvidia-smi's memory.used of GPU 0, polled about every 100 ms: an independent reading of every process on the
-    GPU. At the peak it also keeps each process's share (`apps`), so that a failure names what held the memory."""
+    """nvidia-smi's memory.used of the test's GPU, polled about every 100 ms: an independent reading of every process
+    on the GPU. At the peak it also keeps each process's share (`apps`), so that a failure names what held the memory.
+    The GPU is named by its UUID, as torch sees it: under CUDA_VISIBLE_DEVICES=1, nvidia-smi's "-i 0" is another GPU
+    (s24's lane on GPU 1 read an idle GPU 0 and measured 0.000x)."""
 
     def __enter__(self):
         import threading
 
+        import torch
+
+        self.gpu = f"GPU-{torch.cuda.get_device_properties(0).uuid}"
         self.samples: list[tuple[int, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -116,7 +121,7 @@ class _PeakGpuMemory:
         import subprocess
 
         def smi(*args: str) -> str:
-            return subprocess.run(["nvidia-smi", "-i", "0", *args], capture_output=True, text=True).stdout
+            return subprocess.run(["nvidia-smi", "-i", self.gpu, *args], capture_output=True, text=True).stdout
 
         while True:
             used = smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").strip()
@@ -152,6 +157,9 @@ async def test_a_multi_gb_problem_is_judged_in_place(ctx):  # noqa: F811
         ctx.keep_scratch = keep
     assert verdict.correct, str(verdict)
     assert prof.ok and prof.output_correct, str(prof)
+    # The judge holds the inputs and the expected outputs at once: a probe that saw less watched another GPU.
+    assert verify_mem.peak_bytes >= footprint and profile_mem.peak_bytes >= footprint, (verify_mem.gpu,
+                                                                                        verify_mem.samples[:3])
     assert verify_mem.peak_bytes < 3.3 * footprint, (verify_mem.peak_bytes / footprint, verify_mem.apps, str(verdict))
     assert profile_mem.peak_bytes < 3.3 * footprint, (profile_mem.peak_bytes / footprint, profile_mem.apps, str(prof))
     print(f"GPU memory over the footprint: verify {verify_mem.peak_bytes / footprint:.3f}x ({verify_mem.apps}); "

@@ -511,3 +511,21 @@ async def test_the_trace_says_where_a_fork_servers_start_and_each_forks_readying
     forks = [line for line in lines if line["op"] == "fork cpu"]
     assert forks and all(set(f["phases"]) == {"sandbox", "setup", "device", "libraries"} for f in forks), forks
     assert all(sum(f["phases"].values()) <= f["s"] for f in forks)
+
+
+async def test_the_devices_ceilings_are_measured_in_a_warm_worker(tmp_path):
+    """A new data directory's first profile measures the device's ceilings: in a worker of its own from the pool, not
+    a cold one (whose start is seconds on a GPU host)."""
+    import json
+
+    from kforge.tools.process.limits import WorkerLimits
+
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 1)
+        facts = await ctx.device_facts("cpu")
+    assert facts.peak_bandwidth_gbs and facts.peak_bandwidth_gbs > 0, facts
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    starts = [line for line in lines if line["role"] == "ceilings" and line["op"] == "start"]
+    assert starts and all(line["warm"] for line in starts), starts

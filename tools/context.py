@@ -29,7 +29,8 @@ from .models import sha256_text
 from .process.pool import WorkerPool
 from .process.protocol import CeilingsRequest, ProbeRequest
 from .process.runner import WorkerProcess
-from .process.lifecycle import pid_alive, scratch_name, SCRATCH_OWNER, traced
+from .process.bytecode import ensure_bytecode
+from .process.lifecycle import pid_alive, scratch_name, SCRATCH_OWNER, trace, traced
 from .process.limits import sandbox_args, WorkerLimits
 from .store import ResultStore
 
@@ -125,7 +126,7 @@ class ToolContext:
     warm_baselines: str = "gpu"
     #: whether a warm-up also times the baseline it compiled, and eager beside it, once the compile is done (alone on
     #: the device, as any timing), for a profile with `timing_budget_s` (the server's default budget) to reuse
-    warm_timing: bool = False
+    warm_timing: bool = True
     timing_budget_s: float = DEFAULT_BUDGET_S
     #: warm workers forked at once by the pool (`WorkerPool.max_forks`; 0: no limit)
     max_forks: int = 0
@@ -237,6 +238,10 @@ class ToolContext:
         """Probe every known backend once, in a worker (the server itself never imports torch)."""
         async with self._probe_lock:
             if self._availability is None:
+                started = time.perf_counter()
+                done = await anyio.to_thread.run_sync(ensure_bytecode, self.home)  # before the first worker
+                if done is not None:
+                    trace("server", "bytecode", True, started, to=self.limits.trace_file, **done)
                 with self.scratch("probe") as scratch:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
@@ -278,7 +283,11 @@ class ToolContext:
         placement = gpus.current()
         gpu = gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else None
         with self.scratch("ceilings") as scratch:
-            async with self.device_use(self.device_key(avail)).timing(), self.worker(backend, scratch, "ceilings") as w:
+            # A role's own folder under the job's, as every job gives its workers: a worker is taken from the pool only
+            # for a folder not yet made (the job's own, made by `scratch`, started a cold worker: 2.5-4 s of a new
+            # data directory's first profile on an H200, s24).
+            async with self.device_use(self.device_key(avail)).timing(), \
+                    self.worker(backend, scratch / "ceilings", "ceilings") as w:
                 reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
         if reply.failure is not None or reply.facts is None:
             raise RequestError(f"the device's ceilings could not be measured: {reply.failure}")

@@ -63,7 +63,7 @@ class NodeConfig:
     threads: int | None = None  # OpenMP threads of a job's workers (`RayFleet`: its CPUs); None: as Ray set them
     trace: bool = False  # append the node's trace (worker starts, ops, forks) to `trace.jsonl` in its data directory
     warm_baselines: str = "gpu"  # `ToolContext.warm_baselines`
-    warm_timing: bool = False  # `ToolContext.warm_timing`
+    warm_timing: bool = True  # `ToolContext.warm_timing`
     timing_budget_s: float = DEFAULT_BUDGET_S  # `ToolContext.timing_budget_s`: the server's default budget
     max_forks: int = 0  # `ToolContext.max_forks`
 

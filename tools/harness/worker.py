@@ -277,6 +277,7 @@ def _forked_worker(backend_name: str, network: str, confinement: Any,
     def run(sock: socket.socket) -> None:
         from kforge.backends import load_backend
 
+        sys.dont_write_bytecode = True  # the zygote may write the byte-code cache; a worker never does
         channel = WorkerChannel(sock)
         first = _read(channel)
         if first is None:
@@ -334,6 +335,9 @@ def main() -> None:
         network = "host"
         if "--isolate-network" in sys.argv and sys.platform == "linux":
             network = _isolate_network()  # while single-threaded, before torch; the workers inherit it
+        # The server's byte-code cache (`kforge.tools.process.bytecode`): the fork server, which runs KForge's code
+        # only, adds what it imports; its workers find the cache read-only and write nothing (`_forked_worker`).
+        sys.dont_write_bytecode = "PYTHONPYCACHEPREFIX" not in os.environ
         guard = _fork_server_env(backend_name)
         os.environ.update(guard)  # before anything imports torch
         serve_forks(first_fd, lambda: _preload(backend_name),

@@ -22,6 +22,8 @@ import anyio
 from kforge.backends.build.fast_build import job_cache_env
 from kforge.backends.host import process_ids, process_stat
 
+from .bytecode import pycache_prefix
+
 __all__ = ["Preemption", "SCRATCH_OWNER", "busy_threads", "close_together", "kill_group", "killpg", "namespace_pids",
            "namespace_processes", "pid_alive", "preemptions", "sandboxed_worker", "scratch_name", "session_members", "trace", "traced",
            "worker_env"]
@@ -54,6 +56,8 @@ def worker_env(home: Path, scratch: Path, extra: dict[str, str] | None = None) -
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
         **job_cache_env(scratch),
     })
+    if (prefix := pycache_prefix(home)) is not None:  # torch has no byte-code of its own here (`bytecode`)
+        env["PYTHONPYCACHEPREFIX"] = str(prefix)
     env.update(extra or {})
     return env
 
