@@ -529,3 +529,28 @@ async def test_the_devices_ceilings_are_measured_in_a_warm_worker(tmp_path):
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     starts = [line for line in lines if line["role"] == "ceilings" and line["op"] == "start"]
     assert starts and all(line["warm"] for line in starts), starts
+
+
+async def test_a_gpu_hosts_cpu_kinds_are_warmed_once_its_gpu_kinds_are_idle(tmp_path, monkeypatch):
+    """The GPU kinds first; a CPU kind's fork server and forks would take the host's cores while they start."""
+    from kforge.backends import Availability
+    from kforge.tools.process.pool import WorkerPool
+
+    wanted: list[str] = []
+    idle = anyio.Event()
+    monkeypatch.setattr(WorkerPool, "want", lambda self, backend, env=None: wanted.append(backend))
+    monkeypatch.setattr(WorkerPool, "settled", lambda self: idle.is_set())
+    ctx = ToolContext(home=tmp_path / "home")
+    ctx._availability = [Availability(backend="cpu", ok=True, reason="", kind="cpu"),
+                         Availability(backend="gpu-like", ok=True, reason="", kind="gpu")]
+    async with ctx.warm_workers(1):
+        with anyio.fail_after(10):
+            while not wanted:
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        assert wanted == ["gpu-like"]
+        idle.set()
+        with anyio.fail_after(10):
+            while len(wanted) < 2:
+                await anyio.sleep(0.05)
+    assert wanted == ["gpu-like", "cpu"]

@@ -182,12 +182,26 @@ class ToolContext:
         pool = WorkerPool(self.home, size=size, isolate_network=self.limits.isolate_network, max_forks=self.max_forks,
                           sandbox=sandbox_args(self.home, self.limits), trace_file=self.limits.trace_file)
 
+        def want_all(group: list[Availability]) -> None:
+            for avail in group:
+                for env in warm_kinds(avail):
+                    pool.want(avail.backend, env)
+
         async def want_available() -> None:
             try:
-                for avail in await self.availability():
-                    if avail.ok:
-                        for env in warm_kinds(avail):
-                            pool.want(avail.backend, env)
+                ready = [avail for avail in await self.availability() if avail.ok]
+                # On a GPU host the GPU kinds start first, and the CPU kinds once those are idle: a GPU host's first
+                # jobs are rarely on its CPU, and a CPU kind's fork server and forks (their first comparison runs on
+                # every core) took the host's cores while the GPU kinds started (s24, 2x H200: the cpu forks' warm-up
+                # took 4.8 s while the first verify on cuda waited 8.2 s for its workers).
+                gpu_host = any(avail.kind == "gpu" for avail in ready)
+                first = [avail for avail in ready if avail.kind == "gpu" or not gpu_host]
+                want_all(first)
+                if later := [avail for avail in ready if avail not in first]:
+                    with anyio.move_on_after(_OTHER_KINDS_AFTER_S):
+                        while not pool.settled():
+                            await anyio.sleep(0.2)
+                    want_all(later)
             except Exception:  # noqa: BLE001 - a failed probe is reported by the first tool call
                 pass
 
@@ -315,6 +329,11 @@ class ToolContext:
         placement = gpus.current()  # a host's GPUs may differ: the one the call runs on
         device = placement.gpu.name if placement is not None else avail.device_name
         return {"kforge": __version__, **avail.versions, "device": device or ""}
+
+
+# How long a GPU host's CPU kinds wait for its GPU kinds' warm workers before they are readied anyway (a busy
+# server may never have all of them idle). A job on a CPU backend asks for its kind at once (`WorkerPool.take`).
+_OTHER_KINDS_AFTER_S = 60.0
 
 
 def warm_kinds(avail: Availability) -> list[dict[str, str]]:
