@@ -10,6 +10,7 @@ import torch
 
 from kforge.tools.harness.compare import compare_outputs, error_bound
 from kforge.tools.static_scan import scan_candidate
+from kforge.tools.process.protocol import DecoyVerdict, RevalidateReply
 from kforge.tools.verdict import timing_checks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def _report(bw, comp):
 
 def test_plausibility_gate():
     stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
-    reval = {"checked": 9, "wrong": []}
+    reval = RevalidateReply(checked=9, wrong=[])
     ok = {c.name: c.status for c in timing_checks(stats, reval, _report(0.8, 0.1), "strict")}
     assert ok == {"timed_outputs": "pass", "fresh_inputs": "pass", "visible_work": "pass", "plausible_speed": "pass",
                   "stable_timing": "skip"}
@@ -103,7 +104,7 @@ def test_plausibility_counts_what_the_baselines_reached():
     from kforge.profilers.report import Baseline, TimingStats
 
     stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
-    reval = {"checked": 9, "wrong": []}
+    reval = RevalidateReply(checked=9, wrong=[])
 
     def report(candidate_us, bandwidth_fraction):
         timing = TimingStats(label="eager", samples=99, median_us=156.0, mean_us=156.0, std_us=1.0, min_us=150.0,
@@ -127,15 +128,15 @@ def test_speedup_intervals_decide_stable_timing_and_probe_memo_is_a_hard_check()
                             baselines=(Baseline(name="eager", speedup=1.2, speedup_ci=(1.15, 1.25)),))
     wide = SimpleNamespace(bandwidth_fraction=0.5, compute_fraction=None,
                            baselines=(Baseline(name="eager", speedup=1.2, speedup_ci=(0.8, 1.6)),))
-    memo = {"checked": 9, "wrong": [], "decoy": {"correct": False, "problems": ["max abs error 3.1"]}}
+    memo = RevalidateReply(checked=9, wrong=[], decoy=DecoyVerdict(correct=False, problems=["max abs error 3.1"]))
     got = {c.name: c for c in timing_checks(stats, memo, tight, "strict")}
     assert got["stable_timing"].status == "pass" and "[1.15, 1.25]" in got["stable_timing"].evidence
     assert got["probe_memo"].status == "fail" and got["probe_memo"].hard and "memoized" in got["probe_memo"].evidence
-    noisy = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, wide, "strict")}
+    noisy = {c.name: c for c in timing_checks(stats, RevalidateReply(checked=9, wrong=[]), wide, "strict")}
     assert noisy["stable_timing"].status == "fail" and "budget_s" in noisy["stable_timing"].evidence
     # Where the GPU ran below its clock while timed, the check names that as the cause, not a busy host.
     capped = SimpleNamespace(**vars(wide), candidate=SimpleNamespace(median_us=100.0, clock_slowdowns=("SW power cap",)))
-    slowed = {c.name: c for c in timing_checks(stats, {"checked": 9, "wrong": []}, capped, "strict")}["stable_timing"]
+    slowed = {c.name: c for c in timing_checks(stats, RevalidateReply(checked=9, wrong=[]), capped, "strict")}["stable_timing"]
     assert slowed.status == "fail" and "below its clock" in slowed.evidence and "SW power cap" in slowed.evidence
 
 
@@ -150,7 +151,7 @@ def test_a_baseline_noisy_on_its_own_is_not_ranked_against_but_a_noisy_candidate
                            max_us=q3 * 1.5, q1_us=q1, q3_us=q3, rel_sem=0.01)
 
     stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=10.0)
-    reval = {"checked": 9, "wrong": []}
+    reval = RevalidateReply(checked=9, wrong=[])
     eager = Baseline(name="eager", timing=stats_of("eager", 6.37, 6.02, 6.72), speedup=1.0, speedup_ci=(0.95, 1.06))
     compiled = Baseline(name="torch.compile", timing=stats_of("torch.compile", 31.95, 20.28, 54.75), speedup=5.02,
                         speedup_ci=(0.31, 80.10))

@@ -90,6 +90,41 @@ def test_a_malformed_reply_is_refused_with_the_op_and_what_was_wrong():
     assert failed.failure is not None and failed.failure.kind == "resource_limit"
 
 
+def test_the_judges_verdicts_on_nulls_repeats_decoys_and_timed_calls_are_typed():
+    """The nested payloads that decide checks (null calibration, the NaN-poisoned repeat, the probe-keyed decoy, the
+    re-validated timed calls) are models: a misspelt or missing field is refused at the boundary, not read as absent."""
+    calibrate = p.CalibrateRequest(i=0)
+    nulls = p.parse_reply(calibrate, {"nulls": [{"null": "zeros", "applicable": True, "passes": False,
+                                                 "elementwise_passes": True}]})
+    assert nulls.nulls == [p.NullOutcome(null="zeros", elementwise_passes=True)]
+    with pytest.raises(p.ProtocolError, match=r"'calibrate' .*nulls\.0\.pass"):
+        p.parse_reply(calibrate, {"nulls": [{"null": "zeros", "pass": True}]})
+    check_repeat = p.CheckRepeatRequest(i=0, record=p.RepeatReply(error="x"))
+    with pytest.raises(p.ProtocolError, match=r"'check_repeat' .*repeat_correct"):
+        p.parse_reply(check_repeat, {"repeat": {"repeat_identical": True}})
+    decoy = p.CheckDecoyRequest(record=p.DecoyReply(decoy_shift=1, error="x"))
+    with pytest.raises(p.ProtocolError, match=r"'check_decoy' .*decoy\.correct"):
+        p.parse_reply(decoy, {"decoy": {"problems": []}})
+    revalidate = p.RevalidateRequest(items=[])
+    with pytest.raises(p.ProtocolError, match=r"'revalidate' .*wrong\.0\.call"):
+        p.parse_reply(revalidate, {"checked": 3, "wrong": [{"problems": ["max abs error 1"]}]})
+
+
+def test_a_null_passes_only_if_it_passes_every_trial_and_one_not_applicable_never_passes():
+    from kforge.tools.trials import TrialsOutcome, _merge_nulls
+
+    outcome = TrialsOutcome()
+    first = p.CalibrateReply(nulls=[p.NullOutcome(null="zeros", passes=True, elementwise_passes=True),
+                                    p.NullOutcome(null="a constant", passes=True),
+                                    p.NullOutcome(null="the first input", applicable=False, passes=True, note="shape")])
+    assert _merge_nulls(outcome, first) == ["zeros", "a constant"]
+    second = p.CalibrateReply(nulls=[p.NullOutcome(null="zeros", elementwise_passes=True)])
+    assert _merge_nulls(outcome, second) == ["zeros", "a constant"]  # zeros still passes element-wise
+    merged = {n.null: n for n in outcome.nulls}
+    assert not merged["zeros"].passes and merged["zeros"].elementwise_passes
+    assert merged["the first input"] == p.NullOutcome(null="the first input", applicable=False, note="shape")
+
+
 # -- through a real worker process (cpu backend) --------------------------------------------------------------
 
 pytestmark = pytest.mark.anyio

@@ -35,9 +35,10 @@ from .tool_inputs import RequestError
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
-from .process.protocol import (AnchorRequest, KeptOutputs, LaunchFloorRequest, LoadRequest, ProblemSizeRequest,
-                               ProfileRequest, ReadReportRequest, ReleaseRequest, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
-                               TimingDecoyRequest, TimingSetsRequest, EvidenceRequest)
+from .process.protocol import (AnchorRequest, DecoyVerdict, EvidenceRequest, KeptOutputs, LaunchFloorRequest,
+                               LoadRequest, ProblemSizeRequest, ProfileRequest, ReadReportRequest, ReleaseRequest,
+                               RevalidateReply, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
+                               TimingDecoyRequest, TimingSetsRequest)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess
 from .process.lifecycle import trace, traced
 from .rounds import merge_rounds
@@ -361,7 +362,7 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
 
 
 async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[KeptOutputs],
-                      precision: str, deadline: float | None) -> dict[str, Any]:
+                      precision: str, deadline: float | None) -> RevalidateReply:
     """The judge re-validates the timed outputs the candidate kept, then the decoy: the timed function on
     timing set 0 changed in place where a cheap probe cannot see it (run only after the judge read the
     kept outputs, which include the last call's own buffers)."""
@@ -369,14 +370,13 @@ async def _revalidate(judge: WorkerProcess, worker: WorkerProcess, kept: list[Ke
     await worker.call(ReleaseRequest(), stage="timing")
     decoy = await worker.call(TimingDecoyRequest(shift=1 + secrets.randbelow(2**30)), stage="timing",
                               timeout_s=deadline)
-    result = {"checked": revalidated.checked, "wrong": revalidated.wrong}
     if decoy.error is not None or decoy.outputs is None:
         error = decoy.error or (decoy.failure.message if decoy.failure else "the decoy call held no outputs")
-        return {**result, "decoy": {"correct": False, "error": error, "problems": []}}
+        return revalidated.model_copy(update={"decoy": DecoyVerdict(correct=False, error=error)})
     item = KeptOutputs(call=decoy.call, set=decoy.set, outputs=decoy.outputs, decoy_shift=decoy.decoy_shift)
     judged = await judge.call(RevalidateRequest(items=[item], precision=precision), stage="compare")
     await worker.call(ReleaseRequest(), stage="timing")
-    return {**result, "decoy": judged.decoy}
+    return revalidated.model_copy(update={"decoy": judged.decoy})
 
 
 def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str, Any]], cand: dict[str, Any],

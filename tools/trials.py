@@ -16,8 +16,8 @@ import anyio
 
 from .models import Failure
 from .process.protocol import (CalibrateReply, CalibrateRequest, CheckDecoyRequest, CheckRepeatRequest, CheckRequest,
-                               DecoyRequest, ExpectReply, ExpectRequest, PrepareReply, ReleaseRequest, RepeatReply,
-                               RepeatRequest, TrialReply, TrialRequest)
+                               DecoyRequest, DecoyVerdict, ExpectReply, ExpectRequest, NullOutcome, PrepareReply,
+                               ReleaseRequest, RepeatReply, RepeatRequest, TrialReply, TrialRequest)
 from .process.runner import WorkerDied, WorkerProcess
 
 __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trials"]
@@ -30,8 +30,8 @@ class TrialsOutcome:
     notes: list[str] = field(default_factory=list)
     exact: bool = False
     exact_note: str | None = None
-    nulls: list[dict[str, Any]] = field(default_factory=list)
-    decoy: dict[str, Any] | None = None
+    nulls: list[NullOutcome] = field(default_factory=list)  # over the trials so far: a null passes if it passes all
+    decoy: DecoyVerdict | None = None
 
 
 def as_reference_failure(failure: Failure) -> Failure:
@@ -103,8 +103,8 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: Pr
             if repeat_apart:
                 again = await worker.call(RepeatRequest(i=i), stage="forward", timeout_s=deadline, timeout_why=why)
                 if again.error is None and again.failure is None:
-                    checked.trial.update((await judge.call(CheckRepeatRequest(i=i, record=again, **judging),
-                                                           stage="compare")).repeat)
+                    repeated = await judge.call(CheckRepeatRequest(i=i, record=again, **judging), stage="compare")
+                    checked.trial.update(repeated.repeat.model_dump() if repeated.repeat is not None else {})
                     await worker.call(ReleaseRequest(), stage="forward")
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
@@ -183,20 +183,17 @@ async def concurrently(first: Callable[[], Awaitable[A]], second: Callable[[], A
 def _merge_nulls(outcome: TrialsOutcome, verdicts: CalibrateReply) -> list[str]:
     """Fold one trial's null verdicts into the running ones (a null passes only if it passes every trial);
     the nulls still worth trying on the next trial."""
-    known = {n["null"]: n for n in outcome.nulls}
+    known = {n.null: n for n in outcome.nulls}
     for v in verdicts.nulls:
-        if v["null"] in known:
-            k = known[v["null"]]
-            k["applicable"] &= v["applicable"]
-            k["passes"] &= v["passes"]
-            k["elementwise_passes"] &= v["elementwise_passes"]
-            if v.get("note"):
-                k["note"] = v["note"]
+        if (k := known.get(v.null)) is not None:
+            applicable = k.applicable and v.applicable
+            known[v.null] = k.model_copy(update={
+                "applicable": applicable, "passes": applicable and k.passes and v.passes,
+                "elementwise_passes": applicable and k.elementwise_passes and v.elementwise_passes,
+                "note": v.note or k.note})
         else:
-            known[v["null"]] = dict(v)
+            known[v.null] = v.model_copy(update={"passes": v.applicable and v.passes,
+                                                 "elementwise_passes": v.applicable and v.elementwise_passes})
     outcome.nulls = list(known.values())
-    for n in outcome.nulls:
-        if not n["applicable"]:
-            n.update(passes=False, elementwise_passes=False)
     # Rejected on both counts, or not applicable: the other trials cannot change that.
-    return [n["null"] for n in outcome.nulls if n["applicable"] and (n["passes"] or n["elementwise_passes"])]
+    return [n.null for n in outcome.nulls if n.applicable and (n.passes or n.elementwise_passes)]

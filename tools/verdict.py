@@ -13,6 +13,7 @@ from typing import Any
 from kforge.backends import backend_class, is_device_fault, is_out_of_memory
 
 from .models import Check, TrialReport
+from .process.protocol import DecoyVerdict, NullOutcome, RevalidateReply
 from .static_scan import Finding
 
 __all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
@@ -108,24 +109,24 @@ def background_check(background: list[str]) -> Check:
 
 
 def verify_checks(trials: list[TrialReport], raw_trials: list[dict[str, Any]], prepared: dict[str, Any],
-                  nulls: list[dict[str, Any]], custom: dict[str, Any] | None, precision: str,
-                  decoy: dict[str, Any] | None = None) -> list[Check]:
+                  nulls: list[NullOutcome], custom: dict[str, Any] | None, precision: str,
+                  decoy: DecoyVerdict | None = None) -> list[Check]:
     return [_outputs_check(trials, precision), _distribution_check(trials, prepared), _contract_check(trials, raw_trials),
             _inputs_check(raw_trials), _repeat_check(raw_trials)] + ([probe_memo_check(decoy)] if decoy else []) + [
             _calibration_check(nulls), _custom_work_check(custom)]
 
 
-def probe_memo_check(decoy: dict[str, Any]) -> Check:
+def probe_memo_check(decoy: DecoyVerdict) -> Check:
     """The candidate ran on inputs it had seen, then on the same tensors changed where a cheap probe cannot see."""
-    if decoy.get("error"):
+    if decoy.error:
         return Check(name="probe_memo", status="fail", hard=True,
-                     evidence=f"the call on inputs changed in place failed: {decoy['error'][:200]}")
+                     evidence=f"the call on inputs changed in place failed: {decoy.error[:200]}")
     return Check(
-        name="probe_memo", status="pass" if decoy["correct"] else "fail", hard=True,
+        name="probe_memo", status="pass" if decoy.correct else "fail", hard=True,
         evidence="inputs changed in place where a cheap probe cannot see it (same tensors and addresses, same "
         "first and last elements, same values rotated, so the same sum) gave "
-        + ("the new, right answer" if decoy["correct"] else
-           f"a wrong answer ({'; '.join(decoy['problems'])[:200]}): answers are memoized on a probe of the input"))
+        + ("the new, right answer" if decoy.correct else
+           f"a wrong answer ({'; '.join(decoy.problems)[:200]}): answers are memoized on a probe of the input"))
 
 
 def _outputs_check(trials: list[TrialReport], precision: str) -> Check:
@@ -191,15 +192,15 @@ def _repeat_check(raw: list[dict[str, Any]]) -> Check:
                  evidence=f"{len(runs)} repeated run(s) after NaN-poisoning memory were bit-identical")
 
 
-def _calibration_check(nulls: list[dict[str, Any]]) -> Check:
-    applicable = [n for n in nulls if n.get("applicable")]
-    passing = [n["null"] for n in applicable if n["passes"]]
-    saved = [n["null"] for n in applicable if n["elementwise_passes"] and not n["passes"]]
+def _calibration_check(nulls: list[NullOutcome]) -> Check:
+    applicable = [n for n in nulls if n.applicable]
+    passing = [n.null for n in applicable if n.passes]
+    saved = [n.null for n in applicable if n.elementwise_passes and not n.passes]
     if passing:
         return Check(name="null_calibration", status="warn", hard=False,
                      evidence=f"on this problem {', '.join(passing)} would also pass: the check cannot tell a correct "
                      "kernel from it (use a reference whose output depends on its inputs)")
-    tested = ", ".join(n["null"] for n in applicable) or "none applicable"
+    tested = ", ".join(n.null for n in applicable) or "none applicable"
     extra = f"; {', '.join(saved)} would pass the element-wise tolerance alone, the relative-error bound rejects it" \
         if saved else ""
     return Check(name="null_calibration", status="pass", hard=False, evidence=f"trivial outputs all fail: {tested}{extra}")
@@ -232,16 +233,17 @@ _BANDWIDTH_SLACK = 1.25
 _COMPUTE_SLACK = 1.5
 
 
-def timing_checks(stats: Any, revalidated: dict[str, Any], report: Any, precision: str) -> list[Check]:
-    """Checks that the candidate's timing measured real work on real inputs."""
-    wrong = revalidated.get("wrong", [])
+def timing_checks(stats: Any, revalidated: RevalidateReply, report: Any, precision: str) -> list[Check]:
+    """Checks that the candidate's timing measured real work on real inputs (`revalidated`: the judge's reading of the
+    timed calls' kept outputs, and of the timing decoy)."""
+    wrong = revalidated.wrong
     checks = [Check(
         name="timed_outputs", status="fail" if wrong else "pass", hard=True,
-        evidence=(f"{len(wrong)} of {revalidated['checked']} re-validated timed calls gave wrong outputs (call "
-                  f"{wrong[0]['call']}: {'; '.join(wrong[0]['problems'])[:200]}): it behaves differently while timed")
-        if wrong else f"{revalidated['checked']} timed calls (a secret random sample and the last) re-validated against "
+        evidence=(f"{len(wrong)} of {revalidated.checked} re-validated timed calls gave wrong outputs (call "
+                  f"{wrong[0].call}: {'; '.join(wrong[0].problems)[:200]}): it behaves differently while timed")
+        if wrong else f"{revalidated.checked} timed calls (a secret random sample and the last) re-validated against "
         "the reference on their own inputs")]
-    if (decoy := revalidated.get("decoy")) is not None:
+    if (decoy := revalidated.decoy) is not None:
         checks.append(probe_memo_check(decoy))
     checks.append(_stable_timing_check(report))
     sets = f"{stats.input_sets} distinct input sets, a fresh copy per call" if stats.input_sets else "fresh copies"

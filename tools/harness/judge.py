@@ -251,10 +251,10 @@ class Judge:
         return p.CheckRepeatReply(repeat=verdict)
 
     def _repeat_verdict(self, again: list[Any], judging: p.Judging, devices: list[str | None],
-                        identical: bool) -> dict[str, Any]:
+                        identical: bool) -> p.RepeatVerdict:
         rechecks = self._compare(again, judging, devices)
-        return {"repeat_identical": identical, "repeat_correct": all(c.correct for c in rechecks),
-                "repeat_problems": [p for c in rechecks for p in c.problems][:3]}
+        return p.RepeatVerdict(repeat_identical=identical, repeat_correct=all(c.correct for c in rechecks),
+                               repeat_problems=[p for c in rechecks for p in c.problems][:3])
 
     def _digest_weights(self) -> Any:
         if self._weights is None:
@@ -279,20 +279,20 @@ class Judge:
             if name not in makers:
                 continue
             started = time.perf_counter()
-            outcome = {"null": name, "applicable": True, "passes": False, "elementwise_passes": False}
+            outcome = p.NullOutcome(null=name)
             try:
                 got = makers[name](self.expected)
                 if got is None:
-                    outcome["applicable"] = False
+                    outcome.applicable = False
                 else:
                     checks = self._compare(got, req, read_as_expected=True)  # what its values would pass as
-                    outcome["passes"] = all(c.correct for c in checks)
-                    outcome["elementwise_passes"] = all(
+                    outcome.passes = all(c.correct for c in checks)
+                    outcome.elementwise_passes = all(
                         c.mismatches == 0 and not c.nan_count and not c.inf_count
                         and not any("shape" in p or "dtype" in p for p in c.problems) for c in checks)
                 del got
             except Exception as exc:  # noqa: BLE001 - a null the reference cannot produce is not applicable
-                outcome.update(applicable=False, note=f"{type(exc).__name__}: {str(exc)[:120]}")
+                outcome.applicable, outcome.note = False, f"{type(exc).__name__}: {str(exc)[:120]}"
             verdicts.append(outcome)
             return_free_memory(self.backend)
             parts[name] = time.perf_counter() - started
@@ -371,10 +371,10 @@ class Judge:
         """The candidate's call on trial 0's inputs changed in place where a cheap probe cannot see it."""
         decoy = req.record
         if decoy.error is not None:
-            return p.CheckDecoyReply(decoy={"correct": False, "error": decoy.error, "problems": []})
+            return p.CheckDecoyReply(decoy=p.DecoyVerdict(correct=False, error=decoy.error))
         self.expected, self.exact, self.expected_index = [], [], None  # the trials are done: make room
         ok, problems = self._judge_on(self.sets.fresh(0), decoy.outputs or [], decoy.decoy_shift, req)
-        return p.CheckDecoyReply(decoy={"correct": ok, "problems": problems})
+        return p.CheckDecoyReply(decoy=p.DecoyVerdict(correct=ok, problems=problems))
 
     def revalidate(self, req: p.RevalidateRequest) -> p.RevalidateReply:
         """Compare outputs kept during timing with the reference on the same timing inputs."""
@@ -386,9 +386,9 @@ class Judge:
             timing_set = timing_sets[item.set % len(timing_sets)]
             ok, problems = self._judge_on(list(timing_set), item.outputs, item.decoy_shift, req)
             if item.decoy_shift is not None:
-                decoy = {"correct": ok, "problems": problems}
+                decoy = p.DecoyVerdict(correct=ok, problems=problems)
             elif not ok:
-                wrong.append({"call": item.call, "problems": problems})
+                wrong.append(p.WrongCall(call=item.call, problems=problems))
         if decoy is not None:  # the timing's last check: its inputs are not needed again
             self.bench.timing_sets = []
             return_free_memory(self.backend)

@@ -22,7 +22,8 @@ from kforge.profilers.report import NcuKernel
 from kforge.tools.models import (BuildInfo, Counter, Diagnostic, Failure, KernelResources, OpRow, TensorInfo,
                                  TimingStats, WeightSync)
 
-__all__ = ["REQUESTS", "OpReply", "ProtocolError", "Request", "WorkerInit", "WorkerRole", "parse_reply", "parse_request"]
+__all__ = ["REQUESTS", "DecoyVerdict", "NullOutcome", "OpReply", "ProtocolError", "RepeatVerdict", "Request", "WorkerInit",
+           "WorkerRole", "WrongCall", "parse_reply", "parse_request"]
 
 
 # Unknown fields are refused; NaN and infinities cross as themselves (a candidate's NaN output is evidence), not
@@ -264,8 +265,17 @@ class RepeatRequest(Request[RepeatReply]):
     i: int
 
 
+class RepeatVerdict(BaseModel):
+    """Trial i run again after the allocator was poisoned with NaN: bitwise the first run's outputs, and correct."""
+    model_config = _STRICT
+
+    repeat_identical: bool
+    repeat_correct: bool
+    repeat_problems: list[str] = Field(default_factory=list)  # the first few, in words
+
+
 class CheckRepeatReply(OpReply):
-    repeat: dict[str, Any] = on_success(factory=dict)  # repeat_identical, repeat_correct, repeat_problems
+    repeat: RepeatVerdict | None = on_success()
 
 
 class CheckRepeatRequest(Judging, Request[CheckRepeatReply]):
@@ -274,8 +284,19 @@ class CheckRepeatRequest(Judging, Request[CheckRepeatReply]):
     record: RepeatReply
 
 
+class NullOutcome(BaseModel):
+    """Would a trivial output (a null: zeros, a constant, ...) pass a trial's check, and its element-wise tolerance?"""
+    model_config = _STRICT
+
+    null: str
+    applicable: bool = True  # False: the reference's outputs cannot take this form
+    passes: bool = False
+    elementwise_passes: bool = False
+    note: str | None = None  # why it is not applicable
+
+
 class CalibrateReply(OpReply):
-    nulls: list[dict[str, Any]] = on_success(factory=list)  # per null: null, applicable, passes, elementwise_passes
+    nulls: list[NullOutcome] = on_success(factory=list)
 
 
 class CalibrateRequest(Judging, Request[CalibrateReply]):
@@ -308,8 +329,17 @@ class DecoyRequest(Request[DecoyReply]):
     shift: int
 
 
+class DecoyVerdict(BaseModel):
+    """The candidate's answer on inputs changed in place where a cheap probe cannot see it (`error`: the call failed)."""
+    model_config = _STRICT
+
+    correct: bool
+    problems: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
 class CheckDecoyReply(OpReply):
-    decoy: dict[str, Any] = on_success(factory=dict)  # correct, problems, error
+    decoy: DecoyVerdict | None = on_success()
 
 
 class CheckDecoyRequest(Judging, Request[CheckDecoyReply]):
@@ -327,10 +357,18 @@ class KeptOutputs(BaseModel):
     decoy_shift: int | None = None
 
 
+class WrongCall(BaseModel):
+    """A timed call whose kept outputs the judge found wrong on its own timing inputs."""
+    model_config = _STRICT
+
+    call: int
+    problems: list[str] = Field(default_factory=list)
+
+
 class RevalidateReply(OpReply):
     checked: int = on_success(0)
-    wrong: list[dict[str, Any]] = on_success(factory=list)  # per wrong call: call, problems
-    decoy: dict[str, Any] | None = None
+    wrong: list[WrongCall] = on_success(factory=list)
+    decoy: DecoyVerdict | None = None
 
 
 class RevalidateRequest(Judging, Request[RevalidateReply]):
