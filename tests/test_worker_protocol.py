@@ -90,15 +90,17 @@ def test_a_malformed_reply_is_refused_with_the_op_and_what_was_wrong():
     assert failed.failure is not None and failed.failure.kind == "resource_limit"
 
 
-def test_the_judges_verdicts_on_nulls_repeats_decoys_and_timed_calls_are_typed():
-    """The nested payloads that decide checks (null calibration, the NaN-poisoned repeat, the probe-keyed decoy, the
-    re-validated timed calls) are models: a misspelt or missing field is refused at the boundary, not read as absent."""
+def test_the_judges_verdicts_on_trials_nulls_repeats_decoys_and_timed_calls_are_typed():
+    """The nested payloads that decide checks (a trial's checks, null calibration, the NaN-poisoned repeat, the
+    probe-keyed decoy, the re-validated timed calls) are models: a misspelt or missing field is refused at the boundary, not read as absent."""
     calibrate = p.CalibrateRequest(i=0)
     nulls = p.parse_reply(calibrate, {"nulls": [{"null": "zeros", "applicable": True, "passes": False,
                                                  "elementwise_passes": True}]})
     assert nulls.nulls == [p.NullOutcome(null="zeros", elementwise_passes=True)]
     with pytest.raises(p.ProtocolError, match=r"'calibrate' .*nulls\.0\.pass"):
         p.parse_reply(calibrate, {"nulls": [{"null": "zeros", "pass": True}]})
+    with pytest.raises(p.ProtocolError, match=r"'check' .*trial\.inputs_modified"):
+        p.parse_reply(p.CheckRequest(i=0, record=p.TrialReply(outputs=[])), {"trial": {"inputs_modified": "all"}})
     check_repeat = p.CheckRepeatRequest(i=0, record=p.RepeatReply(error="x"))
     with pytest.raises(p.ProtocolError, match=r"'check_repeat' .*repeat_correct"):
         p.parse_reply(check_repeat, {"repeat": {"repeat_identical": True}})
@@ -183,15 +185,20 @@ async def test_a_reply_that_does_not_fit_its_model_is_a_protocol_violation_namin
             await w.call(p.ReleaseRequest(), stage="forward")
 
 
-def test_nan_in_an_open_payload_crosses_as_nan_not_as_null():
-    """A wrong output's NaN is evidence: `dict[str, Any]` payloads keep it (pydantic's JSON mode would write None)."""
+def test_nan_in_a_payload_crosses_as_nan_not_as_null():
+    """A wrong output's NaN is evidence: the judge's checks and open payloads keep it (pydantic's JSON mode would write
+    None by default)."""
     import json
     import math
 
-    reply = p.CheckReply(trial={"checks": [{"first_mismatches": [{"got": math.nan, "expected": 1.0}]}]})
+    from kforge.tools.models import Mismatch, OutputCheck, TensorInfo
+
+    check = OutputCheck(output=0, correct=False, expected=TensorInfo(kind="tensor"), got=TensorInfo(kind="tensor"),
+                        max_abs_error=math.nan, first_mismatches=[Mismatch(index=[0], got=math.nan, expected=1.0)])
+    reply = p.CheckReply(trial=p.TrialVerdict(checks=[check]))
     wire = json.loads(json.dumps(reply.model_dump(mode="json")))  # as the channel writes and reads it
     got = p.parse_reply(p.CheckRequest(i=0, record=p.TrialReply(outputs=[])), wire)
-    assert math.isnan(got.trial["checks"][0]["first_mismatches"][0]["got"])
+    assert math.isnan(got.trial.checks[0].first_mismatches[0].got) and math.isnan(got.trial.checks[0].max_abs_error)
     request = p.CheckRequest(i=0, record=p.TrialReply(outputs=[{"non_tensor": "float", "x": math.inf}]))
     assert math.isinf(p.parse_request(json.loads(json.dumps(request.model_dump(mode="json")))).record.outputs[0]["x"])
 

@@ -17,8 +17,8 @@ from kforge.backends import is_device_fault
 
 from .context import Progress, ToolContext, no_progress
 from .gpus import on_one_gpu
-from .models import CompileResult, JobSpec, OutputCheck, TrialReport, VerifyResult, WeightSync
-from .process.protocol import EvidenceRequest
+from .models import CompileResult, JobSpec, TrialReport, VerifyResult, WeightSync
+from .process.protocol import EvidenceRequest, TrialVerdict
 from .process.runner import WorkerDied, WorkerGroup, WorkerProcess
 from .static_scan import scan_candidate
 from .steps import (candidate_inputs, fresh_seeds, job_spec, keep_candidate, launch_once, load_candidate,
@@ -182,11 +182,10 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
                 warnings=warnings, checks=checks)
 
 
-def _trial_report(i: int, seed: int, trial: dict[str, Any]) -> TrialReport:
-    checks = [OutputCheck(**c) for c in trial["checks"]]
-    ok = trial["error"] is None and bool(checks) and all(c.correct for c in checks)
-    return TrialReport(trial=i, seed=seed, correct=ok, outputs=checks, error=trial["error"],
-                       distribution=trial.get("distribution", "native"))
+def _trial_report(i: int, seed: int, trial: TrialVerdict) -> TrialReport:
+    ok = trial.error is None and bool(trial.checks) and all(c.correct for c in trial.checks)
+    return TrialReport(trial=i, seed=seed, correct=ok, outputs=trial.checks, error=trial.error,
+                       distribution=trial.distribution)
 
 
 def _verify_warnings(reports: list[TrialReport], weights: WeightSync) -> list[str]:

@@ -38,7 +38,7 @@ from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, DecoyVerdict, EvidenceRequest, KeptOutputs, LaunchFloorRequest,
                                LoadRequest, ProblemSizeRequest, ProfileRequest, ReadReportRequest, ReleaseRequest,
                                RevalidateReply, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
-                               TimingDecoyRequest, TimingSetsRequest)
+                               TimingDecoyRequest, TimingSetsRequest, TrialVerdict)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess
 from .process.lifecycle import trace, traced
 from .rounds import merge_rounds
@@ -404,15 +404,15 @@ def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: 
             shutil.copy(log, artifacts / f"{role}.log")
 
 
-def _first_wrong(trials: list[dict[str, Any]]) -> tuple[OutputCheck | None, bool]:
+def _first_wrong(trials: list[TrialVerdict]) -> tuple[OutputCheck | None, bool]:
     """The first failing output check (or the first check) and whether all trials were correct."""
     first = None
     for t in trials:
-        for c in (OutputCheck(**c) for c in t["checks"]):
+        for c in t.checks:
             first = first or c
             if not c.correct:
                 return c, False
-        if t["error"]:
+        if t.error:
             return first, False
     return first, True
 

@@ -17,7 +17,7 @@ import anyio
 from .models import Failure
 from .process.protocol import (CalibrateReply, CalibrateRequest, CheckDecoyRequest, CheckRepeatRequest, CheckRequest,
                                DecoyRequest, DecoyVerdict, ExpectReply, ExpectRequest, NullOutcome, PrepareReply,
-                               ReleaseRequest, RepeatReply, RepeatRequest, TrialReply, TrialRequest)
+                               ReleaseRequest, RepeatReply, RepeatRequest, TrialReply, TrialRequest, TrialVerdict)
 from .process.runner import WorkerDied, WorkerProcess
 
 __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trials"]
@@ -25,7 +25,7 @@ __all__ = ["TrialsOutcome", "as_reference_failure", "concurrently", "judge_trial
 
 @dataclass
 class TrialsOutcome:
-    trials: list[dict[str, Any]] = field(default_factory=list)  # the judge's verdict per trial
+    trials: list[TrialVerdict] = field(default_factory=list)  # the judge's verdict per trial
     failures: list[Failure | None] = field(default_factory=list)  # the candidate's error per trial
     notes: list[str] = field(default_factory=list)
     exact: bool = False
@@ -93,24 +93,26 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: Pr
         assert not isinstance(record, WorkerDied)
         alive_nulls = _merge_nulls(outcome, nulls) if nulls is not None else alive_nulls
         if record.error is not None or record.failure is not None:
-            outcome.trials.append({"error": _error_of(record), "checks": [], "distribution": distribution})
+            outcome.trials.append(TrialVerdict(error=_error_of(record), distribution=distribution))
             outcome.failures.append(record.failure)
             continue
         again: RepeatReply | None = None
         try:
             checked = await judge.call(CheckRequest(i=i, record=record, digest=repeat_apart, **judging), stage="compare")
+            if checked.trial is None:  # the judge's own process failed (out of descriptors, ...): not the candidate
+                return outcome, as_reference_failure(checked.failure)
             await worker.call(ReleaseRequest(), stage="forward")
             if repeat_apart:
                 again = await worker.call(RepeatRequest(i=i), stage="forward", timeout_s=deadline, timeout_why=why)
                 if again.error is None and again.failure is None:
-                    repeated = await judge.call(CheckRepeatRequest(i=i, record=again, **judging), stage="compare")
-                    checked.trial.update(repeated.repeat.model_dump() if repeated.repeat is not None else {})
+                    checked.trial.repeat = (await judge.call(CheckRepeatRequest(i=i, record=again, **judging),
+                                                             stage="compare")).repeat
                     await worker.call(ReleaseRequest(), stage="forward")
         except WorkerDied as died:
             return outcome, as_reference_failure(died.failure) if died.failure.stage == "compare" else died.failure
         if again is not None and (again.error is not None or again.failure is not None):
             # as when the repeat fails inside the trial's own call
-            outcome.trials.append({"error": _error_of(again), "checks": [], "distribution": distribution})
+            outcome.trials.append(TrialVerdict(error=_error_of(again), distribution=distribution))
             outcome.failures.append(again.failure)
             continue
         outcome.trials.append(checked.trial)

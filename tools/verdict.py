@@ -13,7 +13,7 @@ from typing import Any
 from kforge.backends import backend_class, is_device_fault, is_out_of_memory
 
 from .models import Check, TrialReport
-from .process.protocol import DecoyVerdict, NullOutcome, RevalidateReply
+from .process.protocol import DecoyVerdict, NullOutcome, RevalidateReply, TrialVerdict
 from .static_scan import Finding
 
 __all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
@@ -108,7 +108,7 @@ def background_check(background: list[str]) -> Check:
                  else "no threads or child processes left running")
 
 
-def verify_checks(trials: list[TrialReport], raw_trials: list[dict[str, Any]], prepared: dict[str, Any],
+def verify_checks(trials: list[TrialReport], raw_trials: list[TrialVerdict], prepared: dict[str, Any],
                   nulls: list[NullOutcome], custom: dict[str, Any] | None, precision: str,
                   decoy: DecoyVerdict | None = None) -> list[Check]:
     return [_outputs_check(trials, precision), _distribution_check(trials, prepared), _contract_check(trials, raw_trials),
@@ -154,36 +154,36 @@ def _distribution_check(trials: list[TrialReport], prepared: dict[str, Any]) -> 
                  + (f"; {'; '.join(notes)}" if notes else ""))
 
 
-def _contract_check(trials: list[TrialReport], raw: list[dict[str, Any]]) -> Check:
+def _contract_check(trials: list[TrialReport], raw: list[TrialVerdict]) -> Check:
     problems = [f"trial {t.trial}: {p}" for t in trials for o in t.outputs for p in o.problems
                 if any(k in p for k in ("torch.Tensor", "shape", "dtype", "device", "missing output", "extra output"))]
-    problems += [f"trial {i}: {a}" for i, r in enumerate(raw) for a in r.get("aliases", [])]
+    problems += [f"trial {i}: {a}" for i, r in enumerate(raw) for a in r.aliases]
     if problems:
         return Check(name="output_contract", status="fail", hard=True, evidence="; ".join(problems[:4]))
     return Check(name="output_contract", status="pass", hard=True,
                  evidence="plain torch.Tensor outputs with the reference's shape, dtype and device, sharing no memory with inputs")
 
 
-def _inputs_check(raw: list[dict[str, Any]]) -> Check:
-    modified = [f"trial {i}: input(s) {r['inputs_modified']}" for i, r in enumerate(raw) if r.get("inputs_modified")]
+def _inputs_check(raw: list[TrialVerdict]) -> Check:
+    modified = [f"trial {i}: input(s) {r.inputs_modified}" for i, r in enumerate(raw) if r.inputs_modified]
     if modified:
         return Check(name="inputs_unmodified", status="fail", hard=True,
                      evidence="the candidate wrote into its inputs: " + "; ".join(modified[:4]))
     return Check(name="inputs_unmodified", status="pass", hard=True, evidence="every input came back bit-identical")
 
 
-def _repeat_check(raw: list[dict[str, Any]]) -> Check:
-    runs = [r for r in raw if "repeat_identical" in r]
+def _repeat_check(raw: list[TrialVerdict]) -> Check:
+    runs = [r.repeat for r in raw if r.repeat is not None]
     if not runs:
         return Check(name="deterministic", status="skip", hard=True, evidence="no repeated runs")
-    wrong = [i for i, r in enumerate(raw) if "repeat_correct" in r and not r["repeat_correct"]]
+    wrong = [i for i, r in enumerate(raw) if r.repeat is not None and not r.repeat.repeat_correct]
     if wrong:
-        first = raw[wrong[0]].get("repeat_problems") or []
+        first = raw[wrong[0]].repeat.repeat_problems
         return Check(name="deterministic", status="fail", hard=True,
                      evidence=f"the same inputs, run again after memory was filled with NaN, gave a wrong result in "
                      f"trial(s) {wrong}: part of the output is not written, or depends on stale memory"
                      + (f" ({first[0]})" if first else ""))
-    differ = [i for i, r in enumerate(raw) if "repeat_identical" in r and not r["repeat_identical"]]
+    differ = [i for i, r in enumerate(raw) if r.repeat is not None and not r.repeat.repeat_identical]
     if differ:
         return Check(name="deterministic", status="warn", hard=True,
                      evidence=f"repeated runs differ bitwise in trial(s) {differ} but stay within tolerance "

@@ -214,19 +214,18 @@ class Judge:
         i, record, fds = req.i, req.record, self.session.received_fds
         self._current(i)
         started = time.perf_counter()
-        trial: dict[str, Any] = {"error": None, "distribution": self.distributions[i],
-                                 "aliases": record.aliases, "inputs_modified": record.inputs_modified}
         got = open_outputs(record.outputs, fds, self.backend)
         opened = time.perf_counter()
-        trial["checks"] = [c.model_dump(mode="json") for c in self._compare(got, req, record.devices)]
+        trial = p.TrialVerdict(distribution=self.distributions[i], aliases=record.aliases,
+                               inputs_modified=record.inputs_modified, checks=self._compare(got, req, record.devices))
         compared = time.perf_counter()
         if req.digest:  # the repeat comes on its own (`check_repeat`), once these are let go
             weights = self._digest_weights()
             self._first_digests = [value_digest(g, weights) for g in got]
         if record.repeat is not None:  # the same inputs again after poisoning memory with NaN
             again = open_outputs(record.repeat, fds, self.backend)
-            trial.update(self._repeat_verdict(again, req, record.devices, len(again) == len(got) and all(
-                same_values(a, b) for a, b in zip(again, got))))
+            trial.repeat = self._repeat_verdict(again, req, record.devices, len(again) == len(got) and all(
+                same_values(a, b) for a, b in zip(again, got)))
             del again
         del got
         release_opened(self.backend)

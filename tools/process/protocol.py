@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kforge.backends.base import Availability, DeviceFacts
 from kforge.profilers.report import NcuKernel
-from kforge.tools.models import (BuildInfo, Counter, Diagnostic, Failure, KernelResources, OpRow, TensorInfo,
-                                 TimingStats, WeightSync)
+from kforge.tools.models import (BuildInfo, Counter, Diagnostic, Failure, KernelResources, OpRow, OutputCheck,
+                                 TensorInfo, TimingStats, WeightSync)
 
-__all__ = ["REQUESTS", "DecoyVerdict", "NullOutcome", "OpReply", "ProtocolError", "RepeatVerdict", "Request", "WorkerInit",
-           "WorkerRole", "WrongCall", "parse_reply", "parse_request"]
+__all__ = ["REQUESTS", "DecoyVerdict", "NullOutcome", "OpReply", "ProtocolError", "RepeatVerdict", "Request",
+           "TrialVerdict", "WorkerInit", "WorkerRole", "WrongCall", "parse_reply", "parse_request"]
 
 
 # Unknown fields are refused; NaN and infinities cross as themselves (a candidate's NaN output is evidence), not
@@ -235,8 +235,30 @@ class TrialRequest(Request[TrialReply]):
     share: bool = True
 
 
+class RepeatVerdict(BaseModel):
+    """Trial i run again after the allocator was poisoned with NaN: bitwise the first run's outputs, and correct."""
+    model_config = _STRICT
+
+    repeat_identical: bool
+    repeat_correct: bool
+    repeat_problems: list[str] = Field(default_factory=list)  # the first few, in words
+
+
+class TrialVerdict(BaseModel):
+    """The judge's reading of one trial (or, with `error`, the candidate's call that failed): each output's check, the
+    outputs that alias inputs or each other, the inputs it wrote into, and its repeat where one ran."""
+    model_config = _STRICT
+
+    error: str | None = None
+    distribution: str = "native"
+    checks: list[OutputCheck] = Field(default_factory=list)
+    aliases: list[str] = Field(default_factory=list)
+    inputs_modified: list[int] = Field(default_factory=list)
+    repeat: RepeatVerdict | None = None
+
+
 class CheckReply(OpReply):
-    trial: dict[str, Any] = on_success(factory=dict)  # checks, error, distribution, aliases, repeat verdict
+    trial: TrialVerdict | None = on_success()
 
 
 class CheckRequest(Judging, Request[CheckReply]):
@@ -263,15 +285,6 @@ class RepeatRequest(Request[RepeatReply]):
     """Trial i's inputs again after the allocator was poisoned with NaN, on its own."""
     op: Literal["repeat"] = "repeat"
     i: int
-
-
-class RepeatVerdict(BaseModel):
-    """Trial i run again after the allocator was poisoned with NaN: bitwise the first run's outputs, and correct."""
-    model_config = _STRICT
-
-    repeat_identical: bool
-    repeat_correct: bool
-    repeat_problems: list[str] = Field(default_factory=list)  # the first few, in words
 
 
 class CheckRepeatReply(OpReply):
