@@ -554,3 +554,25 @@ async def test_a_gpu_hosts_cpu_kinds_are_warmed_once_its_gpu_kinds_are_idle(tmp_
             while len(wanted) < 2:
                 await anyio.sleep(0.05)
     assert wanted == ["gpu-like", "cpu"]
+
+
+async def test_a_fresh_servers_fork_servers_start_beside_its_probe_and_one_it_does_not_confirm_is_ended(
+        tmp_path, monkeypatch):
+    """The fork servers the host's devices point to start before the probe has answered (their imports are a fresh
+    server's first worker's longest wait); one for a backend the probe finds unavailable is closed."""
+    import json
+
+    from kforge.tools import context
+    from kforge.tools.process.limits import WorkerLimits
+
+    monkeypatch.setattr(context, "first_kinds_here", lambda: ["cpu", "cuda"])  # as if this host showed a GPU
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    async with ctx.warm_workers(1) as pool:
+        await _ready(pool, 1)
+        assert not any(a.ok for a in await ctx.availability() if a.backend == "cuda")  # a CPU host
+        assert "cuda" not in pool._zygotes and "cpu" in pool._zygotes
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    [probe] = [line for line in lines if line["role"] == "probe" and line["op"] == "probe"]
+    [zygote] = [line for line in lines if line["op"] == "zygote cpu"]
+    assert zygote["at"] < probe["at"] + probe["s"], (zygote, probe)

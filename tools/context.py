@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 
-from kforge.backends import Availability, DeviceFacts, backend_names
+from kforge.backends import Availability, DeviceFacts, backend_class, backend_names
 
 from . import gpus
 from .tool_inputs import DEFAULT_BUDGET_S, RequestError
@@ -256,12 +256,18 @@ class ToolContext:
                 done = await anyio.to_thread.run_sync(ensure_bytecode, self.home)  # before the first worker
                 if done is not None:
                     trace("server", "bytecode", True, started, to=self.limits.trace_file, **done)
+                prestarted = first_kinds_here() if self.pool is not None else []
+                for name in prestarted:  # their imports beside the probe's (`WorkerPool.prestart`)
+                    self.pool.prestart(name)
                 with self.scratch("probe") as scratch:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
                         reply = await w.call(ProbeRequest(backends=backend_names()), stage="probe", timeout_s=120)
                         self.worker_network, self.worker_isolation = w.network, w.isolation
                 self._availability = list(reply.backends)
+                found = {a.backend for a in self._availability if a.ok}
+                for name in (n for n in prestarted if n not in found):
+                    await self.pool.drop_zygote(name)
             return self._availability
 
     async def device_facts(self, backend: str, *, remeasure: bool = False,
@@ -329,6 +335,15 @@ class ToolContext:
         placement = gpus.current()  # a host's GPUs may differ: the one the call runs on
         device = placement.gpu.name if placement is not None else avail.device_name
         return {"kforge": __version__, **avail.versions, "device": device or ""}
+
+
+def first_kinds_here() -> list[str]:
+    """The backends whose warm workers a server readies first, guessed before its probe from what the host shows
+    without torch (`Backend.host_device_nodes`): the GPU backends where their device nodes are here, else the CPU
+    backends. The probe decides; `want_available` follows it."""
+    classes = {name: backend_class(name) for name in backend_names()}
+    gpu = [name for name, cls in classes.items() if cls.kind == "gpu" and cls.host_device_nodes()]
+    return gpu or [name for name, cls in classes.items() if cls.kind != "gpu"]
 
 
 # How long a GPU host's CPU kinds wait for its GPU kinds' warm workers before they are readied anyway (a busy

@@ -611,6 +611,22 @@ class WorkerPool:
             while self._reaping and self._reaping_bytes > _REAP_BEFORE_NEXT_BYTES:
                 await self._reaped.wait()
 
+    def prestart(self, backend: str) -> None:
+        """Start a backend's fork server before any of its kinds is wanted (beside the server's probe): on a fresh
+        server its imports are the first worker's longest wait. `drop_zygote` ends one the probe did not confirm."""
+        if self._tg is not None and self.size > 0 and backend not in self._zygotes:
+            self._tg.start_soon(self._zygote, backend)
+
+    async def drop_zygote(self, backend: str) -> None:
+        """End a backend's fork server when none of its kinds is wanted (a prestarted one whose backend the probe found
+        unavailable here)."""
+        if any(kind[0] == backend for kind in self._wanted):
+            return
+        async with self._zygote_locks[backend]:
+            zygote = self._zygotes.pop(backend, None)
+        if isinstance(zygote, _Zygote):
+            await zygote.close()
+
     def want(self, backend: str, extra_env: dict[str, str] | None = None) -> None:
         """Start keeping warm workers of this kind (an available backend, or a kind just asked for)."""
         kind = _kind(backend, extra_env)
