@@ -256,9 +256,10 @@ class ToolContext:
                 done = await anyio.to_thread.run_sync(ensure_bytecode, self.home)  # before the first worker
                 if done is not None:
                     trace("server", "bytecode", True, started, to=self.limits.trace_file, **done)
-                prestarted = first_kinds_here() if self.pool is not None else []
+                pool = self.pool
+                prestarted = first_kinds_here() if pool is not None else []
                 for name in prestarted:  # their imports beside the probe's (`WorkerPool.prestart`)
-                    self.pool.prestart(name)
+                    pool.prestart(name)
                 with self.scratch("probe") as scratch:
                     async with WorkerProcess(backend="", home=self.home, scratch=scratch, limits=self.limits,
                                              role="probe") as w:
@@ -267,7 +268,7 @@ class ToolContext:
                 self._availability = list(reply.backends)
                 found = {a.backend for a in self._availability if a.ok}
                 for name in (n for n in prestarted if n not in found):
-                    await self.pool.drop_zygote(name)
+                    await pool.drop_zygote(name)
             return self._availability
 
     async def device_facts(self, backend: str, *, remeasure: bool = False,

@@ -614,8 +614,14 @@ class WorkerPool:
     def prestart(self, backend: str) -> None:
         """Start a backend's fork server before any of its kinds is wanted (beside the server's probe): on a fresh
         server its imports are the first worker's longest wait. `drop_zygote` ends one the probe did not confirm."""
+        async def start() -> None:
+            try:
+                await self._zygote(backend)
+            except Exception as exc:  # noqa: BLE001 - as in `_start_one`: the first fork of its kind tries again
+                logger.warning("the %s fork server could not start ahead: %s", backend, exc)
+
         if self._tg is not None and self.size > 0 and backend not in self._zygotes:
-            self._tg.start_soon(self._zygote, backend)
+            self._tg.start_soon(start)
 
     async def drop_zygote(self, backend: str) -> None:
         """End a backend's fork server when none of its kinds is wanted (a prestarted one whose backend the probe found
