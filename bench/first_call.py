@@ -1,9 +1,9 @@
 """A fresh server's first call: `kforge serve` on a new data directory, then at once a verify of the ReLU problem with
 an honest candidate, through the MCP SDK's stdio client (issue 16: a new server's first problem waits for its pool).
 
-Per run it prints the seconds to the client's `initialize`, the verify's wall time, and where the verify's worker
-waited (the trace's fork servers and forks). Runs alternate nothing: run it on each version to compare, on one
-quiet machine, as the results README says.
+Per run it prints the seconds to the client's `initialize`, the verify's wall time, and when the byte-code cache,
+the probe and the fork servers started and how long each took (from the server's trace). It measures the version it
+runs from: to compare two, run it on each, one after the other on one quiet machine.
 
     python3 bench/first_call.py --backend cpu --runs 3 --out DIR
 """

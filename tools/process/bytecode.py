@@ -68,7 +68,7 @@ def pycache_prefix(home: Path) -> Path | None:
 
 
 def _stamp(prefix: Path) -> Path:
-    version = _package_dir("torch") / "version.py"  # noqa: the caller checked torch is there
+    version = _package_dir("torch") / "version.py"  # the caller found torch
     mtime = int(version.stat().st_mtime) if version.exists() else 0
     return prefix / f".compiled-{sys.implementation.cache_tag}-{mtime}"
 
@@ -90,8 +90,8 @@ def ensure_bytecode(home: Path, timeout_s: float = 600) -> dict[str, object] | N
     started = time.perf_counter()
     try:
         args = json.dumps([sysconfig.get_path("stdlib"), packages, _SKIP])
-        done = subprocess.run([sys.executable, "-c", _COMPILE, args], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-c", _COMPILE, args], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"prefix": str(prefix), "compiled": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     seconds = round(time.perf_counter() - started, 3)
