@@ -11,6 +11,7 @@ runs from: to compare two, run it on each, one after the other on one quiet mach
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -24,7 +25,7 @@ import anyio
 HERE = Path(__file__).resolve().parent
 
 
-async def _one(backend: str, home: Path) -> dict:
+async def _one(backend: str, home: Path, keep_trace: Path | None = None) -> dict:
     from mcp import Client, StdioServerParameters, stdio_client
 
     from kforge.server.catalog import problem_reference
@@ -43,6 +44,9 @@ async def _one(backend: str, home: Path) -> dict:
                 "use_store": False})
             verify = time.perf_counter() - t
     lines = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+    if keep_trace is not None and trace.exists():  # every op of the run, to see where the first verify waited
+        with gzip.open(keep_trace, "wt") as f:
+            f.write(trace.read_text())
     at0 = min((line["at"] for line in lines), default=0.0)
     starts = {line["op"]: {"from_s": round(line["at"] - at0, 2), "s": line["s"]} for line in lines
               if line["role"] in ("pool", "probe", "server") and (line["op"].startswith("zygote")
@@ -57,12 +61,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or HERE / "out"))
     ap.add_argument("--tag", default="first-call")
+    ap.add_argument("--keep-traces", action="store_true", help="also write each run's server trace (<tag>-run<i>-trace.jsonl.gz)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="kforge-first-") as home:
-            row = anyio.run(_one, args.backend, Path(home))
+            kept = args.out / f"{args.tag}-run{i}-trace.jsonl.gz" if args.keep_traces else None
+            row = anyio.run(_one, args.backend, Path(home), kept)
         rows.append(row)
         print(f"run {i}: initialize {row['initialize_s']} s, verify {row['verify_s']} s, correct {row['correct']}; "
               f"{row['starts']}", flush=True)

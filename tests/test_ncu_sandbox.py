@@ -137,6 +137,35 @@ async def test_a_worker_under_a_profiler_is_sandboxed_with_it(tmp_path, fake_ncu
     assert _gone(worker_pid) and _gone(front_end)
 
 
+async def test_the_profiler_and_its_targets_threads_are_inside_landlock(tmp_path):
+    """ncu's injection starts a thread in the worker before Python's main, where the worker's own Landlock cannot
+    reach it; the launcher's domain, applied before it execs the profiler, holds the profiler and everything it
+    starts. The stand-in front-end writes where only Landlock forbids it (/var/tmp: outside the covered paths,
+    writable by the mounts), then runs the worker."""
+    if not os.access("/var/tmp", os.W_OK):
+        pytest.skip("no writable /var/tmp on this host")
+    outside = Path("/var/tmp") / f"kforge-landlock-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "bin" / "fake-ncu"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\nreport="$1"; shift\necho note > {outside} 2>/dev/null\n'
+                      'echo "front-end env $KFORGE_PROFILER_LANDLOCK" > "$report"\n"$@"\n')
+    script.chmod(0o755)
+    home = tmp_path / "home"
+    scratch = home / "jobs" / "j1" / "ncu"
+    report = scratch / "profile.ncu-rep"
+    try:
+        async with WorkerProcess(backend="cpu", home=home, scratch=scratch, limits=_limits([str(script)]),
+                                 role="rerun", prefix=[str(script), str(report)]) as w:
+            _require(w.isolation)
+            assert "landlock on the profiler and every thread of its target (ncu's injection too)" in \
+                w.isolation["applied"], w.isolation
+            assert not any("outside it" in m for m in w.isolation["missing"]), w.isolation
+        assert not outside.exists(), "the profiler wrote outside its sandbox's writable paths"
+        assert report.read_text().strip() == "front-end env 1", report.read_text()
+    finally:
+        outside.unlink(missing_ok=True)
+
+
 async def test_a_kill_takes_the_profiler_and_the_worker_down(tmp_path, fake_ncu):
     """A timeout kills the worker's session: the profiler's front-end is PID 1 of its namespace, which dies with it."""
     home = tmp_path / "home"

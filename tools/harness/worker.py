@@ -370,14 +370,19 @@ def _landlock_here(confinement: Any, backend: str | None) -> dict[str, Any]:
 
     confinement, why = with_gpu_nodes(confinement, backend)
     # Landlock binds the calling thread and the threads it starts: ncu's injection starts one in the worker before
-    # Python's main (H100, 2026-11-25), which stays outside it. Said, not assumed. (An exec right after would end
-    # that thread and keep the domain, so the new image's threads all start inside it; not yet run on a GPU.)
+    # Python's main (H100, 2026-11-25), which this domain cannot reach. The profiler's launcher put ncu and this
+    # whole process in a domain of its own before (`profiled_launch`, which says so in the environment); without it
+    # those threads are outside Landlock, and the report says so.
+    from ..process.profiled_launch import PROFILER_LANDLOCK_ENV
+
     try:
         others = len(os.listdir("/proc/self/task")) - 1
     except OSError:
         others = 0
     report = apply_landlock(confinement)
-    if others > 0:
+    if others > 0 and os.environ.get(PROFILER_LANDLOCK_ENV) == "1":
+        report["applied"].append(f"{others} earlier thread(s) (ncu's injection) under the profiler's Landlock")
+    elif others > 0:
         report["missing"].append(f"landlock: {others} thread(s) already running in the profiled worker (ncu's "
                                  "injection) are outside it")
     return {"host_pid": os.getpid(), "applied": report["applied"], "missing": report["missing"] + ([why] if why else []),

@@ -353,20 +353,27 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def apply_landlock(confinement: Confinement) -> dict[str, Any]:
+def apply_landlock(confinement: Confinement, *, proc_writable: bool = False) -> dict[str, Any]:
     """Landlock alone, for the program run in a sandbox entered with `landlock_later` (a worker profiled by ncu),
     called while it is single-threaded, before any user code. Unscoped: ncu's front-end, outside this Landlock
     domain, talks to it through an abstract socket, and signals it; the sandbox's PID and network namespaces
-    already hold nothing else to reach. Returns {"applied": [...], "missing": [...]}."""
+    already hold nothing else to reach. Returns {"applied": [...], "missing": [...]}.
+
+    `proc_writable`: the profiler's own domain (`kforge.tools.process.profiled_launch`, before it execs ncu), which
+    ncu, its target and every thread ncu's injection starts there inherit. Its processes' /proc/<pid>/task are not
+    known yet, so the namespace's whole /proc is writable in it (the system-call filter still denies ptrace and
+    another process's memory); the worker then adds its own stricter domain on its own threads."""
     report: dict[str, Any] = {"applied": [], "missing": []}
     if sys.platform != "linux":
         report["missing"].append(f"landlock: {sys.platform} has none")
         return report
-    _landlock(ctypes.CDLL(None, use_errno=True), confinement, report, scoped=False)
+    _landlock(ctypes.CDLL(None, use_errno=True), confinement, report, scoped=False,
+              proc_rule="/proc" if proc_writable else "/proc/self/task")
     return report
 
 
-def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any], *, scoped: bool = True) -> None:
+def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any], *, scoped: bool = True,
+              proc_rule: str = "/proc/self/task") -> None:
     abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
         report["missing"].append(f"landlock: the kernel does not offer it ({os.strerror(ctypes.get_errno())})")
@@ -386,8 +393,9 @@ def _landlock(libc: Any, confinement: Confinement, report: dict[str, Any], *, sc
     rules += [(p, fs) for p in ("/tmp", "/dev/shm", *confinement.writable())]
     # The CUDA driver names its threads through /proc/self/task/<tid>/comm during cuInit, which fails (error
     # 304) if it may not (H100, driver 580, 2026-11-24: bench/explore/sandbox_cuda_probe.py). The rule binds to
-    # this process's own task directory (its threads only); /proc stays read-only.
-    rules += [("/proc/self/task", _LL_WRITE_FILE | _LL_TRUNCATE)]
+    # this process's own task directory (its threads only); /proc stays read-only (`apply_landlock`'s
+    # `proc_writable` aside).
+    rules += [(proc_rule, _LL_WRITE_FILE | _LL_TRUNCATE)]
     try:
         for path, rights in rules:
             _landlock_allow(libc, ruleset, path, rights & fs)

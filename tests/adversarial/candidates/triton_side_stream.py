@@ -11,7 +11,10 @@ def slow_relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
     acc = tl.zeros_like(x)
-    for _ in range(2000):  # burn time; acc stays ~0
+    # Burn ~0.7 ms (acc stays ~0): well beyond the host's own launch path. Triton's Python launch took ~60 us on a
+    # busy 4-lane host (s25), long enough to cover a 70 us side kernel between the timer's events, so that work
+    # was seen by the device timer; the wall-clock anchor and the timed outputs failed it instead.
+    for _ in range(20000):
         acc = acc * 0.5 + x * 1e-30
     tl.store(y_ptr + offs, tl.maximum(x, 0.0) + tl.where(acc == 12345.0, 1.0, 0.0), mask=mask)
 
