@@ -576,3 +576,35 @@ async def test_a_fresh_servers_fork_servers_start_beside_its_probe_and_one_it_do
     [probe] = [line for line in lines if line["role"] == "probe" and line["op"] == "probe"]
     [zygote] = [line for line in lines if line["op"] == "zygote cpu"]
     assert zygote["at"] < probe["at"] + probe["s"], (zygote, probe)
+
+
+async def test_while_a_job_waits_for_a_fork_no_refill_of_another_kind_starts_and_it_starts_after(tmp_path):
+    """Forks ready their devices one at a time on a GPU host: a refill started beside the fork a job waits for delays
+    that fork. So while a job waits, only the forks jobs wait for start; the other kinds' refills follow."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(2) as pool:
+        await _ready(pool, 2)
+        taken = [pool.take("cpu"), pool.take("cpu")]  # its refills start; the job below waits for one of them
+        second = ("cpu", tuple(sorted(SYNC_LAUNCHES.items())))
+        most, got = 0, []
+
+        async def job() -> None:
+            got.append(await pool.acquire("cpu"))
+
+        with anyio.fail_after(180):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(job)
+                while not pool._waiting[("cpu", ())]:
+                    await anyio.sleep(0.001)
+                _two_cpu_kinds(pool)  # wanted now, while the job waits
+                while not got:
+                    most = max(most, pool._starting[second] + len(pool._idle[second]))
+                    await anyio.sleep(0.005)
+        assert got[0] is not None
+        assert most == 0, "another kind's refill started while a job waited for its fork"
+        with anyio.fail_after(180):  # ... and it starts once the job has its worker
+            while _idle(pool, *SYNC_LAUNCHES.items()) < 2:
+                await anyio.sleep(0.1)
+        for warm in (*taken, *got):
+            await kill_group(warm.proc)
+            await warm.proc.aclose()

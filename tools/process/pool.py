@@ -680,6 +680,7 @@ class WorkerPool:
                         return warm
         finally:
             self._waiting[kind] -= 1
+            self._wake.set()  # the refills held back while it waited
         return None
 
     async def take_when_idle(self, backend: str, extra_env: dict[str, str] | None = None,
@@ -718,9 +719,13 @@ class WorkerPool:
         if self._tg is None:
             return
         room = self.max_forks - sum(self._starting.values()) if self.max_forks else None
+        # While a job waits for a fork, only forks some job waits for start: the host starts device contexts one at a
+        # time, so refills started beside them delay them. A fresh server's first verify waited 4.1-4.5 s for its
+        # two forks among 12 refills started with them (2x H200, s25 first_call trace); one alone takes ~1.2 s.
+        jobs_wait = any(self._waiting[kind] > 0 for kind in self._wanted)
         for kind in sorted(self._wanted, key=lambda k: -self._waiting[k]):  # kinds a job waits for first
             held = self._covered(light=False) or (self._covered(light=True) and not self._short(kind))
-            target = 0 if held else self._target[kind]  # while held, only forks a job waits for
+            target = 0 if held or jobs_wait else self._target[kind]  # then, only forks a job waits for
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             if room is not None:
                 missing = min(missing, room)
