@@ -608,3 +608,40 @@ async def test_while_a_job_waits_for_a_fork_no_refill_of_another_kind_starts_and
         for warm in (*taken, *got):
             await kill_group(warm.proc)
             await warm.proc.aclose()
+
+
+async def test_a_call_that_waited_for_the_first_probe_gets_its_forks_before_the_refills(tmp_path):
+    """A fresh server's first call waits for the probe; then every kind the probe confirmed is wanted at once. Its
+    refills wait a moment (`defer_refills`) so that the call's own forks, asked for right after, start alone."""
+    import time
+
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        with anyio.fail_after(180):
+            await ctx.availability()  # a call's, beside the pool's own (`want_available`)
+        assert pool._refills_after > time.monotonic(), "no refill was deferred for the call that waited"
+        await anyio.sleep(0.3)
+        assert not sum(pool._starting.values()) and not _idle(pool), "a refill started before the call asked"
+        with anyio.fail_after(180):
+            got = await pool.acquire("cpu")  # the call's own fork starts at once, deferral or not
+        assert got is not None
+        with anyio.fail_after(180):  # ... and the refills follow the deferral
+            while _idle(pool) < 1:
+                await anyio.sleep(0.1)
+        await kill_group(got.proc)
+        await got.proc.aclose()
+
+
+def test_a_gpu_hosts_fork_servers_beside_the_probe_are_its_gpu_backends_and_the_cpu_ones(monkeypatch):
+    """A GPU job's compile step runs in a CPU worker, so the CPU backends' fork server starts beside the probe too."""
+    from kforge.backends import backend_class, backend_names
+    from kforge.tools import context
+
+    gpu = [n for n in backend_names() if backend_class(n).kind == "gpu"]
+    cpu = [n for n in backend_names() if backend_class(n).kind != "gpu"]
+    for name in gpu:
+        monkeypatch.setattr(backend_class(name), "host_device_nodes", classmethod(lambda cls: ["/dev/nvidia0"]))
+    assert context.first_kinds_here() == gpu + cpu and "cpu" in cpu
+    for name in gpu:
+        monkeypatch.setattr(backend_class(name), "host_device_nodes", classmethod(lambda cls: []))
+    assert context.first_kinds_here() == cpu

@@ -108,6 +108,7 @@ class ToolContext:
     _device_uses: dict[str, DeviceUse] = field(default_factory=dict, init=False)
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
+    _probe_waiters: int = field(default=0, init=False)  # callers waiting for the first probe's answer
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
     worker_isolation: dict[str, list[str]] = field(default_factory=dict, init=False)  # its sandbox: applied, missing
     #: warm workers, while a server runs the pool (`kforge.tools.process.pool`); None: every worker starts cold
@@ -250,6 +251,14 @@ class ToolContext:
 
     async def availability(self) -> list[Availability]:
         """Probe every known backend once, in a worker (the server itself never imports torch)."""
+        first = self._availability is None
+        self._probe_waiters += first
+        try:
+            return await self._probed()
+        finally:
+            self._probe_waiters -= first
+
+    async def _probed(self) -> list[Availability]:
         async with self._probe_lock:
             if self._availability is None:
                 started = time.perf_counter()
@@ -269,6 +278,8 @@ class ToolContext:
                 found = {a.backend for a in self._availability if a.ok}
                 for name in (n for n in prestarted if n not in found):
                     await pool.drop_zygote(name)
+                if pool is not None and self._probe_waiters > 1:  # a call waited for it beside the pool's own
+                    pool.defer_refills(_JOB_FIRST_AFTER_PROBE_S)
             return self._availability
 
     async def device_facts(self, backend: str, *, remeasure: bool = False,
@@ -339,12 +350,18 @@ class ToolContext:
 
 
 def first_kinds_here() -> list[str]:
-    """The backends whose warm workers a server readies first, guessed before its probe from what the host shows
-    without torch (`Backend.host_device_nodes`): the GPU backends where their device nodes are here, else the CPU
-    backends. The probe decides; `want_available` follows it."""
+    """The backends whose fork servers a server starts beside its probe, guessed from what the host shows without
+    torch (`Backend.host_device_nodes`): the GPU backends where their device nodes are here, and the CPU backends
+    (a GPU job's compile step runs in a CPU worker: on a fresh 2x H200 server the cpu fork server's 3.0 s start was
+    on the first verify's path, s25). The probe decides; `want_available` follows it."""
     classes = {name: backend_class(name) for name in backend_names()}
     gpu = [name for name, cls in classes.items() if cls.kind == "gpu" and cls.host_device_nodes()]
-    return gpu or [name for name, cls in classes.items() if cls.kind != "gpu"]
+    return gpu + [name for name, cls in classes.items() if cls.kind != "gpu"]
+
+
+# How long after the server's first probe only forks that jobs wait for start, where a call waited for that probe
+# (`WorkerPool.defer_refills`): long enough for the call to ask for its workers; the refills follow.
+_JOB_FIRST_AFTER_PROBE_S = 2.0
 
 
 # How long a GPU host's CPU kinds wait for its GPU kinds' warm workers before they are readied anyway (a busy

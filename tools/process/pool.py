@@ -345,6 +345,7 @@ class WorkerPool:
         self._failed: Counter[_Kind] = Counter()  # forks of a kind that failed in a row (`_FORK_TRIES`)
         self._zygote_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._waiting: dict[_Kind, int] = defaultdict(int)  # jobs waiting for a fork of this kind
+        self._refills_after = 0.0  # `defer_refills`: until then (time.monotonic()), only forks a job waits for start
         self._changed: dict[_Kind, anyio.Event] = defaultdict(anyio.Event)  # a worker arrived, or the kind was dropped
         self._wake = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -633,6 +634,18 @@ class WorkerPool:
         if isinstance(zygote, _Zygote):
             await zygote.close()
 
+    def defer_refills(self, seconds: float) -> None:
+        """For `seconds`, start only forks that jobs wait for: a job that waited for the server's first probe is
+        on its way to ask for its workers, and the refills of every kind the probe confirmed, started first, would
+        delay them (`_refill`)."""
+        self._refills_after = max(self._refills_after, time.monotonic() + seconds)
+        if self._tg is not None:
+            self._tg.start_soon(self._wake_after, seconds)
+
+    async def _wake_after(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        self._wake.set()
+
     def want(self, backend: str, extra_env: dict[str, str] | None = None) -> None:
         """Start keeping warm workers of this kind (an available backend, or a kind just asked for)."""
         kind = _kind(backend, extra_env)
@@ -722,7 +735,7 @@ class WorkerPool:
         # While a job waits for a fork, only forks some job waits for start: the host starts device contexts one at a
         # time, so refills started beside them delay them. A fresh server's first verify waited 4.1-4.5 s for its
         # two forks among 12 refills started with them (2x H200, s25 first_call trace); one alone takes ~1.2 s.
-        jobs_wait = any(self._waiting[kind] > 0 for kind in self._wanted)
+        jobs_wait = any(self._waiting[kind] > 0 for kind in self._wanted) or time.monotonic() < self._refills_after
         for kind in sorted(self._wanted, key=lambda k: -self._waiting[k]):  # kinds a job waits for first
             held = self._covered(light=False) or (self._covered(light=True) and not self._short(kind))
             target = 0 if held or jobs_wait else self._target[kind]  # then, only forks a job waits for
