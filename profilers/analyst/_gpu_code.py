@@ -16,7 +16,7 @@ from kforge.profilers.report import ProfileReport
 
 from ._compare import locate_definition
 from ._findings import PRIORITY_CODE, Draft, Findings, own_share, pct, roofline_evidence
-from ._hardware import Claim, _uncoalesced
+from ._hardware import Claim, uncoalesced
 from ._remedies import REMEDIES
 from ._stride import factors, stride_kind
 from ._triton_pipeline import unpipelined_loops
@@ -45,7 +45,7 @@ def _coalesce(report: ProfileReport | None, out: Findings, share: float, line: i
               action: str) -> None:
     """The draft and claim of an uncoalesced load, CUDA or Triton alike; counters raise the confidence."""
     hottest = max(report.ncu, key=lambda k: k.metrics.get("Duration [us]", 0.0)) if report and report.ncu else None
-    ncu_ev = _uncoalesced(hottest)
+    ncu_ev = uncoalesced(hottest)
     ev = roofline_evidence(report) + ncu_ev + ev
     out.drafts.append(Draft(
         COALESCE_TITLE, action, f"line {line}", why, f"most of {pct(share)} of the time: uncoalesced loads move up to "

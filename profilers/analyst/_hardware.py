@@ -13,7 +13,7 @@ from kforge.profilers.report import NcuKernel, ProfileReport, hottest_kernel
 
 from .base import Evidence
 
-__all__ = ["Claim", "HardwareFindings", "classify"]
+__all__ = ["Claim", "HardwareFindings", "classify", "uncoalesced"]
 
 # Below one instruction per cycle an out-of-order core spends most cycles stalled.
 LOW_IPC = 1.0
@@ -113,7 +113,7 @@ _BYTES_USED = re.compile(r"only ([\d.]+) of the 32 bytes transmitted per sector 
 _EXCESSIVE = re.compile(r"uncoalesced global accesses resulting in a total of (\d+) excessive sectors \((\d+)% of")
 
 
-def _uncoalesced(kernel: NcuKernel | None) -> list[Evidence]:
+def uncoalesced(kernel: NcuKernel | None) -> list[Evidence]:
     """Evidence that the kernel's global accesses are strided (empty when they are not)."""
     if kernel is None:
         return []
@@ -138,7 +138,7 @@ def _uncoalesced(kernel: NcuKernel | None) -> list[Evidence]:
 
 def _memory_kind(values: dict[str, float], kernel: NcuKernel | None) -> tuple[str, str, list[Evidence]]:
     """(remedy key, words for the why, evidence) for a memory-bound kernel: strided, cache-bound or DRAM-bound."""
-    if ev := _uncoalesced(kernel):
+    if ev := uncoalesced(kernel):
         return "memory-bound:uncoalesced", "; its global accesses are uncoalesced (" + ", ".join(
             f"{e.metric} {e.value}" for e in ev) + ")", ev
     dram = values.get("DRAM Throughput")

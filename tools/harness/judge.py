@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..process import protocol as p
 from .bench import Bench
@@ -322,8 +323,6 @@ class Judge:
 
     def problem_size(self, req: p.ProblemSizeRequest) -> p.ProblemSizeReply:
         """Bytes in and out of one call (a floor on its memory traffic) and its FLOPs, as torch counts them."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         i = self.expected_index or 0
         outputs = _tensor_bytes(self.expected)
         flops = None

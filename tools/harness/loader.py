@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from torch.utils import cpp_extension
+
 from kforge.backends import is_device_fault, is_out_of_memory
 from kforge.backends.build.inline import BuildError, InlineBuilder, sweep_abandoned_builds, tail
 
@@ -137,8 +139,6 @@ def load_user_module(source: str, *, path: Path, module_name: str, cache_dir: Pa
             stage="load", kind="syntax_error", message=f"SyntaxError: {exc.msg}", line=exc.lineno,
             diagnostics=[Diagnostic(severity="error", message=exc.msg, line=exc.lineno, column=exc.offset,
                                     source="python", code_line=(exc.text or "").rstrip() or None)]))
-
-    from torch.utils import cpp_extension
 
     global _loaded_backend
     _loaded_backend = backend

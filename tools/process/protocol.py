@@ -22,8 +22,18 @@ from kforge.profilers.report import NcuKernel
 from kforge.tools.models import (BuildInfo, Counter, Diagnostic, Failure, KernelResources, OpRow, OutputCheck,
                                  TensorInfo, TimingStats, WeightSync)
 
-__all__ = ["REQUESTS", "DecoyVerdict", "NullOutcome", "OpReply", "ProtocolError", "RepeatVerdict", "Request",
-           "TrialVerdict", "WorkerInit", "WorkerRole", "WrongCall", "parse_reply", "parse_request"]
+__all__ = ["REQUESTS", "AnchorReply", "AnchorRequest", "CalibrateReply", "CalibrateRequest", "CeilingsReply",
+           "CeilingsRequest", "CheckDecoyReply", "CheckDecoyRequest", "CheckRepeatReply", "CheckRepeatRequest",
+           "CheckReply", "CheckRequest", "DecoyReply", "DecoyRequest", "DecoyVerdict", "EvidenceReply",
+           "EvidenceRequest", "ExpectReply", "ExpectRequest", "Judging", "KeptOutputs", "LaunchFloorReply",
+           "LaunchFloorRequest", "LoadReply", "LoadRequest", "NullOutcome", "OpReply", "OutputDescriptors",
+           "PrepareReply", "PrepareRequest", "ProbeReply", "ProbeRequest", "ProblemSizeReply", "ProblemSizeRequest",
+           "ProfileReply", "ProfileRequest", "ProtocolError", "ReadReportReply", "ReadReportRequest", "ReleaseReply",
+           "ReleaseRequest", "RepeatReply", "RepeatRequest", "RepeatVerdict", "Request", "ResetReply",
+           "ResetRequest", "RevalidateReply", "RevalidateRequest", "SetupReply", "SetupRequest", "TimeReply",
+           "TimeRequest", "TimingDecoyReply", "TimingDecoyRequest", "TimingSetsReply", "TimingSetsRequest",
+           "TrialReply", "TrialRequest", "TrialVerdict", "WorkerInit", "WorkerRole", "WrongCall",
+           "parse_reply", "parse_request"]
 
 
 # Unknown fields are refused; NaN and infinities cross as themselves (a candidate's NaN output is evidence), not
