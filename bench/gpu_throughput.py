@@ -86,6 +86,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from host_load import HostLoad  # noqa: E402 - bench/ is no package: its sibling module, found through the path
+from kernelbench_sample import as_candidate  # noqa: E402 - the same
 TOKEN = secrets.token_urlsafe(32)
 TOOLS = ("compile_kernel", "verify_against_reference", "profile_kernel")
 CONFIGS = ("1gpu", "2gpu", "ray")
@@ -311,10 +312,11 @@ class Recorder:
 
 def _args_for(tool: str, args: argparse.Namespace, code: str, gpu: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"backend": args.backend, "candidate_code": code, "use_store": False, "wait_s": 0}
+    problem = {"reference_code": args.reference_code} if args.reference_code else {"problem": args.problem}
     if tool == "verify_against_reference":
-        out.update(problem=args.problem, trials=args.trials)
+        out.update(problem, trials=args.trials)
     elif tool == "profile_kernel":
-        out.update(problem=args.problem, hardware_counters=False, baselines=args.baselines)
+        out.update(problem, hardware_counters=False, baselines=args.baselines)
         if args.budget_s:
             out["budget_s"] = args.budget_s
     if gpu is not None:
@@ -894,8 +896,11 @@ def main() -> None:
                     "started as one ends (default: all of them at once, a burst)")
     ap.add_argument("--backend", default="cuda", help="cuda (default), triton, cpu")
     ap.add_argument("--problem", default="relu", help="a problem of the pack (default relu)")
-    ap.add_argument("--candidate", type=Path, default=REPO / "tests" / "candidates" / "relu_python.py",
-                    help="candidate file for --problem (default tests/candidates/relu_python.py: no build)")
+    ap.add_argument("--candidate", type=Path, help="candidate file (default: tests/candidates/relu_python.py, no "
+                    "build, for --problem; with --reference, the reference with Model renamed ModelNew)")
+    ap.add_argument("--reference", type=Path, help="a reference file instead of the pack's --problem, e.g. a "
+                    "KernelBench problem at its published size: a candidate whose time is the device's, not the "
+                    "host's launch path (the default ReLU's 8 us)")
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, help="which configurations, in order "
                     "(default 1gpu 2gpu, and ray with --ray)")
     ap.add_argument("--ray", action="store_true", help="also the ray configuration")
@@ -919,7 +924,11 @@ def main() -> None:
     ap.add_argument("--tag", help="file name tag (default <backend>-<gpu model>x<n>-<date>)")
     args = ap.parse_args()
     configs = args.configs or (["1gpu", "2gpu"] + (["ray"] if args.ray else []))
-    candidate = args.candidate.read_text()
+    if args.candidate is None and args.reference is None:
+        args.candidate = REPO / "tests" / "candidates" / "relu_python.py"
+    # The reference itself as the candidate, as bench/kernelbench_sample.py makes one (`as_candidate`).
+    candidate = args.candidate.read_text() if args.candidate else as_candidate(args.reference.read_text())
+    args.reference_code = args.reference.read_text() if args.reference else None
 
     gpu_ids, host_gpus, found_how = _visible_gpus(args.backend)
     smi_rows = _nvidia_smi()
@@ -946,8 +955,10 @@ def main() -> None:
                      "each, no GPU.")
     report: dict[str, Any] = {"run": {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cores": os.cpu_count(),
-        "backend": args.backend, "problem": args.problem, "candidate": str(args.candidate.resolve().relative_to(REPO))
-        if args.candidate.resolve().is_relative_to(REPO) else str(args.candidate),
+        "backend": args.backend, "problem": str(args.reference) if args.reference else args.problem,
+        "candidate": "the reference, Model renamed ModelNew" if args.candidate is None else
+        str(args.candidate.resolve().relative_to(REPO)) if args.candidate.resolve().is_relative_to(REPO)
+        else str(args.candidate),
         "clients": args.clients, "candidates": args.candidates, "in_flight": args.in_flight, "trials": args.trials, "baselines": args.baselines,
         "budget_s": args.budget_s, "warmup": args.warmup, "config_timeout_s": args.config_timeout_s,
         "parallel": args.parallel or "server default", "server_env": args.server_env, "configs": configs,
