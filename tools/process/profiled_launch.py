@@ -35,8 +35,9 @@ def main(argv: list[str]) -> None:
     # Its GPU pin's nodes, as a worker picks its own; the worker reports a pin it could not match.
     # (An index pin becomes UUIDs here, which ncu and its target inherit: they see only the pinned GPUs' nodes.)
     conf = with_gpu_nodes(Confinement.from_arg(argv[split - 1]), None)[0]
-    # Landlock is the worker's own to apply (`--landlock`, `Confinement.landlock_later`): a rule this process made
-    # for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names there.
+    # The worker's stricter Landlock is its own to apply (`--landlock`, `Confinement.landlock_later`): a rule this
+    # process made for /proc/self/task would be its own, and the worker's CUDA start writes its own threads' names
+    # there. This process's domain below leaves the namespace's whole /proc writable instead.
     report = enter(replace(conf, landlock_later=True))  # returns in the namespace's PID 1, which ncu becomes
     # After the mounts (the rule on /proc binds the namespace's own), single-threaded, before the exec.
     outer = apply_landlock(conf, proc_writable=True)

@@ -76,7 +76,8 @@ class Confinement:
     max_tasks: int = 0  # processes and threads at once in the worker's PID namespace (0: `default_max_tasks`)
     # The NVIDIA device nodes it may open (`gpu_nodes`): None every one, () none.
     gpu_nodes: tuple[str, ...] | None = None
-    # Landlock is applied by the program the sandbox runs, not by the process entering it (`apply_landlock`): under
+    # The strict Landlock is applied by the program the sandbox runs, not by the process entering it, which applies
+    # only a looser domain of its own (`apply_landlock`, `proc_writable`; `profiled_launch`): under
     # ncu, the profiled worker is a grandchild, and the CUDA driver's start (it names its threads in
     # /proc/self/task/<tid>/comm, error 304 if it may not) needs a rule on that process's own task directory,
     # which only it can make (H100, 2026-11-25).
