@@ -618,7 +618,7 @@ async def test_a_call_that_waited_for_the_first_probe_gets_its_forks_before_the_
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:
         with anyio.fail_after(180):
-            await ctx.availability()  # a call's, beside the pool's own (`want_available`)
+            await ctx.require_backend("cpu")  # a job's, beside the pool's own (`want_available`)
         assert pool._refills_after > time.monotonic(), "no refill was deferred for the call that waited"
         await anyio.sleep(0.3)
         assert not sum(pool._starting.values()) and not _idle(pool), "a refill started before the call asked"
@@ -630,6 +630,19 @@ async def test_a_call_that_waited_for_the_first_probe_gets_its_forks_before_the_
                 await anyio.sleep(0.1)
         await kill_group(got.proc)
         await got.proc.aclose()
+
+
+async def test_a_listing_that_waited_for_the_first_probe_defers_no_refill(tmp_path):
+    """list_backends or doctor on a fresh server asks for no worker: the refills start when the probe ends, so the
+    first job after them finds warm workers (deferring them for a listing left a server idle for 2 s, s26)."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        with anyio.fail_after(180):
+            await ctx.availability()  # a listing's, beside the pool's own
+        assert pool._refills_after == 0.0, "a listing deferred the refills"
+        with anyio.fail_after(180):
+            while _idle(pool) < 1:
+                await anyio.sleep(0.05)
 
 
 def test_a_gpu_hosts_fork_servers_beside_the_probe_are_its_gpu_backends_and_the_cpu_ones(monkeypatch):

@@ -108,7 +108,7 @@ class ToolContext:
     _device_uses: dict[str, DeviceUse] = field(default_factory=dict, init=False)
     _availability: list[Availability] | None = field(default=None, init=False)
     _probe_lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
-    _probe_waiters: int = field(default=0, init=False)  # callers waiting for the first probe's answer
+    _probe_waiters: int = field(default=0, init=False)  # jobs waiting for the first probe's answer
     worker_network: str = field(default="unknown", init=False)  # what the probe worker reported
     worker_isolation: dict[str, list[str]] = field(default_factory=dict, init=False)  # its sandbox: applied, missing
     #: warm workers, while a server runs the pool (`kforge.tools.process.pool`); None: every worker starts cold
@@ -249,9 +249,10 @@ class ToolContext:
                 with traced("server", f"{tool}.scratch_removed", to=self.limits.trace_file):
                     remove_scratch(path, self.home / "jobs")
 
-    async def availability(self) -> list[Availability]:
-        """Probe every known backend once, in a worker (the server itself never imports torch)."""
-        first = self._availability is None
+    async def availability(self, job: bool = False) -> list[Availability]:
+        """Probe every known backend once, in a worker (the server itself never imports torch). `job`: the caller
+        is a job that asks for workers next (`require_backend`), not a listing."""
+        first = job and self._availability is None
         self._probe_waiters += first
         try:
             return await self._probed()
@@ -278,7 +279,10 @@ class ToolContext:
                 found = {a.backend for a in self._availability if a.ok}
                 for name in (n for n in prestarted if n not in found):
                     await pool.drop_zygote(name)
-                if pool is not None and self._probe_waiters > 1:  # a call waited for it beside the pool's own
+                # A job waited for it: its forks go first. A listing (list_backends, doctor) asks for no worker, and
+                # deferring the refills for it left a fresh server idle for 2 s before its first verify (s26: the
+                # KernelBench sample's list_backends, then the verify 2.4 s after the probe, its forks cold).
+                if pool is not None and self._probe_waiters:
                     pool.defer_refills(_JOB_FIRST_AFTER_PROBE_S)
             return self._availability
 
@@ -330,7 +334,7 @@ class ToolContext:
         return reply.facts
 
     async def require_backend(self, name: str) -> Availability:
-        found = {a.backend: a for a in await self.availability()}
+        found = {a.backend: a for a in await self.availability(job=True)}
         if name not in found:
             raise RequestError(f"unknown backend {name!r}; this server knows: {', '.join(sorted(found))}")
         if not found[name].ok:
@@ -359,8 +363,8 @@ def first_kinds_here() -> list[str]:
     return gpu + [name for name, cls in classes.items() if cls.kind != "gpu"]
 
 
-# How long after the server's first probe only forks that jobs wait for start, where a call waited for that probe
-# (`WorkerPool.defer_refills`): long enough for the call to ask for its workers; the refills follow.
+# How long after the server's first probe only forks that jobs wait for start, where a job waited for that probe
+# (`WorkerPool.defer_refills`): long enough for the job to ask for its workers; the refills follow.
 _JOB_FIRST_AFTER_PROBE_S = 2.0
 
 
