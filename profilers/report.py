@@ -171,9 +171,11 @@ def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, fl
 
 
 # The smallest speedup told apart from 1: medians of separate profile calls of one candidate spread 0.7-0.8%
-# (KernelBench level2/76 on an H100, 5 calls), and the same kernel in the judge's and the candidate's
-# processes differs by up to 0.1% with intervals of +-0.1%.
-SPEEDUP_RESOLUTION = 0.01
+# (KernelBench level2/76 on an H100, 5 calls), and the same kernel timed in the judge's and the candidate's
+# processes differs by more than their intervals say: KernelBench's LayerNorm as its own candidate read 0.991,
+# 1.002 and 0.987 on an H200 (s25-s26; 0.987 with every candidate sample above the eager median, so the rounds'
+# spread did not cover it). 2% is also what issue 16 allows between separate profiles of one candidate.
+SPEEDUP_RESOLUTION = 0.02
 
 
 def speedup_interval(baseline_rounds: Sequence[Sequence[float]], candidate_rounds: Sequence[Sequence[float]],
@@ -195,7 +197,8 @@ def speedup_interval(baseline_rounds: Sequence[Sequence[float]], candidate_round
         half = _T975.get(len(pairs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(pairs))
         lo, hi = min(lo, ratio * math.exp(-half)), max(hi, ratio * math.exp(half))
     # Never narrower than what separates two processes timing the same kernel: the reference timed as the
-    # candidate came out 0.999 [0.998, 1.000] "slower" (LayerNorm) and 1.001 [1.001, 1.002] "faster" (ReLU).
+    # candidate came out 0.999 [0.998, 1.000] "slower" (LayerNorm) and 1.001 [1.001, 1.002] "faster" (ReLU), and
+    # with a 1% floor 0.987 [0.976, 0.997] "slower" (LayerNorm, H200, s26).
     lo, hi = min(lo, ratio / (1 + SPEEDUP_RESOLUTION)), max(hi, ratio * (1 + SPEEDUP_RESOLUTION))
     return ratio, (lo, hi)
 

@@ -268,13 +268,16 @@ def test_a_steady_kernel_with_rare_slow_calls_stops_early_on_its_median():
 
 
 def test_a_speedup_within_the_resolution_is_no_measurable_difference():
-    """Two processes timing the same kernel differ by ~0.1% with tight intervals: that is not "faster"."""
+    """Two processes timing the same kernel differ by 0.1-1.3% with tight intervals: that is not "faster" (the
+    reference as its own candidate, LayerNorm on an H200: 0.987, every candidate sample above eager's median)."""
     from kforge.profilers.report import SPEEDUP_RESOLUTION, compare_words, speedup_interval
 
     steady = [[1.000e-3 + i * 1e-9 for i in range(100)] for _ in range(3)]
-    shifted = [[s * 1.001 for s in r] for r in steady]
-    ratio, ci = speedup_interval(shifted, steady)
-    assert ratio == pytest.approx(1.001) and ci[0] < 1 < ci[1] and compare_words(ci) == "no measurable difference"
+    for shift in (1.001, 1.013, 1 / 1.013):
+        shifted = [[s * shift for s in r] for r in steady]
+        ratio, ci = speedup_interval(shifted, steady)
+        assert ratio == pytest.approx(shift) and ci[0] < 1 < ci[1], (shift, ci)
+        assert compare_words(ci) == "no measurable difference"
     clear = [[s * (1 + 3 * SPEEDUP_RESOLUTION) for s in r] for r in steady]
     assert compare_words(speedup_interval(clear, steady)[1]) == "faster"
 
