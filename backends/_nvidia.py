@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -215,20 +216,24 @@ def strict_gpu_numerics() -> None:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
-def preload_gpu_compiler() -> None:
+def preload_gpu_compiler() -> dict[str, float]:
     """torch.compile's GPU compiler (Inductor's Triton code generation, and Triton), imported once in the fork
     server rather than in each judge: a new problem's first profile compiles its torch.compile baseline, and in a
     fresh process these imports were 2.5-3.7 s of a 5.7-8.0 s compile on an H200 (bench/explore/compile_cost.py,
     2026-11-27). Only on a host with a GPU (the triton backend's interpreter needs none of it), and none of
-    these imports starts the device."""
+    these imports starts the device. Returns its two parts' seconds, for the fork server's trace (empty: skipped)."""
     if not nvidia_gpu_present():
-        return
+        return {}
+    started = time.perf_counter()
     import torch._inductor.async_compile  # noqa: F401
     import torch._inductor.codegen.triton  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
     import triton.compiler  # noqa: F401
 
+    imported = time.perf_counter()
     _activate_triton_driver()
+    return {"Inductor and Triton imports": round(imported - started, 3),
+            "Triton driver": round(time.perf_counter() - imported, 3)}
 
 
 def _activate_triton_driver() -> None:

@@ -20,6 +20,7 @@ availability that a probe worker reports, and the plain class facts `kforge.back
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Literal, Mapping, Protocol, runtime_checkable
@@ -248,10 +249,10 @@ class Backend(Protocol):
         ...
 
     @classmethod
-    def preload(cls) -> None:
+    def preload(cls) -> dict[str, float]:
         """What a fork server pays once for every worker of this backend (the compilers' identities that build keys
-        include). A class method: constructing a backend may start its device, and a device context does not
-        survive the fork."""
+        include), and the seconds of each of its parts, for the fork server's trace. A class method: constructing a
+        backend may start its device, and a device context does not survive the fork."""
         ...
 
     @classmethod
@@ -408,10 +409,12 @@ class BackendBase:
         return None
 
     @classmethod
-    def preload(cls) -> None:
+    def preload(cls) -> dict[str, float]:
         from .build.fast_build import toolchain_id
 
+        started = time.perf_counter()
         toolchain_id(False)
+        return {"C++ toolchain id": round(time.perf_counter() - started, 3)}
 
     @classmethod
     def device_started_here(cls) -> bool:

@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from typing import Any, Iterator
 
 from ._nvidia import (EventTimer, GpuClock, L2Flusher, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
@@ -136,12 +137,14 @@ class CudaBackend(NvidiaGpu, BackendBase):
         strict_gpu_numerics()
 
     @classmethod
-    def preload(cls) -> None:
+    def preload(cls) -> dict[str, float]:
         from .build.fast_build import toolchain_id
 
-        toolchain_id(False)
+        parts = super().preload()
+        started = time.perf_counter()
         toolchain_id(True)  # nvcc's identity too: CUDA sources are this backend's builds
-        preload_gpu_compiler()
+        parts["nvcc toolchain id"] = round(time.perf_counter() - started, 3)
+        return {**parts, **preload_gpu_compiler()}
 
     def warm_libraries(self) -> None:
         warm_gpu_libraries(self.device)

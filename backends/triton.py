@@ -112,9 +112,8 @@ class TritonBackend(NvidiaGpu, BackendBase):
         strict_gpu_numerics()
 
     @classmethod
-    def preload(cls) -> None:
-        super().preload()
-        preload_gpu_compiler()
+    def preload(cls) -> dict[str, float]:
+        return {**super().preload(), **preload_gpu_compiler()}
 
     def warm_libraries(self) -> None:
         if self._gpu:

@@ -223,8 +223,9 @@ def _preload(backend_name: str) -> dict[str, float]:
     phases.done("harness")
 
     backend = backend_class(backend_name)
-    backend.preload()  # the compilers' identities that its builds' keys include
+    parts = backend.preload()  # the compilers' identities that its builds' keys include
     phases.done("compilers' identities")
+    phases.update({f"compilers' identities: {name}": s for name, s in (parts or {}).items()})
     if backend.device_started_here():
         raise RuntimeError(f"the {backend_name} device was started while preloading; forked workers could not use it")
     return phases
