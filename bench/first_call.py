@@ -6,6 +6,7 @@ the probe and the fork servers started and how long each took (from the server's
 runs from: to compare two, run it on each, one after the other on one quiet machine.
 
     python3 bench/first_call.py --backend cpu --runs 3 --out DIR
+    python3 bench/first_call.py --backend cuda --runs 3 --restart   # run 0 a new data directory, then restarts
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ async def _one(backend: str, home: Path, keep_trace: Path | None = None) -> dict
     from kforge.server.catalog import problem_reference
 
     trace = home / "trace.jsonl"
+    trace.unlink(missing_ok=True)  # a restart's own (`--restart`: one data directory for every run)
     env = {**os.environ, "KFORGE_HOME": str(home), "KFORGE_TRACE": str(trace)}
     params = StdioServerParameters(command=sys.executable, args=["-m", "kforge.server.cli", "serve"], env=env)
     candidate = (HERE.parent / "tests" / "candidates" / "relu_python.py").read_text()
@@ -62,19 +64,24 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or HERE / "out"))
     ap.add_argument("--tag", default="first-call")
     ap.add_argument("--keep-traces", action="store_true", help="also write each run's server trace (<tag>-run<i>-trace.jsonl.gz)")
+    ap.add_argument("--restart", action="store_true", help="one data directory for every run: run 0 starts on a new "
+                    "one, the next runs restart a server on it (its byte-code cache, ceilings and builds kept)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="kforge-first-") as home:
-            kept = args.out / f"{args.tag}-run{i}-trace.jsonl.gz" if args.keep_traces else None
-            row = anyio.run(_one, args.backend, Path(home), kept)
-        rows.append(row)
+    with tempfile.TemporaryDirectory(prefix="kforge-first-") as shared:
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix="kforge-first-") as fresh:
+                home = Path(shared if args.restart else fresh)
+                kept = args.out / f"{args.tag}-run{i}-trace.jsonl.gz" if args.keep_traces else None
+                row = anyio.run(_one, args.backend, home, kept)
+            rows.append({**row, "data_directory": "kept from run 0" if args.restart and i else "new"})
         print(f"run {i}: initialize {row['initialize_s']} s, verify {row['verify_s']} s, correct {row['correct']}; "
               f"{row['starts']}", flush=True)
     verify = [r["verify_s"] for r in rows]
     print(f"{args.tag}: verify median {statistics.median(verify):.2f} s (min {min(verify):.2f}, max {max(verify):.2f})")
-    (args.out / f"{args.tag}.json").write_text(json.dumps({"backend": args.backend, "rows": rows}, indent=1))
+    (args.out / f"{args.tag}.json").write_text(json.dumps({"backend": args.backend, "restart": args.restart,
+                                                           "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
