@@ -252,6 +252,35 @@ async def test_a_light_hold_refills_only_kinds_short_of_idle_workers(tmp_path):
             await warm.proc.aclose()
 
 
+async def test_beside_a_verify_only_taken_kinds_refill_and_only_what_a_profile_takes(tmp_path):
+    """A verify's hold lets a kind it took from refill up to a profile's two workers, and a kind no job has taken not
+    at all: a fresh server's first cpu verify ran beside 7 forks and a fork server on 2 cores (s26). The rest follows
+    the hold's release."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(3) as pool:
+        with anyio.fail_after(240):
+            while _idle(pool) < 3 or pool._under_way:
+                await anyio.sleep(0.1)
+        release = ctx.hold_forks(light=True)
+        untaken = ("cpu", (("KFORGE_POOL_TEST_KIND", "1"),))
+        pool.want("cpu", dict(untaken[1]))  # wanted, but no job has taken a worker of it
+        taken = [pool.take("cpu") for _ in range(3)]
+        most = 0
+        for _ in range(40):  # 2 s: every refill the hold allows has started
+            most = max(most, pool._starting[("cpu", ())] + _idle(pool))
+            assert not pool._starting[untaken] and not pool._idle[untaken], "a kind no job took refilled beside a verify"
+            await anyio.sleep(0.05)
+        assert most == 2, f"{most} workers of the verify's kind beside it, where a profile takes 2"
+        release()
+        with anyio.fail_after(240):  # then both fill up
+            while _idle(pool) < 3 or not pool._idle[untaken]:
+                await anyio.sleep(0.1)
+        for warm in taken:
+            assert warm is not None
+            await kill_group(warm.proc)
+            await warm.proc.aclose()
+
+
 async def test_a_verify_starts_no_fork_beside_its_trials_and_its_refills_follow_it(tmp_path, cpu_example):
     """A verify holds the pool's forks (lightly): with enough idle workers the refills its takes ask for start
     once it is done, so nothing readies a device (or takes a core) beside its trials; then the pool fills up."""

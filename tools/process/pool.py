@@ -340,6 +340,7 @@ class WorkerPool:
         self._idle: dict[_Kind, list[WarmProcess]] = defaultdict(list)
         self._starting: dict[_Kind, int] = defaultdict(int)
         self._wanted: set[_Kind] = set()
+        self._taken: set[_Kind] = set()  # kinds a job has taken a worker of (`take`): beside a verify, only they refill
         self._zygotes: dict[str, _Zygote | str] = {}  # a str: why it could not start; workers start cold
         self.problems: list[str] = []  # why warm workers of some kind are not offered (also logged)
         self._failed: Counter[_Kind] = Counter()  # forks of a kind that failed in a row (`_FORK_TRIES`)
@@ -512,10 +513,13 @@ class WorkerPool:
         refills its takes ask for start after it, and stops the forks already under way (`pause_forks`)
         before timing.
 
-        `light` (a verify): kinds with fewer than `_LIGHT_HOLD_IDLE` idle workers still refill. Forks beside a
-        verify slowed its first trials 2-3x on small GEMMs, and two of them held 2.3 GB of device memory during
-        a 4.3 GB problem's verify; but a verify that held every refill left the profile after it waiting
-        0.4-1.2 s for its workers (H100, 2026-11-24).
+        `light` (a verify): kinds with fewer than `_LIGHT_HOLD_IDLE` idle workers still refill, up to that many, if
+        a job has taken workers of them. Forks beside a verify slowed its first trials 2-3x on small GEMMs, and two
+        of them held 2.3 GB of device memory during a 4.3 GB problem's verify; but a verify that held every refill
+        left the profile after it waiting 0.4-1.2 s for its workers (H100, 2026-11-24). Refilled to their full
+        targets, and kinds no job had used yet, a fresh server's first cpu verify ran beside 7 forks and a fork
+        server on 2 cores (2-core VM, s26: its trials took 8.2 s of its 12.6 s); and every slow verify trial of
+        the two-GPU runs (s25) ran beside forks.
 
         A hold covers every GPU of the host, not only its job's: the driver starts device contexts one at a time
         host-wide, and its allocations, mappings and frees wait behind them on every GPU. With holds per GPU, one
@@ -575,9 +579,10 @@ class WorkerPool:
     def pause_forks(self, light: bool = False) -> None:
         """Stop the forks under way until every hold is released (`hold_forks`; call this while holding). They
         keep what they readied and go on afterwards, or as soon as a job waits for a worker of their kind; a
-        kind some job already waits for is not stopped, nor, if `light`, one short of idle workers."""
+        kind some job already waits for is not stopped, nor, if `light`, one that jobs took from, short of idle
+        workers."""
         for fork in self._under_way:
-            if not self._waiting[fork.kind] and not (light and self._short(fork.kind)):
+            if not self._waiting[fork.kind] and not (light and fork.kind in self._taken and self._short(fork.kind)):
                 fork.stop()
 
     def _short(self, kind: _Kind) -> bool:
@@ -657,6 +662,7 @@ class WorkerPool:
         """A warm worker of this kind, or None (then the caller starts a cold one)."""
         self.want(backend, extra_env)
         kind = _kind(backend, extra_env)
+        self._taken.add(kind)
         warm = self._pop_idle(kind)
         # A miss keeps one more of the kind, up to max_size. So does a take that leaves it short for a profile's
         # two takes, but only up to one over the pool's size: each idle GPU worker holds ~1.15 GB of device memory
@@ -736,9 +742,12 @@ class WorkerPool:
         # time, so refills started beside them delay them. A fresh server's first verify waited 4.1-4.5 s for its
         # two forks among 12 refills started with them (2x H200, s25 first_call trace); one alone takes ~1.2 s.
         jobs_wait = any(self._waiting[kind] > 0 for kind in self._wanted) or time.monotonic() < self._refills_after
+        beside_verify = self._covered(light=True) and not self._covered(light=False)
         for kind in sorted(self._wanted, key=lambda k: -self._waiting[k]):  # kinds a job waits for first
-            held = self._covered(light=False) or (self._covered(light=True) and not self._short(kind))
+            held = self._covered(light=False) or (beside_verify and not (kind in self._taken and self._short(kind)))
             target = 0 if held or jobs_wait else self._target[kind]  # then, only forks a job waits for
+            if beside_verify:  # only the workers a profile after it takes; the rest once it is done
+                target = min(target, _LIGHT_HOLD_IDLE)
             missing = target + self._waiting[kind] - len(self._idle[kind]) - self._starting[kind]
             if room is not None:
                 missing = min(missing, room)
@@ -779,6 +788,11 @@ class WorkerPool:
                   phases=under_way.phases)
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
+        except BaseException:  # cancelled mid-fork (the pool's end): the half-made worker goes, and its directory
+            if under_way.pid is not None:
+                killpg(under_way.pid)
+            shutil.rmtree(own, ignore_errors=True)
+            raise
         finally:
             self._under_way.discard(under_way)
             under_way.go_on()  # (a fork that failed while stopped must not stay stopped)
