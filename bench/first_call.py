@@ -12,6 +12,7 @@ runs from: to compare two, run it on each, one after the other on one quiet mach
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -71,13 +72,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kforge-first-") as shared:
         for i in range(args.runs):
-            with tempfile.TemporaryDirectory(prefix="kforge-first-") as fresh:
-                home = Path(shared if args.restart else fresh)
+            new_home = contextlib.nullcontext(shared) if args.restart else tempfile.TemporaryDirectory(prefix="kforge-first-")
+            with new_home as home:
                 kept = args.out / f"{args.tag}-run{i}-trace.jsonl.gz" if args.keep_traces else None
-                row = anyio.run(_one, args.backend, home, kept)
+                row = anyio.run(_one, args.backend, Path(home), kept)
             rows.append({**row, "data_directory": "kept from run 0" if args.restart and i else "new"})
-        print(f"run {i}: initialize {row['initialize_s']} s, verify {row['verify_s']} s, correct {row['correct']}; "
-              f"{row['starts']}", flush=True)
+            print(f"run {i}: initialize {row['initialize_s']} s, verify {row['verify_s']} s, correct {row['correct']}; "
+                  f"{row['starts']}", flush=True)
     verify = [r["verify_s"] for r in rows]
     print(f"{args.tag}: verify median {statistics.median(verify):.2f} s (min {min(verify):.2f}, max {max(verify):.2f})")
     (args.out / f"{args.tag}.json").write_text(json.dumps({"backend": args.backend, "restart": args.restart,
