@@ -34,6 +34,13 @@ async def _ready(pool, n: int) -> None:
             await anyio.sleep(0.1)
 
 
+async def _settled(pool, n: int) -> None:
+    """Wait until n plain cpu workers are idle and no fork is under way (a hold's test then starts from rest)."""
+    with anyio.fail_after(240):
+        while _idle(pool) < n or pool._under_way:
+            await anyio.sleep(0.1)
+
+
 def _two_cpu_kinds(pool) -> None:
     """A second cpu kind, as a pool of two GPUs keeps a kind pinned to each: for the tests of how the pool treats kinds
     apart (a cpu pool keeps one kind)."""
@@ -234,9 +241,7 @@ async def test_a_light_hold_refills_only_kinds_short_of_idle_workers(tmp_path):
     one of a kind short of them: the profile after the verify must not wait for its workers."""
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(3) as pool:
-        with anyio.fail_after(240):
-            while _idle(pool) < 3 or pool._under_way:
-                await anyio.sleep(0.1)
+        await _settled(pool, 3)
         release = ctx.hold_forks(light=True)
         taken = [pool.take("cpu")]
         await anyio.sleep(1.0)  # a refill would have started by now
@@ -258,9 +263,7 @@ async def test_beside_a_verify_only_taken_kinds_refill_and_only_what_a_profile_t
     the hold's release."""
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(3) as pool:
-        with anyio.fail_after(240):
-            while _idle(pool) < 3 or pool._under_way:
-                await anyio.sleep(0.1)
+        await _settled(pool, 3)
         release = ctx.hold_forks(light=True)
         untaken = ("cpu", (("KFORGE_POOL_TEST_KIND", "1"),))
         pool.want("cpu", dict(untaken[1]))  # wanted, but no job has taken a worker of it
@@ -319,9 +322,7 @@ async def test_a_take_that_leaves_a_kind_short_keeps_more_of_it(tmp_path):
     raises the kind's target, as a miss does, so the next run of jobs finds its workers ready."""
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(2) as pool:
-        with anyio.fail_after(240):
-            while _idle(pool) < 2 or pool._under_way:
-                await anyio.sleep(0.1)
+        await _settled(pool, 2)
         kind = ("cpu", ())
         assert pool._target[kind] == 2
         taken = pool.take("cpu")  # one left: short of a profile's two

@@ -582,11 +582,15 @@ class WorkerPool:
         kind some job already waits for is not stopped, nor, if `light`, one that jobs took from, short of idle
         workers."""
         for fork in self._under_way:
-            if not self._waiting[fork.kind] and not (light and fork.kind in self._taken and self._short(fork.kind)):
+            if not self._waiting[fork.kind] and not (light and self._refills_beside_verify(fork.kind)):
                 fork.stop()
 
     def _short(self, kind: _Kind) -> bool:
         return len(self._idle[kind]) < _LIGHT_HOLD_IDLE
+
+    def _refills_beside_verify(self, kind: _Kind) -> bool:
+        """A verify's light hold lets this kind's forks start and go on: jobs took from it, and it is short."""
+        return kind in self._taken and self._short(kind)
 
     def reap(self, closes: list[Callable[[], Awaitable[None]]], device_bytes: int) -> bool:
         """Await killed workers' exits in the background (each a device context's teardown, 0.15-0.2 s on an
@@ -744,7 +748,7 @@ class WorkerPool:
         jobs_wait = any(self._waiting[kind] > 0 for kind in self._wanted) or time.monotonic() < self._refills_after
         beside_verify = self._covered(light=True) and not self._covered(light=False)
         for kind in sorted(self._wanted, key=lambda k: -self._waiting[k]):  # kinds a job waits for first
-            held = self._covered(light=False) or (beside_verify and not (kind in self._taken and self._short(kind)))
+            held = self._covered(light=False) or (beside_verify and not self._refills_beside_verify(kind))
             target = 0 if held or jobs_wait else self._target[kind]  # then, only forks a job waits for
             if beside_verify:  # only the workers a profile after it takes; the rest once it is done
                 target = min(target, _LIGHT_HOLD_IDLE)
