@@ -140,3 +140,88 @@ async def test_a_timed_warm_up_stores_the_baseline_and_the_next_profile_times_on
         judge_times = [line for line in _lines(trace) if line["role"] == "judge" and line["op"] == "time"][before:]
         assert judge_times and len(judge_times) <= 5, judge_times  # eager's rounds only (3, or 5 for a short call)
         assert (await profile(0.4))["torch.compile"].reused_after_s is None  # another budget: timed in its own run
+
+
+def _warm_ups(trace: Path) -> list[dict]:
+    return [line for line in _lines(trace) if line["op"] == "warmup.torch_compile"]
+
+
+def _large_problem_ctx(tmp_path: Path, monkeypatch) -> tuple[ToolContext, Path]:
+    """A server whose ReLU problem counts as large: it is warmed after its verify, never beside it."""
+    monkeypatch.setattr("kforge.tools.warmup._BESIDE_MAX_FOOTPRINT", 0)
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    return ctx, trace
+
+
+async def _profile_relu(ctx, reference: str):
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                    baselines=("eager", "torch.compile"), budget_s=0.3,
+                                                    hardware_counters=False, use_store=False))
+    assert prof.ok and prof.output_correct, prof.failure
+    return {b.name: b for b in prof.report.baselines}
+
+
+async def test_a_large_problem_is_warmed_after_its_verify_and_its_profile_takes_the_baseline_timed_ahead(
+        tmp_path, monkeypatch):
+    """Beside a job a large problem's warm-up would add a third process of ~3x the problem: it starts once the verify's
+    workers are gone, times torch.compile ahead, and the profile reuses that baseline."""
+    monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)  # as in the test above: the canary agrees
+    ctx, trace = _large_problem_ctx(tmp_path, monkeypatch)
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        assert not await start_warmup(ctx, "cpu", reference, 1)  # beside a job: too large
+        assert not ctx.warmups
+        await verify_relu(ctx, "cpu", reference)
+        [warmup] = ctx.warmups.values()  # started by the verify, after its trials, as it ended
+        assert warmup.after_job and not _warm_ups(trace)
+        with anyio.fail_after(300):  # an agent's turn
+            await warmup.done.wait()
+        [line] = _warm_ups(trace)
+        assert line["outcome"] == "kept, timed", line
+        compiled = (await _profile_relu(ctx, reference))["torch.compile"]
+        assert compiled.timing is not None and compiled.reused_after_s is not None, compiled
+
+
+async def test_a_profile_that_comes_during_a_large_problems_warm_up_stops_its_timing_and_takes_its_judge(
+        tmp_path, monkeypatch):
+    """The profile came before the turn covered the compile and the timing ahead: the warm-up times nothing more
+    once its compile is done, and the profile times torch.compile in its own rounds in that judge, which compiled it."""
+    ctx, trace = _large_problem_ctx(tmp_path, monkeypatch)
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        await verify_relu(ctx, "cpu", reference)
+        [warmup] = ctx.warmups.values()
+        with anyio.fail_after(300):
+            while not warmup.compiling:
+                await anyio.sleep(0.05)
+        baselines = await _profile_relu(ctx, reference)  # at once: it waits for the compile
+        [line] = _warm_ups(trace)
+        assert line["outcome"] == "kept, its profile came", line
+        compiled = baselines["torch.compile"]
+        assert compiled.timing is not None and compiled.reused_after_s is None, compiled  # timed in the profile
+        judge_times = [t for t in _lines(trace) if t["role"] == "judge" and t["op"] == "time"]
+        warm_pid = judge_times[0]["pid"]  # the warm-up's compile, its first timed call
+        assert sum(t["pid"] == warm_pid for t in judge_times) > 1  # ... and the profile's rounds in that judge
+        assert len(judge_times) <= 1 + 2 * 5, judge_times  # nothing timed ahead: the profile's eager and compile rounds
+
+
+async def test_another_job_ends_a_large_problems_warm_up(tmp_path, monkeypatch):
+    """A large problem's warm-up gives way: the next verify (another candidate) would have a judge of ~3x the
+    problem beside its own two processes."""
+    ctx, trace = _large_problem_ctx(tmp_path, monkeypatch)
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        await verify_relu(ctx, "cpu", reference)
+        [warmup] = ctx.warmups.values()
+        again = await verify_against_reference(ctx, VerifyRequest(
+            backend="cpu", reference_code=reference, candidate_code=RELU + "\n# another candidate\n", use_store=False))
+        assert again.correct, str(again)
+        assert warmup.scope.cancel_called
+        with anyio.fail_after(60):
+            await warmup.done.wait()
+        assert _warm_ups(trace)[0]["outcome"] == "cancelled", _warm_ups(trace)

@@ -10,6 +10,7 @@ import pytest
 from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
 from kforge.tools.process.limits import WorkerLimits
+from kforge.tools.process.pool import _KEPT_MAX_BYTES
 from kforge.tools.profile import profile_kernel
 from kforge.tools.requests import ProfileRequest
 
@@ -82,3 +83,35 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
     assert fresh["torch.compile"].reused_after_s is None
     ahead, now = first["torch.compile"].timing.median_us, fresh["torch.compile"].timing.median_us
     assert abs(ahead / now - 1) <= 0.05, (ahead, now)
+
+
+async def test_a_large_problem_is_warmed_after_its_verify_and_a_profile_during_it_takes_its_judge(tmp_path):
+    """A ReLU of 16384x16384 (2 GiB of input and output) is over the size warmed beside a job: its warm-up starts once
+    the verify's workers are gone. Its judge reserves more than a kept worker may, and is kept for the profile all
+    the same; the profile, asked while that judge compiles, stops the timing ahead and times torch.compile in its own
+    rounds in that judge."""
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
+    reference = problem_reference("relu").replace("torch.randn(1024, 1024)", "torch.randn(16384, 16384)")
+    assert "16384" in reference
+    async with ctx.warm_workers(2) as pool:
+        await _cuda_ready(pool)
+        await verify_relu(ctx, "cuda", reference)
+        [warmup] = ctx.warmups.values()
+        assert warmup.after_job
+        with anyio.fail_after(300):
+            while not warmup.compiling:
+                await anyio.sleep(0.05)
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
+                                                        baselines=("eager", "torch.compile"), budget_s=1.0,
+                                                        hardware_counters=False, use_store=False))
+        assert prof.ok and prof.output_correct, prof.failure
+        compiled = {b.name: b for b in prof.report.baselines}["torch.compile"]
+        assert compiled.timing is not None and compiled.reused_after_s is None, compiled
+    lines = _lines(trace)
+    [line] = [line for line in lines if line["op"] == "warmup.torch_compile"]
+    assert line["outcome"] == "kept, its profile came", line
+    times = [line for line in lines if line["role"] == "judge" and line["op"] == "time"]
+    warm = [t for t in times if t["pid"] == times[0]["pid"]]  # the warm-up's compile, then the profile's rounds
+    assert len(warm) == len(times) > 1 and max(t.get("peak_gb", 0) for t in warm) * 1e9 > _KEPT_MAX_BYTES, times

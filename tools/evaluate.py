@@ -173,6 +173,8 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
                                                 precision, outcome.decoy)
             if _correct(None, reports, checks):
                 keep_candidate(workers, worker)  # for its profile
+    if not extra_env and _correct(None, reports, checks):  # its workers are gone: a large problem's warm-up now
+        await start_warmup(ctx, backend, reference_code, prepared.footprint_bytes, after_job=True)
     warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)
     if avail.mode:

@@ -124,10 +124,12 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
     # A judge kept by an earlier job of this reference on this GPU has it loaded already (`WorkerPool.take_kept`).
     key = kept_key("judge", backend, reference)
     kept = None
+    warmed = warm_key(backend, reference)
+    _give_way(ctx, keep=warmed if compiled else None)
     if ctx.pool is not None and compiled:
-        warmed = warm_key(backend, reference)
         if (under_way := ctx.warmups.get(warmed)) is not None:
             if under_way.compiling:
+                under_way.wanted = True  # one warmed after its verify stops timing ahead: this job times it
                 await under_way.done.wait()
             else:  # still waiting for a worker: this job compiles itself, sooner, and no compile runs beside it
                 under_way.scope.cancel()
@@ -150,6 +152,15 @@ async def prepare_judge(workers: WorkerGroup, ctx: ToolContext, backend: str, sc
         return None, as_reference_failure(died.failure), None
     workers.give_back(judge, key)  # for the next job of this reference, if this one ends well
     return judge, None, prepared
+
+
+def _give_way(ctx: ToolContext, keep: tuple[str, ...] | None) -> None:
+    """End the warm-ups of large problems (`Warmup.after_job`) on this job's GPU, except `keep` (the one a profile of
+    its reference takes): each holds a judge of ~3x its problem that this job's own processes would have beside them."""
+    pin = pin_key(current_gpu())
+    for warmed, warmup in ctx.warmups.items():
+        if warmup.after_job and warmed[2] == pin and warmed != keep:
+            warmup.scope.cancel()
 
 
 def candidate_inputs(reference: str, seeds: list[int], init_seed: int) -> SetupRequest:

@@ -10,6 +10,16 @@ reference on its GPU that has its judge (`Warmup.compiling`), then takes that ju
 it cancels, and compiles itself (`steps.prepare_judge`). Dynamo's cache lives in the judge's process, so its next
 jobs' torch.compile of the reference compiles in milliseconds.
 
+A problem over `_BESIDE_MAX_FOOTPRINT` is not warmed beside the job: a third process holding its inputs, outputs and
+compile would take the device's memory past 3x the problem's. It is warmed once its first correct verify is done
+(`after_job`), alone on its GPU with its judge, during the agent's turn. Its judge reserves more than a kept worker may
+(`pool._KEPT_MAX_BYTES`), so the baseline it times ahead is what the profile takes (`warm_timing`), and the judge is
+kept for that profile after its reset. Such a warm-up gives way: any other job on its GPU ends it, and a profile of
+its reference that arrives while it times ahead stops it after the round under way and takes its judge (it times
+torch.compile in its own rounds, without compiling). On KernelBench's convolutions at their published sizes (H200,
+2026-11-29), the first profile compiled torch.compile for 2.8-5.2 s and took 1.17-1.75x the harness for verify and
+profile together.
+
 On for GPU backends by default (`ToolContext.warm_baselines`). On KernelBench problems (2x H200, 2026-11-28) every
 warm-up was kept and timing did not move. With an agent's 5 s turn before the profile, the first profile took 1.45-2.26 s
 instead of 3.17-4.74 s; with calls back to back it saved only 0.1-0.7 s, since a verify (0.4-0.8 s) or a compile with
@@ -19,7 +29,9 @@ twenty-third sessions).
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +50,12 @@ from .steps import fresh_seeds, warm_key
 
 __all__ = ["Warmup", "start_warmup"]
 
-# A problem larger than this is not warmed: its judge's inputs, a timing set and outputs stay near 3x this, and a
-# worker that reserved more than 2 GiB is not kept (`pool._KEPT_MAX_BYTES`), so the compile would be lost.
-_WARM_MAX_FOOTPRINT = 512 * 2**20
+# A problem up to this size is warmed beside the job that asks: its judge's inputs, a timing set and outputs stay
+# near 3x this, and its judge is kept (`pool._KEPT_MAX_BYTES`).
+_BESIDE_MAX_FOOTPRINT = 512 * 2**20
+# A larger one is warmed after the job (`after_job`), up to this share of its device's memory: its judge (~3x the
+# problem) and a job that arrives before it gave way (~3x) fit beside each other and the pool's idle workers.
+_AFTER_MAX_SHARE = 1 / 8
 # Two calls after the compile: the compiled model's first calls build its kernels, which the profile would pay.
 _WARM_POLICY = {"warmup_calls": 1, "warmup_s": 0.0, "min_samples": 2, "max_samples": 2, "budget_s": 0.0,
                 "checked_calls": 1}
@@ -54,25 +69,41 @@ class Warmup:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
     compiling: bool = False
+    after_job: bool = False  # a large problem's, warmed after its verify: another job on its GPU ends it
+    wanted: bool = False  # a profile of its reference waits for it: an `after_job` one stops timing ahead
 
 
-async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint_bytes: int | None) -> bool:
+async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint_bytes: int | None, *,
+                       after_job: bool = False) -> bool:
     """Start compiling `reference`'s torch.compile baseline in a judge of its own on the job's GPU, unless one is
-    compiled or being compiled there, a recent one is stored, the problem is large (`footprint_bytes`, its inputs
-    and outputs), or the backend's kind is not warmed (`ToolContext.warm_baselines`). Returns whether it started;
+    compiled or being compiled there, a recent one is stored, or the backend's kind is not warmed
+    (`ToolContext.warm_baselines`). Beside a job only a problem up to `_BESIDE_MAX_FOOTPRINT` (`footprint_bytes`, its
+    inputs and outputs) is warmed; `after_job` (the job's workers are gone), only a larger one, up to
+    `_AFTER_MAX_SHARE` of the device's memory, and only to time it ahead (`warm_timing`). Returns whether it started;
     it never waits for the compile."""
-    tg, pool = ctx.background, ctx.pool
-    if tg is None or pool is None or ctx.warm_baselines == "off" or (footprint_bytes or 0) > _WARM_MAX_FOOTPRINT:
+    tg, pool, large = ctx.background, ctx.pool, (footprint_bytes or 0) > _BESIDE_MAX_FOOTPRINT
+    if tg is None or pool is None or ctx.warm_baselines == "off" or large != after_job:  # small beside, large after
         return False
     avail = await ctx.require_backend(backend)
     if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
         return False
+    if after_job and (not ctx.warm_timing or (footprint_bytes or 0) > _AFTER_MAX_SHARE * (_device_memory(avail) or 0)):
+        return False
     key = warm_key(backend, reference)
     if key in ctx.warmups or pool.has_kept(key) or baseline_stored(ctx, sha256_text(reference), "torch.compile"):
         return False
-    warmup = ctx.warmups[key] = Warmup()
+    warmup = ctx.warmups[key] = Warmup(after_job=after_job)
     tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), ctx.device_key(avail), warmup)
     return True
+
+
+def _device_memory(avail: Any) -> int | None:
+    """Bytes of memory of the job's device: its GPU's, or the host's for a backend that computes in host memory."""
+    if avail.kind != "gpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    placement = current_gpu()
+    gpu = placement.gpu if placement is not None else (avail.gpus[0] if avail.gpus else None)
+    return gpu.memory_bytes if gpu is not None else None
 
 
 async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any, device: str,
@@ -89,9 +120,11 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 async with ctx.device_use(device).run():
                     outcome, prepared = await _compile(judge, reference)
                 if outcome == "kept" and ctx.warm_timing and prepared is not None:
-                    outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s)
+                    stop = (lambda: warmup.wanted) if warmup.after_job else None
+                    outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s, stop)
                 if outcome.startswith("kept"):
-                    workers.give_back(judge, key)
+                    # A large problem's judge reserved more than a kept worker may; its profile is the next job.
+                    workers.give_back(judge, key, any_peak=warmup.after_job)
     except NoIdleWorker:
         outcome = "no idle worker"
     except Exception:  # noqa: BLE001 - a warm-up is a head start, never a job: the profile compiles as before
@@ -123,10 +156,11 @@ async def _compile(judge: Any, reference: str) -> tuple[str, PrepareReply | None
 
 
 async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str, device: str,
-                      reference_call_s: float | None) -> str:
+                      reference_call_s: float | None, stop: Callable[[], bool] | None = None) -> str:
     """Time the compiled baseline and eager, its canary, as a profile with the server's default budget would
     (`profile.time_baselines_ahead`), alone on the device and with no fork readying a device beside them, as a
-    profile's timing. "kept, timed", or "kept" where they could not be timed (the profile times them itself)."""
+    profile's timing. "kept, timed"; "kept, its profile came" where `stop` said so before a round; or "kept" where
+    they could not be timed (in both, the profile times them itself)."""
     size = await judge.call(ProblemSizeRequest(), stage="reference")
     if size.failure is not None:
         return "kept"
@@ -142,7 +176,7 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
         ctx.pause_forks()
         try:
             timed = await time_baselines_ahead(ctx, judge, key, ("torch.compile",), ctx.timing_budget_s,
-                                               reference_call_s, size.problem_bytes)
+                                               reference_call_s, size.problem_bytes, stop)
         finally:
             release()
-    return "kept, timed" if timed else "kept"
+    return "kept, timed" if timed else "kept, its profile came" if stop is not None and stop() else "kept"

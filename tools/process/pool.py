@@ -429,10 +429,11 @@ class WorkerPool:
         keys = [k for k, parked in self._kept.items() if parked] + list(self._resetting)  # (a key at 0 is deleted)
         return {k[2] for k in keys if (k[0], k[1], k[3]) == (role, backend, sha256)}
 
-    def give_back_kept(self, key: tuple[str, ...], worker: _KeptWorker) -> bool:
+    def give_back_kept(self, key: tuple[str, ...], worker: _KeptWorker, *, any_peak: bool = False) -> bool:
         """Keep a warm worker whose job ended well for the next job of the same code (`take_kept`); False when the
         pool is not running (the caller ends it). It forgets the job first (`ResetRequest`) and is kept only if that
-        works and its problem is small (`_KEPT_MAX_BYTES`).
+        works and its problem is small (`_KEPT_MAX_BYTES`): its job's peak, unless `any_peak` (a judge that compiled
+        a large problem ahead for its profile), and what it still reserves after the reset.
 
         A judge never runs candidate code: it holds the reference, and the outputs handed to it are plain tensors it
         rebuilt (`harness.handoff`). A candidate serves only jobs of its own code (the key holds its sha256), never
@@ -442,13 +443,13 @@ class WorkerPool:
             return False
         worker.leave_job()
         self._resetting[key] += 1
-        self._tg.start_soon(self._keep, key, worker)
+        self._tg.start_soon(self._keep, key, worker, any_peak)
         return True
 
-    async def _keep(self, key: tuple[str, ...], worker: _KeptWorker) -> None:
+    async def _keep(self, key: tuple[str, ...], worker: _KeptWorker, any_peak: bool) -> None:
         kept = False
         try:
-            kept = await self._reset_and_keep(key, worker)
+            kept = await self._reset_and_keep(key, worker, any_peak)
         finally:
             self._resetting[key] -= 1
             if not self._resetting[key]:
@@ -457,8 +458,8 @@ class WorkerPool:
             if not kept:
                 await _discard_kept(worker)
 
-    async def _reset_and_keep(self, key: tuple[str, ...], worker: _KeptWorker) -> bool:
-        if worker.device_bytes > _KEPT_MAX_BYTES:
+    async def _reset_and_keep(self, key: tuple[str, ...], worker: _KeptWorker, any_peak: bool) -> bool:
+        if worker.device_bytes > _KEPT_MAX_BYTES and not any_peak:
             return False
         try:
             reply = await worker.call(ResetRequest(), stage="reset", timeout_s=_RESET_S)

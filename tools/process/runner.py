@@ -94,7 +94,7 @@ class WorkerGroup:
     def __init__(self, pool: WorkerPool | None = None) -> None:
         self.workers: list[WorkerProcess] = []
         self._pool = pool
-        self._give_back: dict[int, tuple[WorkerProcess, tuple[str, ...]]] = {}
+        self._give_back: dict[int, tuple[WorkerProcess, tuple[str, ...], bool]] = {}
 
     async def start(self, worker: WorkerProcess) -> WorkerProcess:
         self.workers.append(worker)
@@ -108,11 +108,12 @@ class WorkerGroup:
         self.workers.append(worker)
         return worker
 
-    def give_back(self, worker: WorkerProcess, key: tuple[str, ...]) -> None:
-        """Hand this warm judge or candidate back to the pool under `key` if the job ends without an exception."""
+    def give_back(self, worker: WorkerProcess, key: tuple[str, ...], *, any_peak: bool = False) -> None:
+        """Hand this warm judge or candidate back to the pool under `key` if the job ends without an exception;
+        `any_peak`: kept whatever its job reserved at its peak, if its reset leaves it small (`give_back_kept`)."""
         if self._pool is not None and worker.warm and worker.role in ("judge", "candidate") \
                 and not worker.under_profiler:
-            self._give_back[id(worker)] = (worker, key)
+            self._give_back[id(worker)] = (worker, key, any_peak)
 
     async def __aenter__(self) -> WorkerGroup:
         return self
@@ -120,8 +121,8 @@ class WorkerGroup:
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
         with anyio.CancelScope(shield=True):
             if exc_type is None and self._pool is not None:
-                for worker, key in self._give_back.values():
-                    if worker.alive and self._pool.give_back_kept(key, worker):
+                for worker, key, any_peak in self._give_back.values():
+                    if worker.alive and self._pool.give_back_kept(key, worker, any_peak=any_peak):
                         self.workers.remove(worker)
             for worker in self.workers:
                 worker.kill_now()
