@@ -1,0 +1,51 @@
+"""A trial's repeat (the same inputs again after NaN-poisoning memory) whose outputs are bitwise the first run's takes
+the first run's checks: comparing them again gave the same verdict and took 0.4 s a trial on a 5 GB output (H200,
+KernelBench level1/63). A repeat that differs is compared on its own."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kforge.tools.harness.judge import Judge, _judged_how
+from kforge.tools.models import OutputCheck, TensorInfo
+from kforge.tools.process import protocol as p
+
+
+_TENSOR = TensorInfo(kind="tensor", shape=[8], dtype="float32", device="cpu")
+
+
+def _check(correct: bool, *problems: str) -> OutputCheck:
+    return OutputCheck(output=0, correct=correct, expected=_TENSOR, got=_TENSOR, problems=list(problems))
+
+
+def _judge(verdict: OutputCheck) -> tuple[SimpleNamespace, list]:
+    compared: list = []
+
+    def compare(again, judging, devices):
+        compared.append(again)
+        return [verdict]
+    return SimpleNamespace(_compare=compare), compared
+
+
+def test_a_repeat_bitwise_the_first_run_takes_its_checks_without_a_compare():
+    judge, compared = _judge(_check(False, "compared again"))
+    first = [_check(True)]
+    verdict = Judge._repeat_verdict(judge, ["outputs"], p.Judging(), [None], first)
+    assert verdict.repeat_identical and verdict.repeat_correct and verdict.repeat_problems == []
+    assert compared == []
+
+
+def test_a_repeat_that_differs_is_compared_on_its_own():
+    judge, compared = _judge(_check(False, "3 of 8 elements differ"))
+    verdict = Judge._repeat_verdict(judge, ["outputs"], p.Judging(), [None], None)
+    assert not verdict.repeat_identical and not verdict.repeat_correct
+    assert verdict.repeat_problems == ["3 of 8 elements differ"] and compared == [["outputs"]]
+    # Identical by digest but judged another way than the first run: compared, and still said to be identical.
+    verdict = Judge._repeat_verdict(judge, ["outputs"], p.Judging(atol=1.0), [None], None, identical=True)
+    assert verdict.repeat_identical and not verdict.repeat_correct and len(compared) == 2
+
+
+def test_the_first_checks_count_only_under_the_same_tolerances_and_precision():
+    assert _judged_how(p.Judging()) == _judged_how(p.CheckRepeatRequest(i=0, record=p.RepeatReply(error="x")))
+    assert _judged_how(p.Judging()) != _judged_how(p.Judging(rtol=1e-3))
+    assert _judged_how(p.Judging()) != _judged_how(p.Judging(precision="bf16"))
