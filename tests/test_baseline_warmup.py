@@ -155,6 +155,20 @@ def _large_problem_ctx(tmp_path: Path, monkeypatch) -> tuple[ToolContext, Path]:
     return ctx, trace
 
 
+async def _warmed_after_verify(ctx, backend: str, reference: str) -> Warmup:
+    """Verify the problem's first candidate; the one warm-up it started, as it ended."""
+    await verify_relu(ctx, backend, reference)
+    [warmup] = ctx.warmups.values()
+    return warmup
+
+
+async def _compiling(warmup: Warmup) -> None:
+    """Until the warm-up has its judge (a profile from then on waits for it and takes that judge)."""
+    with anyio.fail_after(300):
+        while not warmup.compiling:
+            await anyio.sleep(0.05)
+
+
 async def _profile_relu(ctx, reference: str):
     prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
                                                     baselines=("eager", "torch.compile"), budget_s=0.3,
@@ -174,8 +188,7 @@ async def test_a_large_problem_is_warmed_after_its_verify_and_its_profile_takes_
         await _ready(pool, 3)
         assert not await start_warmup(ctx, "cpu", reference, 1)  # beside a job: too large
         assert not ctx.warmups
-        await verify_relu(ctx, "cpu", reference)
-        [warmup] = ctx.warmups.values()  # started by the verify, after its trials, as it ended
+        warmup = await _warmed_after_verify(ctx, "cpu", reference)  # started after its trials, as it ended
         assert warmup.after_job and not _warm_ups(trace)
         with anyio.fail_after(300):  # an agent's turn
             await warmup.done.wait()
@@ -193,11 +206,7 @@ async def test_a_profile_that_comes_during_a_large_problems_warm_up_stops_its_ti
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
-        await verify_relu(ctx, "cpu", reference)
-        [warmup] = ctx.warmups.values()
-        with anyio.fail_after(300):
-            while not warmup.compiling:
-                await anyio.sleep(0.05)
+        await _compiling(await _warmed_after_verify(ctx, "cpu", reference))
         baselines = await _profile_relu(ctx, reference)  # at once: it waits for the compile
         [line] = _warm_ups(trace)
         assert line["outcome"] == "kept, its profile came", line
@@ -216,8 +225,7 @@ async def test_another_job_ends_a_large_problems_warm_up(tmp_path, monkeypatch):
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
-        await verify_relu(ctx, "cpu", reference)
-        [warmup] = ctx.warmups.values()
+        warmup = await _warmed_after_verify(ctx, "cpu", reference)
         again = await verify_against_reference(ctx, VerifyRequest(
             backend="cpu", reference_code=reference, candidate_code=RELU + "\n# another candidate\n", use_store=False))
         assert again.correct, str(again)

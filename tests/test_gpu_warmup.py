@@ -4,6 +4,8 @@ follows at once times torch.compile in that judge. Skipped without a GPU; run by
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -14,7 +16,7 @@ from kforge.tools.process.pool import _KEPT_MAX_BYTES
 from kforge.tools.profile import profile_kernel
 from kforge.tools.requests import ProfileRequest
 
-from .test_baseline_warmup import RELU, _lines, verify_relu
+from .test_baseline_warmup import RELU, _compiling, _lines, _warmed_after_verify, verify_relu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -24,6 +26,16 @@ async def _cuda_ready(pool) -> None:
     with anyio.fail_after(240):
         while sum(len(ws) for kind, ws in pool._idle.items() if kind[0] == "cuda") < 2:
             await anyio.sleep(0.2)
+
+
+def _cuda_relu(tmp_path, size: int) -> tuple[ToolContext, Path, str]:
+    """A server that warms and times torch.compile ahead on GPUs (budget 1 s), its trace, and a size x size ReLU."""
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
+    reference = problem_reference("relu").replace("torch.randn(1024, 1024)", f"torch.randn({size}, {size})")
+    assert str(size) in reference
+    return ctx, trace, reference
 
 
 async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_that_compiled_it_ahead(tmp_path):
@@ -56,11 +68,7 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
     (torch.compile's median 69 us on the device clock with an IQR of 45%, beside another lane's builds), and the first
     profile timed torch.compile afresh (s24, 2x H200): the canary, eager within 2% of its stored time, is what decides
     that, and a launch-bound eager beside a busy host does not hold still."""
-    trace = tmp_path / "trace.jsonl"
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
-    reference = problem_reference("relu").replace("torch.randn(1024, 1024)", "torch.randn(8192, 8192)")
-    assert "8192" in reference
+    ctx, trace, reference = _cuda_relu(tmp_path, 8192)
     async with ctx.warm_workers(2) as pool:
         await _cuda_ready(pool)
         await verify_relu(ctx, "cuda", reference)
@@ -90,19 +98,12 @@ async def test_a_large_problem_is_warmed_after_its_verify_and_a_profile_during_i
     the verify's workers are gone. Its judge reserves more than a kept worker may, and is kept for the profile all
     the same; the profile, asked while that judge compiles, stops the timing ahead and times torch.compile in its own
     rounds in that judge."""
-    trace = tmp_path / "trace.jsonl"
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "gpu", True, 1.0
-    reference = problem_reference("relu").replace("torch.randn(1024, 1024)", "torch.randn(16384, 16384)")
-    assert "16384" in reference
+    ctx, trace, reference = _cuda_relu(tmp_path, 16384)
     async with ctx.warm_workers(2) as pool:
         await _cuda_ready(pool)
-        await verify_relu(ctx, "cuda", reference)
-        [warmup] = ctx.warmups.values()
+        warmup = await _warmed_after_verify(ctx, "cuda", reference)
         assert warmup.after_job
-        with anyio.fail_after(300):
-            while not warmup.compiling:
-                await anyio.sleep(0.05)
+        await _compiling(warmup)
         prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
                                                         baselines=("eager", "torch.compile"), budget_s=1.0,
                                                         hardware_counters=False, use_store=False))
