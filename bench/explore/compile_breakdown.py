@@ -10,7 +10,8 @@ C compiler run into the per-job Triton cache), Triton's kernel compiles, and the
 
 Configurations: "imports" (the zygote's preload as it is), "imports+driver" (the parent also makes Triton's CUDA
 driver active as the zygote now does, `kforge.backends._nvidia._activate_triton_driver`; checks that CUDA is not
-started before the fork).
+started before the fork), "imports+driver+16threads" (as "imports+driver" with Inductor's compile pool of 16 workers,
+its start counted; `--configs` picks).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from compile_cost import problem_path  # the sibling explore (this directory is 
 _CHILD = r"""
 import cProfile, importlib.util, io, json, os, pstats, sys, tempfile, time
 cfg = json.loads(sys.argv[2])
-os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # as KForge's workers (a compile pool's start would start CUDA)
+threads = int(cfg.get("threads", 1))  # 1 as KForge's workers (a compile pool's start would start CUDA)
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
 t = time.perf_counter()
 import torch
 import torch._inductor.async_compile, torch._inductor.codegen.triton, torch._inductor.compile_fx  # noqa
 import triton, triton.compiler  # noqa
-torch._inductor.config.compile_threads = 1
+torch._inductor.config.compile_threads = threads
 import triton.backends.nvidia.driver as nvd
 imports_s = time.perf_counter() - t
 driver_s = None
@@ -94,16 +96,23 @@ print(json.dumps(res))
 """
 
 
+_CONFIGS = {"imports": {}, "imports+driver": {"driver": True},
+            # a compile pool of 16 workers (the judge's default is one thread): its start is counted in the compile
+            "imports+driver+16threads": {"driver": True, "threads": 16}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernelbench", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--problems", nargs="+", default=["level2/12", "level1/40", "level2/76"])
+    ap.add_argument("--configs", nargs="+", default=["imports", "imports+driver"], choices=list(_CONFIGS))
     args = ap.parse_args()
     rows = []
     for name in args.problems:
         path = problem_path(args.kernelbench, name)
-        for label, cfg in (("imports", {}), ("imports+driver", {"driver": True})):
+        for label in args.configs:
+            cfg = _CONFIGS[label]
             proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), json.dumps(cfg)], capture_output=True,
                                   text=True, timeout=300, env=dict(os.environ, TRITON_CACHE_DIR=tempfile.mkdtemp()))
             res = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-3000:]}
