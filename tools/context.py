@@ -135,6 +135,10 @@ class ToolContext:
     warmups: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False)  # `warmup.Warmup`s
     #: the server's task group for work no call waits for (warm-ups), while `warm_workers` runs
     background: anyio.abc.TaskGroup | None = field(default=None, init=False)
+    #: whose device's ceilings are measured in the background after a verify, for the profile that likely follows
+    #: (`measure_facts_ahead`): "gpu" backends (the default), "all", or "off"
+    facts_ahead: str = "gpu"
+    _facts_ahead: set[tuple[str, str]] = field(default_factory=set, init=False)  # keys being measured ahead
 
     def worker(self, backend: str, scratch: Path, role: str, *, extra_env: dict[str, str] | None = None,
                **kwargs: Any) -> WorkerProcess:
@@ -294,12 +298,43 @@ class ToolContext:
         Measured by a worker of its own, never a candidate's: a candidate could report low ceilings and so
         place itself near the roofline (and a profile would pay the 0.3 s measurement each time)."""
         placement = placement or gpus.current()
-        key = (backend, gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else "")
+        key = _facts_key(backend, placement)
         async with self._facts_locks[key]:
             if remeasure or key not in self._facts:
                 with gpus.placed_on(placement):
                     self._facts[key] = await self._measure_facts(backend, remeasure)
             return self._facts[key]
+
+    def measure_facts_ahead(self, avail: Availability) -> bool:
+        """After a verify on the running call's device: measure its ceilings in the background when they are not
+        known yet, in the next warm worker to come idle, so that the profile that likely follows finds them (a new
+        data directory's first profile spent 0.36 s measuring them, an H200, s28). Never starts a cold worker;
+        where none comes idle, or a profile asks first, the profile measures them as before. Returns whether it
+        started."""
+        placement = gpus.current()
+        key = _facts_key(avail.backend, placement)
+        wanted = self.facts_ahead == "all" or (self.facts_ahead == "gpu" and avail.kind == "gpu")
+        if self.background is None or self.pool is None or not wanted or key in self._facts or key in self._facts_ahead:
+            return False
+        self._facts_ahead.add(key)
+        self.background.start_soon(self._facts_in_background, avail.backend, placement, key)
+        return True
+
+    async def _facts_in_background(self, backend: str, placement: gpus.Placement | None, key: tuple[str, str]) -> None:
+        started, outcome = time.perf_counter(), "measured"
+        try:
+            with gpus.placed_on(placement):
+                # The facts' lock only once a worker is here: a profile asking meanwhile measures them itself.
+                async with self._ceilings_worker(backend, warm_only=True) as worker, self._facts_locks[key]:
+                    if key in self._facts:
+                        outcome = "a profile measured them first"
+                        return
+                    self._facts[key] = await self._facts_from(worker, backend, remeasure=False)
+        except Exception as exc:  # noqa: BLE001 - a head start, never a job (no idle worker, a failure)
+            outcome = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self._facts_ahead.discard(key)
+            trace("server", "ceilings.ahead", True, started, to=self.limits.trace_file, outcome=outcome)
 
     def measured_gpus(self, avail: Availability) -> Availability:
         """`avail` with each GPU's ceilings where they were measured (the cache `device_facts` fills)."""
@@ -315,16 +350,26 @@ class ToolContext:
         return avail.model_copy(update={"gpus": listed})
 
     async def _measure_facts(self, backend: str, remeasure: bool) -> DeviceFacts:
-        avail = await self.require_backend(backend)
-        placement = gpus.current()
-        gpu = gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else None
+        async with self._ceilings_worker(backend) as worker:
+            return await self._facts_from(worker, backend, remeasure)
+
+    @asynccontextmanager
+    async def _ceilings_worker(self, backend: str, *, warm_only: bool = False) -> AsyncIterator[WorkerProcess]:
+        """A worker of its own for measuring the ceilings of the running call's device."""
         with self.scratch("ceilings") as scratch:
             # A role's own folder under the job's, as every job gives its workers: a worker is taken from the pool only
             # for a folder not yet made (the job's own, made by `scratch`, started a cold worker: 2.5-4 s of a new
             # data directory's first profile on an H200, s24).
-            async with self.device_use(self.device_key(avail)).timing(), \
-                    self.worker(backend, scratch / "ceilings", "ceilings") as w:
-                reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
+            async with self.worker(backend, scratch / "ceilings", "ceilings", warm_only=warm_only) as worker:
+                yield worker
+
+    async def _facts_from(self, w: WorkerProcess, backend: str, remeasure: bool) -> DeviceFacts:
+        """The device's facts from the ceilings worker `w`, measured alone on the device (its timing use)."""
+        avail = await self.require_backend(backend)
+        placement = gpus.current()
+        gpu = gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else None
+        async with self.device_use(self.device_key(avail)).timing():
+            reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
         if reply.failure is not None or reply.facts is None:
             raise RequestError(f"the device's ceilings could not be measured: {reply.failure}")
         stored = reply.to_store  # measured by a worker of its own (no candidate's): the cache is read-only there
@@ -351,6 +396,11 @@ class ToolContext:
         placement = gpus.current()  # a host's GPUs may differ: the one the call runs on
         device = placement.gpu.name if placement is not None else avail.device_name
         return {"kforge": __version__, **avail.versions, "device": device or ""}
+
+
+def _facts_key(backend: str, placement: gpus.Placement | None) -> tuple[str, str]:
+    """`ToolContext.device_facts`' key: the backend and its GPU (its uuid; "" for one GPU or none)."""
+    return backend, gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else ""
 
 
 def first_kinds_here() -> list[str]:

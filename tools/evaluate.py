@@ -175,8 +175,10 @@ async def _judge(ctx: ToolContext, request: VerifyRequest, spec: JobSpec, progre
                 keep_candidate(workers, worker)  # for its profile
     if not extra_env and _correct(None, reports, checks):  # its workers are gone: a large problem's warm-up now
         await start_warmup(ctx, backend, reference_code, prepared.footprint_bytes, after_job=True)
-    warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     avail = await ctx.require_backend(backend)
+    if not extra_env:
+        ctx.measure_facts_ahead(avail)  # the device's ceilings, for the profile that likely follows
+    warnings = _verify_warnings(reports, weights) + ctx.sandbox_warnings()
     if avail.mode:
         warnings.append(f"ran in {avail.mode} mode: {avail.reason}")
     await progress(steps, steps, "done")

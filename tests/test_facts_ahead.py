@@ -1,0 +1,80 @@
+"""A device's ceilings measured ahead (`ToolContext.measure_facts_ahead`): after a verify, a warm worker of their own
+measures them in the background, so the profile that follows measures none (a new data directory's first profile
+spent 0.36 s on them, an H200, s28)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kforge.server.catalog import problem_reference
+from kforge.tools.context import ToolContext
+from kforge.tools.evaluate import verify_against_reference
+from kforge.tools.process.limits import WorkerLimits
+from kforge.tools.profile import profile_kernel
+from kforge.tools.requests import ProfileRequest, VerifyRequest
+
+pytestmark = pytest.mark.anyio
+
+RELU = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
+
+
+def _lines(trace: Path) -> list[dict]:
+    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+
+
+def _measured(trace: Path) -> int:
+    """How many times a worker measured (or read) the ceilings."""
+    return sum(1 for line in _lines(trace) if line["role"] == "ceilings" and line["op"] == "ceilings")
+
+
+async def _ahead_done(trace: Path) -> dict:
+    with anyio.fail_after(150):
+        while not (done := [line for line in _lines(trace) if line["op"] == "ceilings.ahead"]):
+            await anyio.sleep(0.1)
+    [line] = done
+    return line
+
+
+async def test_a_verify_measures_the_ceilings_ahead_and_the_profile_after_it_measures_none(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.facts_ahead = "all"  # the cpu backend's too ("gpu", the default, GPU backends only)
+    ctx.warm_baselines = "off"  # no warm-up taking the idle workers
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        with anyio.fail_after(150):  # the verify's judge and candidate, and the ceilings' worker
+            while sum(len(v) for v in pool._idle.values()) < 3:
+                await anyio.sleep(0.1)
+        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
+                                                                     candidate_code=RELU, use_store=False))
+        assert verified.correct, str(verified)
+        assert (await _ahead_done(trace))["outcome"] == "measured"
+        assert _measured(trace) == 1 and ("cpu", "") in ctx._facts
+        assert (tmp_path / "home" / "cache" / "ceilings").is_dir()  # stored for the next server, as a profile does
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                        baselines=("eager",), budget_s=0.2, hardware_counters=False,
+                                                        use_store=False))
+        assert prof.ok, prof.failure
+        assert prof.report.device.peak_bandwidth_gbs, prof.report.device  # the ceilings measured ahead
+        assert _measured(trace) == 1, "the profile measured the ceilings again"
+        # Known now: the next verify starts nothing.
+        assert not ctx.measure_facts_ahead(await ctx.require_backend("cpu"))
+
+
+async def test_the_default_measures_gpu_backends_only_and_never_starts_a_cold_worker(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    assert ctx.facts_ahead == "gpu"
+    async with ctx.warm_workers(0):
+        cpu = await ctx.require_backend("cpu")
+        assert not ctx.measure_facts_ahead(cpu)  # a CPU backend's cores run its trials
+        ctx.facts_ahead = "all"
+        assert ctx.measure_facts_ahead(cpu)
+        assert not ctx.measure_facts_ahead(cpu), "measured twice at once"
+        # No warm worker idle (a pool of 0): it gives up at once, and no worker was started for it.
+        assert "NoIdleWorker" in (await _ahead_done(trace))["outcome"]
+        assert _measured(trace) == 0 and ("cpu", "") not in ctx._facts
