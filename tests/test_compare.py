@@ -120,3 +120,30 @@ def test_a_few_elements_just_past_atol_with_the_norm_in_bounds_are_named_a_summa
     assert not near.correct and near.mismatches == 2
     assert any("summation order" in p for p in near.problems), near.problems
     assert not wrong.correct and not any("summation order" in p for p in wrong.problems), wrong.problems
+
+
+def test_a_verdict_only_compare_gives_the_full_verdict_and_stops_at_the_first_wrong_chunk(monkeypatch):
+    """The judge's nulls ask only whether they would pass: a wrong output is judged at its first wrong chunk, with the
+    full compare's verdict, whatever makes it wrong (a value, NaN, Inf, the norm)."""
+    import kforge.tools.harness.compare as compare
+
+    monkeypatch.setattr(compare, "_CHUNK", 5)
+    torch.manual_seed(0)
+    e = torch.randn(40)
+    cases = {"right": e + 1e-6, "zeros": torch.zeros_like(e), "nan late": e.clone(), "inf late": e.clone(),
+             "one value late": e.clone()}
+    cases["nan late"][37] = float("nan")
+    cases["inf late"][38] = float("inf")
+    cases["one value late"][39] += 1.0
+    passes = []
+    for name, g in cases.items():
+        [full] = compare_outputs([e], [g])
+        [quick] = compare_outputs([e], [g], verdict_only=True)
+        assert quick.correct == full.correct, name
+        assert (quick.mismatches == 0) == (full.mismatches == 0 and not full.nan_count and not full.inf_count), name
+        passes.append(quick.correct)
+    assert passes == [True, False, False, False, False]
+    [zeros] = compare_outputs([e], [torch.zeros_like(e)], verdict_only=True)
+    assert zeros.mismatches == 5 and zeros.numel == 40 and "0-4" in zeros.problems[0]  # its first chunk only
+    [right] = compare_outputs([e], [e + 1e-6], verdict_only=True)
+    assert right.max_abs_error == pytest.approx(1e-6, rel=0.05) and right.rel_error is not None  # the full pass
