@@ -366,8 +366,7 @@ class ToolContext:
     async def _facts_from(self, w: WorkerProcess, backend: str, remeasure: bool) -> DeviceFacts:
         """The device's facts from the ceilings worker `w`, measured alone on the device (its timing use)."""
         avail = await self.require_backend(backend)
-        placement = gpus.current()
-        gpu = gpus.gpu_id(placement.gpu) if placement is not None and placement.pinned else None
+        gpu = _facts_key(backend, gpus.current())[1] or None  # a pinned GPU's id, else None
         async with self.device_use(self.device_key(avail)).timing():
             reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
         if reply.failure is not None or reply.facts is None:
