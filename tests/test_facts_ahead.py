@@ -4,7 +4,6 @@ spent 0.36 s on them, an H200, s28)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import anyio
@@ -12,18 +11,13 @@ import pytest
 
 from kforge.server.catalog import problem_reference
 from kforge.tools.context import ToolContext
-from kforge.tools.evaluate import verify_against_reference
 from kforge.tools.process.limits import WorkerLimits
 from kforge.tools.profile import profile_kernel
-from kforge.tools.requests import ProfileRequest, VerifyRequest
+from kforge.tools.requests import ProfileRequest
+
+from .test_baseline_warmup import RELU, _lines, _ready, verify_relu
 
 pytestmark = pytest.mark.anyio
-
-RELU = (Path(__file__).parent / "candidates" / "relu_python.py").read_text()
-
-
-def _lines(trace: Path) -> list[dict]:
-    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
 
 
 def _measured(trace: Path) -> int:
@@ -46,12 +40,8 @@ async def test_a_verify_measures_the_ceilings_ahead_and_the_profile_after_it_mea
     ctx.warm_baselines = "off"  # no warm-up taking the idle workers
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
-        with anyio.fail_after(150):  # the verify's judge and candidate, and the ceilings' worker
-            while sum(len(v) for v in pool._idle.values()) < 3:
-                await anyio.sleep(0.1)
-        verified = await verify_against_reference(ctx, VerifyRequest(backend="cpu", reference_code=reference,
-                                                                     candidate_code=RELU, use_store=False))
-        assert verified.correct, str(verified)
+        await _ready(pool, 3)  # the verify's judge and candidate, and the ceilings' worker
+        await verify_relu(ctx, "cpu", reference)
         assert (await _ahead_done(trace))["outcome"] == "measured"
         assert _measured(trace) == 1 and ("cpu", "") in ctx._facts
         assert (tmp_path / "home" / "cache" / "ceilings").is_dir()  # stored for the next server, as a profile does

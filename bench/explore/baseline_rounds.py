@@ -31,6 +31,7 @@ _CHILD = r"""
 import importlib.util, json, statistics, sys, time
 import torch
 from kforge.backends import load_backend
+from kforge.tools.harness.bench import _COPIED_SET_BYTES
 from kforge.tools.harness.inputs import seeded_inputs
 from kforge.tools.harness.timing import ReplaySchedule, TimingPolicy, time_model
 path, role, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -41,7 +42,7 @@ torch.manual_seed(0)
 with torch.device("cuda"):
     model = mod.Model(*mod.get_init_inputs())
 sets = [seeded_inputs(mod, seed, backend) for seed in (11, 12)]
-copied = sum(a.numel() * a.element_size() for a in sets[0] if isinstance(a, torch.Tensor)) <= 256 * 2**20
+copied = sum(a.numel() * a.element_size() for a in sets[0] if isinstance(a, torch.Tensor)) <= _COPIED_SET_BYTES
 def make_args(i):
     raw = sets[i % len(sets)]
     return [a.clone() if copied and isinstance(a, torch.Tensor) else a for a in raw]
