@@ -402,6 +402,7 @@ def summarize_profile(sc: dict) -> dict:
     base = {b.get("name"): b for b in rep.get("baselines") or []}
     out = {"ok": sc.get("ok"), "output_correct": sc.get("output_correct"), "speedup_trusted": sc.get("speedup_trusted"),
            "candidate": cand, "warnings": sc.get("warnings"), "seconds": sc.get("seconds"),
+           "launches_per_call": rep.get("launches_per_call"),
            "failure": sc.get("failure"),
            "checks_not_pass": [c for c in sc.get("checks") or [] if c.get("status") != "pass"]}
     for name, b in base.items():
@@ -747,7 +748,9 @@ def markdown(res: dict) -> str:
     lines = [f"# KernelBench sample on {env.get('device')} ({res['mode']}, backend {res['backend']}), {res['date']}", "",
              "versions: " + ", ".join(f"{k} {env.get(k)}" for k in ("python", "torch", "triton", "cuda", "cudnn",
                                                                        "driver", "ncu") if env.get(k)),
-             f"KernelBench {res['kernelbench']['revision']}; seed {SEED}; started {res['started']}", "",
+             f"KernelBench {res['kernelbench']['revision']}; seed {SEED}; started {res['started']}",
+             "server: " + "; ".join(f"started {r.get('started')}, answered in {r.get('server_start_s')} s, the first "
+                                    f"problem {r.get('first_turn_s', 0)} s later" for r in res.get("runs", [])), "",
              "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
     lines += ["| " + " | ".join(table_row(r)) + " |" for r in res["rows"]]
     reps = [r for r in res["rows"] if r.get("repeat")]
@@ -908,6 +911,13 @@ async def run(args) -> dict:
 
     try:
         await connect()
+        if args.first_turn_s > 0 and todo:
+            # The agent's first turn: it reads the problem and writes its candidate while the server's workers start.
+            # KernelBench's harness is timed in a process that has imported torch and started CUDA; this is the
+            # server's counterpart. 0 sends the first verify as soon as the server answers.
+            log(f"the agent's first turn: {args.first_turn_s} s before the first problem")
+            run_info["first_turn_s"] = args.first_turn_s
+            await anyio.sleep(args.first_turn_s)
         for name in todo:
             now = time.monotonic()
             if now - t_start > args.budget_s:
@@ -982,6 +992,8 @@ def main() -> None:
                     "each problem's first verify, as an agent that builds its candidate first does")
     ap.add_argument("--turn-s", type=float, default=0, help="wait this long between the first verify and the first "
                     "profile of each problem (an agent's turn; not counted in either call's time)")
+    ap.add_argument("--first-turn-s", type=float, default=0, help="wait this long after the server answers before "
+                    "the first problem (an agent's first turn, while the server's workers start); 0: at once")
     ap.add_argument("--repeat-on", nargs="*", help="problems that get the repeated profiles")
     ap.add_argument("--ncu-clocks", nargs="+", default=["none"], choices=["none", "base"],
                     help="ncu --clock-control values for every problem; the --repeat-on problems also get base (ncu's "

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import DeviceFacts
 
-__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "compare_words", "format_us",
+__all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "compare_words", "format_us", "launch_bound_reason",
            "hottest_kernel", "kernel_base_name", "median_interval", "speedup_interval"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
@@ -224,6 +224,26 @@ class NcuKernel(BaseModel):
 
 
 
+# A call of this many device launches, each shorter than _LAUNCH_PACE_US of its median, runs at the host's pace: on an
+# H200 (2026-11-29) KernelBench level1/57's ConvTranspose2d, which cuDNN ran as an FFT tiling of 3,676 launches a
+# call, took 27-30 ms on a free core, 54 ms on a core shared with a busy process, and 27.1 ms as a CUDA graph.
+_MANY_LAUNCHES = 100
+_LAUNCH_PACE_US = 20.0
+
+
+def launch_bound_reason(report: Any) -> str:
+    """Why a profile's candidate times vary when its calls are launch-bound (a `ProfileReport`'s launches per call
+    and median), else ''."""
+    launches = getattr(report, "launches_per_call", None)
+    median = getattr(getattr(report, "candidate", None), "median_us", None)
+    if not launches or not median or launches < _MANY_LAUNCHES or median / launches > _LAUNCH_PACE_US:
+        return ""
+    return (f"each call launches {launches:.0f} kernels, {median / launches:.1f} us of its median apiece, about what "
+            "the host takes to issue one: the call runs at the host's launch pace, which the host's other work moves, "
+            "so its time varies from moment to moment and process to process. Fewer, larger kernels (fused, or a "
+            "library algorithm that launches fewer) or the call captured in a CUDA graph make it steady")
+
+
 def hottest_kernel(kernels: Sequence[NcuKernel]) -> NcuKernel | None:
     """The candidate's longest ncu-profiled launch (any launch when none is marked as the candidate's)."""
     own = [k for k in kernels if k.is_custom] or list(kernels)
@@ -241,6 +261,8 @@ class ProfileReport(BaseModel):
     baselines: tuple[Baseline, ...] = ()
     ops: tuple[OpRow, ...] = ()
     profiled_calls: int = Field(default=0, description="Calls inside the profiler window; op times cover all of them.")
+    launches_per_call: float | None = Field(default=None, description="Kernels, copies and memsets one profiled call put "
+                                            "on the device; hundreds make a call's time follow the host's launch pace.")
     custom_share: float | None = Field(default=None, description="Share of op self time in the candidate's own kernels.")
     counters: tuple[Counter, ...] = ()
     counters_note: str | None = Field(default=None, description="Why hardware counters are missing, when they are.")

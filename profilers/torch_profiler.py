@@ -10,11 +10,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .report import OpRow, kernel_base_name
 
-__all__ = ["CUSTOM_PREFIX", "TABLE_ARTIFACT", "collect_op_table", "custom_share", "label_extension_functions",
+__all__ = ["CUSTOM_PREFIX", "TABLE_ARTIFACT", "OpTable", "collect_op_table", "custom_share", "label_extension_functions",
            "rows_from_events"]
 
 CUSTOM_PREFIX = "kforge::"
@@ -55,9 +55,16 @@ def label_extension_functions(extensions: Sequence[ModuleType]) -> Iterator[dict
             setattr(ext, attr, fn)
 
 
+class OpTable(NamedTuple):
+    rows: list[OpRow]
+    total_us: float  # the window's total time, on the basis below
+    basis: str  # 'device' (kernels' time) or 'cpu' (host time)
+    device_launches: int  # kernels, copies and memsets the window put on the device (0 on a CPU)
+
+
 def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any, *,
-                     calls: int, trace_path: Path | None, custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:
-    """Profile `calls` calls; return the op rows, the window's total time (us) and its basis.
+                     calls: int, trace_path: Path | None, custom_kernels: Iterable[str] = ()) -> OpTable:
+    """Profile `calls` calls; return the op rows, the window's total time (us), its basis and the device launches.
 
     On a GPU the basis is device time (kernels), elsewhere host CPU time. Rows are the candidate's
     own (`is_custom`) when they are a labelled extension function or a kernel the candidate built.
@@ -74,11 +81,13 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
         prof.export_chrome_trace(str(trace_path))
     averages = prof.key_averages()
     rows, total, basis = rows_from_events(list(averages), custom_kernels)
+    launches = sum(1 for e in prof.events() if getattr(e, "device_type", None) is not None
+                   and e.device_type.name != "CPU" and not getattr(e, "is_user_annotation", False))
     if trace_path is not None:
         # The table as torch prints it (what a user would paste), kept beside the trace.
         sort = "self_device_time_total" if basis == "device" else "self_cpu_time_total"
         trace_path.with_name(TABLE_ARTIFACT).write_text(averages.table(sort_by=sort, row_limit=_MAX_ROWS))
-    return rows, total, basis
+    return OpTable(rows, total, basis, launches)
 
 
 def rows_from_events(events: Sequence[Any], custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:

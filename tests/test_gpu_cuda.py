@@ -48,6 +48,7 @@ async def test_cuda_compile_verify_profile(kforge_home, candidate):
         # The device's clock was read while the candidate's batches ran (NVML, from inside the worker's sandbox).
         low, high = report["candidate"]["sm_clock_mhz"]
         assert 100 < low <= high < 5000, report["candidate"]
+        assert report["launches_per_call"] == 1, report["launches_per_call"]  # one relu_kernel a call
         own = [op for op in report["ops"] if op["is_custom"] and op.get("device_time_us")]
         assert own and own[0]["name"].startswith("relu_kernel")
         assert report["custom_share"] > 0.5
@@ -112,3 +113,26 @@ async def test_kernelbench_form_builds_split_and_verifies(kforge_home, candidate
             verdict = data(await client.call_tool("verify_against_reference", {
                 "backend": "cuda", "problem": problem, "candidate_code": code, "trials": 2}))
             assert verdict["correct"], (problem, verdict)
+
+
+_LAUNCH_CHAIN = """
+import torch, torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.relu(x)
+        for _ in range(399):  # 400 launches a call, each a few microseconds: the host's launch pace sets its time
+            y = y + 0.0
+        return y
+"""
+
+
+async def test_a_call_of_hundreds_of_launches_is_counted(kforge_home):
+    """level1/57's lesson (cuDNN's FFT tiling, 3,676 launches a call): the profile counts a call's device launches,
+    which is what names a noisy launch-bound call's cause in stable_timing."""
+    async with stdio_session(kforge_home) as client:
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "problem": "relu", "candidate_code": _LAUNCH_CHAIN, "budget_s": 0.5,
+            "hardware_counters": False}))
+        assert prof["output_correct"], prof
+        assert prof["report"]["launches_per_call"] == 400, prof["report"]["launches_per_call"]

@@ -53,3 +53,19 @@ def test_cpu_basis_keeps_host_times():
     rows, total, basis = rows_from_events(events)
     assert basis == "cpu" and total == pytest.approx(400.0)
     assert custom_share(rows, total, basis) == pytest.approx(1.0)  # the range's total covers the add it called
+
+
+def test_the_op_table_counts_device_launches_and_none_on_the_cpu():
+    """`collect_op_table` over real calls: rows on the host's basis, and no device launches where there is no device
+    (a GPU's count is checked by tests/test_gpu_cuda.py: one kernel a call for the example, hundreds for a chain)."""
+    import torch
+
+    from kforge.backends import load_backend
+    from kforge.profilers.torch_profiler import collect_op_table
+
+    backend = load_backend("cpu")
+    x = torch.randn(64, 64)
+    table = collect_op_table(lambda t: torch.relu(t) + 1, lambda i: (x,), backend, calls=3, trace_path=None)
+    assert table.basis == "cpu" and table.device_launches == 0
+    relu = next(r for r in table.rows if r.name == "aten::relu")
+    assert relu.calls == 3

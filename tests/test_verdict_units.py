@@ -248,3 +248,40 @@ async def test_a_failing_anchor_is_measured_again_and_a_busy_moments_low_floor_d
     monkeypatch.setattr(profile, "_wall_anchor", measurements((13.0, 11.0)))  # passes at once: measured once
     once = await profile._confirmed_anchor(None, 7.1, None, None, None)
     assert "measurements" not in once and wall_anchor_check(SimpleNamespace(median_us=7.1), once).status == "pass"
+
+
+def test_a_noisy_launch_bound_call_is_named_as_such_with_its_remedy():
+    """KernelBench level1/57's ConvTranspose2d on an H200 (2026-11-29): cuDNN ran it as 3,676 launches a call of 5-19
+    us kernels; 27-30 ms on a free core, 54 ms with the core shared, 27.1 ms as a CUDA graph. Its profiles were too
+    noisy to rank, and the old advice (a larger budget_s, an idle device) could not steady it."""
+    from kforge.profilers.report import Baseline, launch_bound_reason
+    from kforge.tools.models import ProfileResult
+
+    stats = SimpleNamespace(input_sets=32, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=3e4)
+    reval = RevalidateReply(checked=9, wrong=[])
+    wide = (Baseline(name="eager", speedup=1.07, speedup_ci=(0.42, 2.68)),)
+
+    def stable(launches, median_us):
+        report = SimpleNamespace(bandwidth_fraction=0.1, compute_fraction=None, baselines=wide,
+                                 candidate=SimpleNamespace(median_us=median_us), launches_per_call=launches)
+        return {c.name: c for c in timing_checks(stats, reval, report, "strict")}["stable_timing"]
+
+    many = stable(3676, 28_000.0)
+    assert many.status == "fail" and "3676 kernels" in many.evidence and "7.6 us" in many.evidence, many.evidence
+    assert "launch pace" in many.evidence and "CUDA graph" in many.evidence and "budget_s" not in many.evidence
+    # A few launches, or many long ones (the host issues them faster than they run): the busy-host advice as before.
+    for launches, median in ((3, 28_000.0), (None, 28_000.0), (3676, 3676 * 50.0)):
+        plain = stable(launches, median)
+        assert plain.status == "fail" and "launch pace" not in plain.evidence and "budget_s" in plain.evidence
+    # The profile's next step follows: a longer budget would not help.
+    from kforge.profilers.report import ProfileReport, TimingStats
+    cand = TimingStats(label="candidate", samples=40, median_us=28_000.0, mean_us=3e4, std_us=5e3, min_us=27_200.0,
+                       max_us=42_400.0, q1_us=27_900.0, q3_us=37_400.0, rel_sem=0.02)
+    report = ProfileReport(backend="cuda", device_name="H200", collector="torch.profiler", candidate=cand,
+                           baselines=wide, launches_per_call=3676.0)
+    assert launch_bound_reason(report)
+    assert launch_bound_reason(report.model_copy(update={"launches_per_call": 99.0})) == ""
+    result = ProfileResult.model_construct(output_correct=True, report=report, spec=None)
+    assert "fewer kernels" in result._next_step([many])
+    assert "budget_s" in ProfileResult.model_construct(output_correct=True, report=report.model_copy(
+        update={"launches_per_call": 2.0}), spec=SimpleNamespace(options={}))._next_step([stable(2, 28_000.0)])

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kforge.backends.base import GpuInfo
 from kforge.backends.build.models import BuildInfo, CompilerReport, Diagnostic, KernelResources
-from kforge.profilers.report import Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel
+from kforge.profilers.report import (Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel,
+                                     launch_bound_reason)
 
 __all__ = [
     "KernelResources", "BuildInfo", "Check", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
@@ -458,6 +459,10 @@ class ProfileResult(BaseModel):
     def _next_step(self, findings: list[Check]) -> str:
         if self.output_correct is False:
             return "Next: verify_against_reference to see where the output goes wrong, and fix it before timing again."
+        if findings and all(c.name == "stable_timing" for c in findings) and launch_bound_reason(self.report):
+            return ("Next: make each call launch fewer kernels (fuse them, or a library algorithm that launches fewer) "
+                    "or capture it in a CUDA graph, then profile_kernel again: a longer budget_s does not steady a "
+                    "call that runs at the host's launch pace.")
         if findings and all(c.name == "stable_timing" for c in findings):
             budget = float(self.spec.options.get("budget_s") or 2.0)
             return (f"Next: profile_kernel again with budget_s={min(60.0, 2 * budget):g} on an idle machine: these "

@@ -245,6 +245,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     rows = list(prof.rows)
     report = timed.model_copy(update=dict(
         collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
+        launches_per_call=prof.device_launches / _PROFILED_CALLS if prof.device_launches else None,
         custom_share=custom_share(rows, prof.total_us, prof.basis),
         counters=tuple(prof.counters) + tuple(counter_profiler.counters(rerun_kernels) if counter_profiler else ()),
         counters_note=_counters_note(counter_profiler, prof.counters_note, rerun_kernels, rerun_note),

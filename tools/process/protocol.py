@@ -516,6 +516,7 @@ class ProfileReply(OpReply):
     rows: list[OpRow] = on_success(factory=list)
     total_us: float = on_success(0.0)
     basis: str = on_success("")
+    device_launches: int = 0  # kernels, copies and memsets of the profiled calls
     trace: str | None = None
     counters: list[Counter] = Field(default_factory=list)
     counters_note: str | None = None
