@@ -726,6 +726,9 @@ def table_row(r: dict) -> list[str]:
     if pm.get("slowed"):  # the GPU ran below its clock during the profile: name why, and the clock's range
         note = (f"clock {'-'.join(str(round(c)) for c in pm['sm_clock_mhz'][::2])} MHz in profile "
                 f"({', '.join(pm['clock_events'])}); {note}").rstrip("; ")
+    launches = p.get("launches_per_call")
+    if launches and launches >= 100:  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
+        note = f"{launches:.0f} launches a call; {note}".rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
