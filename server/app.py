@@ -43,6 +43,7 @@ from . import catalog
 from .compact import compact_copy
 from .pictures import artifact_uris, comparison_picture, profile_pictures
 from .prewarm import prewarm_builds
+from .schemas import compact_schema
 from .settings import Settings, analyst_config, ray_fleet, tool_context
 from .tool_params import takes
 
@@ -57,6 +58,21 @@ profile_kernel and summarize_profile, then improve (optimization pass). list_bac
 Heavy calls wait up to wait_s; past that they return a job handle: get_job(job_id) waits for the result."""
 
 _RUNS_CODE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+
+class _KForgeServer(MCPServer):
+    """The SDK's server, publishing each tool's output schema compacted once (`schemas.compact_schema`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._compacted: dict[str, dict[str, Any] | None] = {}  # by tool name: a tool's schema never changes
+
+    async def list_tools(self) -> list[Any]:
+        tools = await super().list_tools()
+        for tool in tools:
+            if tool.name not in self._compacted:
+                self._compacted[tool.name] = compact_schema(tool.output_schema)
+        return [tool.model_copy(update={"output_schema": self._compacted[tool.name]}) for tool in tools]
 
 
 class BackendList(BaseModel):
@@ -169,7 +185,7 @@ def build_server(settings: Settings, tools: ToolContext | None = None, *, auth: 
             yield {}
             tg.cancel_scope.cancel()
 
-    mcp = MCPServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,
+    mcp = _KForgeServer("kforge", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING", lifespan=lifespan,
                     **(auth or {}))
 
     async def answer(model: BaseModel) -> CallToolResult:
