@@ -86,7 +86,39 @@ def flop_count_meta(torch, backend):
     fc.get_total_flops()
 
 
-STEPS = [compare_fp32, compare_no_exact, linear_bf16, matmul_fp64, matmul_fp32, conv2d_fp32, mean64, flop_count_meta]
+def build_linear(torch, backend):
+    """A KernelBench GEMM layer built on the device from a seed, as `inputs.build_model` does (uniform_ init)."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torch.nn.Linear(8192, 8192)
+
+
+def seeded_randn(torch, backend):
+    """Inputs made on the device from a seed, as `inputs.seeded_inputs` does."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torch.randn(1024, 8192)
+        torch.rand(1024, 8192)
+
+
+def gemm_max_sub_gelu(torch, backend):
+    """level2/80's forward at its published size (fp32, TF32 off as in the judge)."""
+    w = torch.randn(8192, 8192, device="cuda")
+    x = torch.randn(1024, 8192, device="cuda")
+    y = torch.nn.functional.linear(x, w)
+    y = torch.max(y, dim=1, keepdim=True).values
+    torch.nn.functional.gelu(y - y.mean(dim=1, keepdim=True))
+
+
+def elementwise_reductions(torch, backend):
+    """Common elementwise ops and reductions on a large tensor (their kernels load lazily, one by one)."""
+    x = torch.randn(1 << 22, device="cuda")
+    for y in (torch.relu(x), torch.nn.functional.gelu(x), torch.sigmoid(x), torch.tanh(x), x * 2 + 1, x.exp()):
+        y.sum(), y.amax(), y.mean()
+
+
+STEPS = [compare_fp32, compare_no_exact, linear_bf16, matmul_fp64, matmul_fp32, conv2d_fp32, mean64, flop_count_meta,
+         build_linear, seeded_randn, gemm_max_sub_gelu, elementwise_reductions]
 
 
 def _run(name: str, libraries: bool, q) -> None:
