@@ -448,16 +448,38 @@ def gpu_memory_capacity(device: str) -> int:
 
 def warm_gpu_libraries(device: str) -> None:
     """cuBLAS's bfloat16, float16 and float64 paths (0.14 s each on an H100) and cuDNN's start (0.44 s, any
-    convolution), paid before a job rather than inside its verify or profile (bench/explore/first_use.py)."""
+    convolution), paid before a job rather than inside its verify or profile (bench/explore/first_use.py).
+
+    Also the kernels that KernelBench's problems run most, which CUDA loads one by one on their first launch:
+    float32 GEMMs at a size that picks the large-tile kernels of its published sizes (a first 4096^2 matmul still
+    paid 49 ms, level2/80's forward 70 ms, in each fresh process), and common activations, softmax, norms and
+    reductions (40 ms for six of them; H200, 2026-11-29)."""
     import torch
 
     expected = torch.randn(1 << 20, device=device)
     m = expected[: 256 * 256].view(256, 256)
     for dtype in (torch.bfloat16, torch.float16, torch.float64):
         torch.nn.functional.linear(m.to(dtype), m.to(dtype), m[0].to(dtype))
+    big = torch.randn(2048, 2048, device=device)
+    torch.nn.functional.linear(big, big, big[0])  # nn.Linear's x @ W.T
+    torch.matmul(big, big)
+    torch.bmm(big.view(4, 1024, 1024), big.view(4, 1024, 1024))
     x = expected[: 2 * 8 * 16 * 16].view(2, 8, 16, 16)
     torch.nn.functional.conv2d(x, x[:8, :8, :3, :3])
+    _warm_common_kernels(torch, big)
     torch.cuda.synchronize()
+
+
+def _warm_common_kernels(torch, x) -> None:
+    """One call of each common float32 elementwise, softmax, norm and reduction kernel (on a 2-D tensor, over
+    the last dimension and the first, as KernelBench's problems reduce)."""
+    f = torch.nn.functional
+    for y in (f.relu(x), f.gelu(x), f.gelu(x, approximate="tanh"), torch.sigmoid(x), torch.tanh(x), f.silu(x),
+              f.leaky_relu(x), f.elu(x), f.softplus(x), f.hardtanh(x), torch.exp(x), torch.clamp(x, -1, 1),
+              x * 2 + 1, x / (x.abs() + 1), f.softmax(x, -1), f.log_softmax(x, -1),
+              f.layer_norm(x, x.shape[-1:]), f.batch_norm(x, None, None, training=True)):
+        for dim in (-1, 0):
+            y.sum(dim), y.mean(dim), y.amax(dim), torch.max(y, dim).values, torch.argmax(y, dim)
 
 
 def gpu_facts(backend: str) -> DeviceFacts:

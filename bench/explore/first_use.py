@@ -135,6 +135,42 @@ def _run(name: str, libraries: bool, q) -> None:
     q.put({"step": name, "libraries_warmed": libraries, "ready_s": round(ready, 3), "first_s": round(times[0], 4), "second_s": round(times[1], 4)})
 
 
+def _ops(torch):
+    """Ops of KernelBench's level-1/2 problems at a size of theirs, each a callable (first uses one by one)."""
+    f = torch.nn.functional
+    x = torch.randn(1024, 8192, device="cuda")
+    w = torch.randn(8192, 8192, device="cuda")
+    a = torch.randn(4096, 4096, device="cuda")
+    b3 = torch.randn(16, 512, 512, device="cuda")
+    img = torch.randn(16, 64, 128, 128, device="cuda")
+    return {
+        "linear 1024x8192x8192": lambda: f.linear(x, w), "matmul 4096^2": lambda: a @ a,
+        "bmm 16x512^3": lambda: torch.bmm(b3, b3), "relu": lambda: f.relu(x), "gelu": lambda: f.gelu(x),
+        "sigmoid": lambda: torch.sigmoid(x), "tanh": lambda: torch.tanh(x), "softmax": lambda: f.softmax(x, -1),
+        "log_softmax": lambda: f.log_softmax(x, -1), "layer_norm": lambda: f.layer_norm(x, x.shape[-1:]),
+        "sum dim 1": lambda: x.sum(1), "mean dim 1": lambda: x.mean(1), "max dim 1": lambda: torch.max(x, 1).values,
+        "argmax dim 1": lambda: x.argmax(1), "sum dim 0": lambda: x.sum(0), "cumsum": lambda: x.cumsum(1),
+        "batch_norm 2d": lambda: f.batch_norm(img, None, None, training=True),
+        "group_norm": lambda: f.group_norm(img, 8), "max_pool2d": lambda: f.max_pool2d(img, 2),
+        "avg_pool2d": lambda: f.avg_pool2d(img, 2), "conv2d 3x3": lambda: f.conv2d(img, img[:64, :, :3, :3]),
+        "hardtanh": lambda: f.hardtanh(x), "swish": lambda: x * torch.sigmoid(x), "clamp": lambda: x.clamp(-1, 1),
+    }
+
+
+def _run_ops(libraries: bool, q) -> None:
+    torch, backend = _setup(libraries)
+    rows = {}
+    for name, op in _ops(torch).items():
+        times = []
+        for _ in range(2):
+            t = time.perf_counter()
+            op()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        rows[name] = (round(times[0], 4), round(times[1], 4))
+    q.put({"libraries_warmed": libraries, "ops": rows})
+
+
 def main() -> None:
     import os
 
@@ -160,6 +196,18 @@ def main() -> None:
         print(f"| {r['step']} | {warmed} | {r['ready_s']} | {r['first_s']} | {r['second_s']} | "
               f"{r['first_s'] - r['second_s']:.3f} |")
     print(json.dumps(rows))
+    by_op = []
+    for libraries in (False, True):  # each op's first use, one process a mode, ops in a row
+        q = ctx.Queue()
+        p = ctx.Process(target=_run_ops, args=(libraries, q))
+        p.start()
+        by_op.append(q.get(timeout=300))
+        p.join()
+    print("\n| op | first - again ms (device) | first - again ms (device + libraries) |\n|---|---|---|")
+    for name in by_op[0]["ops"]:
+        cells = [f"{1e3 * (r['ops'][name][0] - r['ops'][name][1]):.1f}" for r in by_op]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    print(json.dumps(by_op))
 
 
 if __name__ == "__main__":
