@@ -477,7 +477,8 @@ def _warm_common_kernels(torch, x) -> None:
     for y in (f.relu(x), f.gelu(x), f.gelu(x, approximate="tanh"), torch.sigmoid(x), torch.tanh(x), f.silu(x),
               f.leaky_relu(x), f.elu(x), f.softplus(x), f.hardtanh(x), torch.exp(x), torch.clamp(x, -1, 1),
               x * 2 + 1, x / (x.abs() + 1), f.softmax(x, -1), f.log_softmax(x, -1),
-              f.layer_norm(x, x.shape[-1:]), f.batch_norm(x, None, None, training=True)):
+              f.layer_norm(x, x.shape[-1:]), f.batch_norm(x, None, None, training=True),
+              f.group_norm(x.view(4, 16, 256, 256), 4).view_as(x)):
         for dim in (-1, 0):
             y.sum(dim), y.mean(dim), y.amax(dim), torch.max(y, dim).values, torch.argmax(y, dim)
 

@@ -117,7 +117,14 @@ def elementwise_reductions(torch, backend):
         y.sum(), y.amax(), y.mean()
 
 
-STEPS = [compare_fp32, compare_no_exact, linear_bf16, matmul_fp64, matmul_fp32, conv2d_fp32, mean64, flop_count_meta,
+def digest(torch, backend):
+    """The judge's first output digest (`check` of the first trial)."""
+    from kforge.tools.harness.output_contract import digest_weights, value_digest
+
+    value_digest(torch.randn(N, N, device="cuda"), digest_weights("cuda"))
+
+
+STEPS = [digest, compare_fp32, compare_no_exact, linear_bf16, matmul_fp64, matmul_fp32, conv2d_fp32, mean64, flop_count_meta,
          build_linear, seeded_randn, gemm_max_sub_gelu, elementwise_reductions]
 
 

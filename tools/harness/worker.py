@@ -256,18 +256,20 @@ def _warm_device(backend: Any) -> None:
 def _warm_libraries(backend: Any) -> None:
     """First uses that a job would otherwise pay inside its verify or profile, measured on an H100 after
     `_warm_device` (bench/explore/first_use.py): the judge's first output comparison 0.29-0.45 s (its kernels,
-    float64 among them), and the device's math libraries (`Backend.warm_libraries`: on a GPU cuDNN's start 0.44 s,
+    float64 among them) and its first output digest (0.07 s inside the first check on an H200), and the device's math libraries (`Backend.warm_libraries`: on a GPU cuDNN's start 0.44 s,
     cuBLAS's bfloat16, float16 and float64 paths 0.14 s each). Paid here, before the job, on inputs of a size whose
     kernels the comparison also uses on large outputs."""
     import torch
 
     from .compare import compare_outputs
+    from .output_contract import digest_weights, value_digest
 
     dev = backend.device
     expected = torch.randn(1 << 20, device=dev)
     got = expected + 1e-6
     for exact in ([expected.double()], None):
         compare_outputs([expected], [got], exact=exact, device=dev)
+    value_digest(got, digest_weights(dev))  # the first trial's check digests its outputs (its own weights, later)
     backend.warm_libraries()
 
 
