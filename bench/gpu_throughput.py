@@ -591,7 +591,7 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
     wall = drive.pop("wall_s")
     t0 = drive.pop("window_t0")
     pushed = args.clients * args.candidates
-    failures, untrusted, timing_checks = [], [], []
+    failures, untrusted, timing_checks, profiles = [], [], [], []
     per_gpu: dict[str, dict] = {}
     latencies: dict[str, list[float]] = {t: [] for t in TOOLS}
     completed = good = 0
@@ -623,6 +623,16 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
             if tool == "profile_kernel" and why is None:
                 report = stage.result["report"]
                 c = report["candidate"]
+                eager = next((b for b in report.get("baselines", []) if b.get("name") == "eager"), {})
+                # Each profile on its own, in the order they finished: when in the window the noisy ones came.
+                profiles.append({"candidate": cand.label, "gpu": label,
+                                 "done_s": round(cand.done_at - t0, 2) if cand.done_at is not None else None,
+                                 "median_us": c["median_us"],
+                                 "iqr_over_median": round((c["q3_us"] - c["q1_us"]) / c["median_us"], 5)
+                                 if c.get("median_us") else None,
+                                 "eager_median_us": (eager.get("timing") or {}).get("median_us"),
+                                 "speedup": eager.get("speedup"), "speedup_ci": eager.get("speedup_ci"),
+                                 "trusted": stage.result.get("speedup_trusted")})
                 gpu["profile_medians_us"].append(c["median_us"])
                 if c.get("median_us"):
                     gpu["profile_iqr_over_median"].append((c["q3_us"] - c["q1_us"]) / c["median_us"])
@@ -680,7 +690,7 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
         server_service_p50_s={t: round(statistics.median(v), 2) for t, v in service.items() if v},
         devices_in_store=sorted({r["device"] for j, r in store.items() if j in set(ids)}),
         failures_count=len(failures), failures=failures, untrusted_speedups=untrusted, timing_checks=timing_checks,
-        exactly_one_result=exactly_one)
+        profiles=sorted(profiles, key=lambda p: (p["done_s"] is None, p["done_s"] or 0)), exactly_one_result=exactly_one)
     return drive
 
 
