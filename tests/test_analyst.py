@@ -78,6 +78,21 @@ def test_launch_bound_chain_of_small_kernels():
     assert ops_per_call.value == 24.0  # (12 * 5 + 60) calls over 5 profiled calls
 
 
+def test_a_gpu_call_of_thousands_of_short_launches_is_launch_bound_by_its_measured_launch_count():
+    """The op table keeps its top rows only (25 names); the profile counts every launch (`launches_per_call`). A
+    ConvTranspose2d run as an FFT tiling (level1/57 on an H200: 3,676 launches a call, 29 ms) shows a few long rows."""
+    median_us = 29_000.0
+    rows = tuple(OpRow(name=f"fft_tile_kernel_{i}", calls=5, self_time_us=10.0, total_time_us=10.0,
+                       device_time_us=5 * median_us / 3, share=1 / 3, is_custom=False) for i in range(3))
+    report = ProfileReport(backend="cuda", device_name="test gpu", collector="torch.profiler",
+                           candidate=_timing("candidate", median_us), ops=rows, profiled_calls=5)
+    assert _analyze(report).bottleneck != "launch-bound"  # three long rows, as far as the table shows
+    counted = _analyze(report.model_copy(update={"launches_per_call": 3676.0}))
+    assert counted.bottleneck == "launch-bound"
+    assert next(e for e in counted.evidence if e.metric == "ops_per_call").value == 3676.0
+    assert "3676 kernel launches per forward in a 29000 us call" in counted.bottleneck_why
+
+
 def test_good_custom_kernel_gets_generic_hot_kernel_advice_and_no_speed_alarm():
     a = _analyze(_report(GOOD, speedups={"eager": 2.0, "torch.compile": 1.3}))
     assert a.bottleneck == "unknown"

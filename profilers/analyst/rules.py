@@ -167,6 +167,10 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
     small = _by_share([r for r in ops if r.calls > 0 and
                        ((r.device_time_us if gpu and r.device_time_us else r.self_time_us) / r.calls) < SMALL_OP_MEAN_US])
     per_call, measured = _ops_per_call(ops, report.profiled_calls)
+    launches = bool(gpu and report.launches_per_call)  # counted over every device event, not the table's top rows
+    if launches:
+        per_call, measured = report.launches_per_call, True
+    calls = "kernel launches" if launches else "op calls"
     small_share = sum(r.share for r in small)
     launch_us = sum(r.self_time_us for r in report.ops if r.name in _LAUNCH_APIS)
     kernel_us = sum(r.device_time_us or 0.0 for r in ops)
@@ -198,11 +202,11 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
         return
     family = "gpu" if gpu else "cpu"
     if timed_small and not many_small:
-        why = (f"{per_call:.0f} op calls per forward in a {report.candidate.median_us:.0f} us call: {timed_per_op:.1f} us "
+        why = (f"{per_call:.0f} {calls} per forward in a {report.candidate.median_us:.0f} us call: {timed_per_op:.1f} us "
                "each, about what dispatching an op costs, so overhead, not work, sets the time")
         small_share = 1.0
     elif many_small:
-        why = (f"{per_call:.0f} op calls per forward{'' if measured else ' (at least)'}, and ops averaging under "
+        why = (f"{per_call:.0f} {calls} per forward{'' if measured else ' (at least)'}, and ops averaging under "
                f"{SMALL_OP_MEAN_US:g} us hold {_pct(min(1.0, small_share))} of op time: overhead, not work")
     else:
         why = (f"launching the kernels took {launch_us:.0f} us of host time, more than the {kernel_us:.0f} us they ran "
