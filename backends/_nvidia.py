@@ -474,11 +474,13 @@ def _warm_common_kernels(torch, x) -> None:
     """One call of each common float32 elementwise, softmax, norm and reduction kernel (on a 2-D tensor, over
     the last dimension and the first, as KernelBench's problems reduce)."""
     f = torch.nn.functional
-    for y in (f.relu(x), f.gelu(x), f.gelu(x, approximate="tanh"), torch.sigmoid(x), torch.tanh(x), f.silu(x),
-              f.leaky_relu(x), f.elu(x), f.softplus(x), f.hardtanh(x), torch.exp(x), torch.clamp(x, -1, 1),
-              x * 2 + 1, x / (x.abs() + 1), f.softmax(x, -1), f.log_softmax(x, -1),
-              f.layer_norm(x, x.shape[-1:]), f.batch_norm(x, None, None, training=True),
-              f.group_norm(x.view(4, 16, 256, 256), 4).view_as(x)):
+    ops = (f.relu, f.gelu, lambda t: f.gelu(t, approximate="tanh"), torch.sigmoid, torch.tanh, f.silu, f.leaky_relu,
+           f.elu, f.softplus, f.hardtanh, torch.exp, lambda t: torch.clamp(t, -1, 1), lambda t: t * 2 + 1,
+           lambda t: t / (t.abs() + 1), lambda t: f.softmax(t, -1), lambda t: f.log_softmax(t, -1),
+           lambda t: f.layer_norm(t, t.shape[-1:]), lambda t: f.batch_norm(t, None, None, training=True),
+           lambda t: f.group_norm(t.view(4, 16, 256, 256), 4).view_as(t))
+    for op in ops:  # one result alive at a time: the warm worker's allocator keeps what it reserved here
+        y = op(x)
         for dim in (-1, 0):
             y.sum(dim), y.mean(dim), y.amax(dim), torch.max(y, dim).values, torch.argmax(y, dim)
 
