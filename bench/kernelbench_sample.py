@@ -707,15 +707,6 @@ COLS = ["problem", "footprint GB", "KForge median us (IQR)", "KForge eager us", 
         "verify mem x reference's own peak", "verdict", "note"]
 
 
-def _launch_bound(launches: float | None, median_us: float | None) -> bool:
-    """KForge's own rule (`profilers.report.launch_bound_reason`): many launches, each about the host's pace."""
-    from types import SimpleNamespace
-
-    from kforge.profilers.report import launch_bound_reason
-
-    return bool(launch_bound_reason(SimpleNamespace(launches_per_call=launches, candidate=SimpleNamespace(median_us=median_us))))
-
-
 def table_row(r: dict) -> list[str]:
     p, loc, ncu = r.get("profile") or {}, r.get("local") or {}, r.get("ncu") or {}
     c, eager = p.get("candidate") or {}, p.get("eager") or {}
@@ -736,7 +727,9 @@ def table_row(r: dict) -> list[str]:
         note = (f"clock {'-'.join(str(round(c)) for c in pm['sm_clock_mhz'][::2])} MHz in profile "
                 f"({', '.join(pm['clock_events'])}); {note}").rstrip("; ")
     launches = p.get("launches_per_call")
-    if _launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
+    from kforge.profilers.report import launch_bound  # KForge's own rule, not a twin of its thresholds
+
+    if launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
         note = f"{launches:.0f} launches a call; {note}".rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")

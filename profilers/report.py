@@ -231,12 +231,17 @@ _MANY_LAUNCHES = 100
 _LAUNCH_PACE_US = 20.0
 
 
+def launch_bound(launches: float | None, median_us: float | None) -> bool:
+    """Does a call of `launches` device launches and this median run at the host's launch pace?"""
+    return bool(launches and median_us and launches >= _MANY_LAUNCHES and median_us / launches <= _LAUNCH_PACE_US)
+
+
 def launch_bound_reason(report: Any) -> str:
     """Why a profile's candidate times vary when its calls are launch-bound (a `ProfileReport`'s launches per call
     and median), else ''."""
     launches = getattr(report, "launches_per_call", None)
     median = getattr(getattr(report, "candidate", None), "median_us", None)
-    if not launches or not median or launches < _MANY_LAUNCHES or median / launches > _LAUNCH_PACE_US:
+    if not launch_bound(launches, median):
         return ""
     return (f"each call launches {launches:.0f} kernels, {median / launches:.1f} us of its median apiece, about what "
             "the host takes to issue one: the call runs at the host's launch pace, which the host's other work moves, "
