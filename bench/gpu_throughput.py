@@ -624,18 +624,18 @@ def _summarize(config: str, drive: dict, store: dict[str, dict], smi: dict[str, 
                 report = stage.result["report"]
                 c = report["candidate"]
                 eager = next((b for b in report.get("baselines", []) if b.get("name") == "eager"), {})
+                iqr = (c["q3_us"] - c["q1_us"]) / c["median_us"] if c.get("median_us") else None
                 # Each profile on its own, in the order they finished: when in the window the noisy ones came.
                 profiles.append({"candidate": cand.label, "gpu": label,
                                  "done_s": round(cand.done_at - t0, 2) if cand.done_at is not None else None,
                                  "median_us": c["median_us"],
-                                 "iqr_over_median": round((c["q3_us"] - c["q1_us"]) / c["median_us"], 5)
-                                 if c.get("median_us") else None,
+                                 "iqr_over_median": round(iqr, 5) if iqr is not None else None,
                                  "eager_median_us": (eager.get("timing") or {}).get("median_us"),
                                  "speedup": eager.get("speedup"), "speedup_ci": eager.get("speedup_ci"),
                                  "trusted": stage.result.get("speedup_trusted")})
                 gpu["profile_medians_us"].append(c["median_us"])
-                if c.get("median_us"):
-                    gpu["profile_iqr_over_median"].append((c["q3_us"] - c["q1_us"]) / c["median_us"])
+                if iqr is not None:
+                    gpu["profile_iqr_over_median"].append(iqr)
                 for b in report.get("baselines", []):
                     if b.get("name") == "eager" and b.get("timing"):
                         gpu["eager_medians_us"].append(b["timing"]["median_us"])
