@@ -123,9 +123,15 @@ def footprint(src: str) -> dict:
     ns: dict = {}
     exec(compile(src, "<reference>", "exec"), ns)
     with torch.device("meta"), torch.no_grad():
-        model = ns["Model"](*ns["get_init_inputs"]())
         inputs = ns["get_inputs"]()
-        fp = {"inputs_bytes": _tensor_bytes(inputs), "params_bytes": _tensor_bytes(list(model.state_dict().values()))}
+        fp = {"inputs_bytes": _tensor_bytes(inputs)}
+        try:
+            model = ns["Model"](*ns["get_init_inputs"]())
+        except Exception as exc:  # noqa: BLE001 - a constructor that reads values (Swin's .item()): inputs only
+            fp.update(params_bytes=0, outputs_bytes=0, bytes=fp["inputs_bytes"],
+                      note=f"parameters and outputs not counted (meta constructor failed: {exc!r:.200})")
+            return fp
+        fp["params_bytes"] = _tensor_bytes(list(model.state_dict().values()))
         try:
             fp["outputs_bytes"] = _tensor_bytes(model(*inputs))
         except Exception as exc:  # noqa: BLE001 - an op without a meta kernel: count the inputs only
@@ -229,6 +235,30 @@ def helper_local(spec: dict) -> dict:
                                                    "ref_runtime", "ref_runtime_stats", "metadata")}
         except Exception as exc:  # noqa: BLE001
             out["kb_harness_s"], out["kb_error"] = round(time.perf_counter() - t, 3), f"{exc!r}"[:800]
+    return out
+
+
+def helper_do_bench_many(spec: dict) -> dict:
+    """--sweep: do_bench of each problem's reference, one after another in this one process (a process a problem
+    would cost its torch import and CUDA start each), the result file rewritten after each problem."""
+    import gc
+
+    import torch
+    import triton.testing
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    out: dict = {}
+    for name, src in spec["srcs"].items():
+        try:
+            model, inputs = _build(src, "cuda")
+            with torch.no_grad():
+                out[name] = {"do_bench_median_us": round(
+                    triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)}
+        except Exception as exc:  # noqa: BLE001 - one problem's failure is its row's note
+            out[name] = {"do_bench_error": f"{exc!r}"[:800]}
+        model = inputs = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        Path(spec["out"]).write_text(json.dumps(out, default=str))
     return out
 
 
@@ -402,7 +432,8 @@ def summarize_profile(sc: dict) -> dict:
     base = {b.get("name"): b for b in rep.get("baselines") or []}
     out = {"ok": sc.get("ok"), "output_correct": sc.get("output_correct"), "speedup_trusted": sc.get("speedup_trusted"),
            "candidate": cand, "warnings": sc.get("warnings"), "seconds": sc.get("seconds"),
-           "launches_per_call": rep.get("launches_per_call"),
+           "launches_per_call": rep.get("launches_per_call"), "device_us_per_call": rep.get("device_us_per_call"),
+           "host_paced": rep.get("host_paced"),
            "failure": sc.get("failure"),
            "checks_not_pass": [c for c in sc.get("checks") or [] if c.get("status") != "pass"]}
     for name, b in base.items():
@@ -613,6 +644,8 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     save()
     log(f"{name}: verify {row['verify_s']} s, correct={sc.get('correct')}, device memory {row['verify_memory']}; profile")
     prof = {**common, "hardware_counters": False, "use_store": False}
+    if args.baselines:
+        prof["baselines"] = args.baselines
     if args.turn_s > 0:  # an agent's turn between reading the verify and asking for the profile
         await anyio.sleep(args.turn_s)
     with GpuMemory() as mem, TraceSpan(args.trace) as span:
@@ -622,6 +655,8 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     row["profile_trace"] = span.details()
     save()
     log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
+    if args.sweep:  # held-out problems: one verify and one profile each; do_bench for all of them at the end
+        return
     # An agent's next candidate for the same problem: new code (nothing from the store), same reference, so
     # a torch.compile baseline timed minutes ago is reused if the eager canary still agrees.
     again = {**common, "candidate_code": cand + "\n# the agent's next candidate\n", "use_store": False}
@@ -731,6 +766,8 @@ def table_row(r: dict) -> list[str]:
 
     if launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
         note = f"{launches:.0f} launches a call; {note}".rstrip("; ")
+    elif p.get("host_paced") and p.get("device_us_per_call") and med:  # KForge's own finding (its device idle)
+        note = f"host-paced: device busy {100 * p['device_us_per_call'] / med:.0f}% of the call; {note}".rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
@@ -817,7 +854,7 @@ NOTES = [
 
 def stem(args) -> str:
     shard = f"-shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
-    return f"kernelbench-sample{'-smoke' if args.smoke else ''}{shard}"
+    return f"kernelbench-{'sweep' if args.sweep else 'sample'}{'-smoke' if args.smoke else ''}{shard}"
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -958,6 +995,8 @@ async def run(args) -> dict:
                     await connect()
             save()
             log(f"{name}: done in {row['wall_s']} s; total {time.monotonic() - t_start:.0f} s")
+        if args.sweep and not args.smoke:
+            await sweep_do_bench(args, res, hard_stop, save)
         left = [p for p in args.problems if p not in {r["problem"] for r in res["rows"] if not r.get("cut")}]
         log("all problems done" if not left else f"{len(left)} problem(s) left: run again with --resume")
     finally:
@@ -973,12 +1012,40 @@ async def run(args) -> dict:
     return res
 
 
+async def sweep_do_bench(args, res: dict, hard_stop: float, save) -> None:
+    """do_bench of every profiled row without one yet, in one helper process, after the server's last job."""
+    import anyio
+    rows = [r for r in res["rows"] if r.get("profile") and "do_bench_median_us" not in (r.get("local") or {})]
+    if not rows:
+        return
+    srcs = {r["problem"]: load_source(args.kernelbench, r["problem"], None) for r in rows}
+    log(f"do_bench of {len(srcs)} problem(s) in one process")
+    got = await anyio.to_thread.run_sync(run_helper, "do_bench_many", {"srcs": srcs}, hard_stop - time.monotonic())
+    for r in rows:
+        r["local"] = got.get(r["problem"]) or {"do_bench_error": got.get("error") or "not reached (time limit)"}
+    save()
+
+
+def expand(kb: Path, names: list[str]) -> list[str]:
+    """`level3/*` -> every problem of level 3 in KernelBench's order; other names as they are."""
+    out: list[str] = []
+    for name in names:
+        level, _, stem = name.partition("/")
+        if stem != "*":
+            out.append(name)
+            continue
+        files = (kb / "KernelBench" / level).glob("*.py")
+        out += [f"{level}/{f.stem}" for f in sorted(files, key=lambda f: int(f.stem.split("_")[0]))]
+    return out
+
+
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] in ("--_local", "--_ncu_target", "--_env"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("--_local", "--_ncu_target", "--_env", "--_do_bench_many"):
         spec = json.loads(Path(sys.argv[2]).read_text())
         if sys.argv[1] == "--_ncu_target":
             return helper_ncu_target(spec)
-        result = helper_local(spec) if sys.argv[1] == "--_local" else helper_env()
+        helpers = {"--_local": helper_local, "--_env": lambda _spec: helper_env(), "--_do_bench_many": helper_do_bench_many}
+        result = helpers[sys.argv[1]](spec)
         Path(spec["out"]).write_text(json.dumps(result, default=str))
         return None
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -986,6 +1053,11 @@ def main() -> None:
     ap.add_argument("--kernelbench", type=Path, default=HERE.parent / ".kb",
                     help="KernelBench checkout holding KernelBench/level1/*.py and src/kernelbench/ (default .kb)")
     ap.add_argument("--problems", nargs="+", help="e.g. level1/19_ReLU level2/76 (default: a sample of 21)")
+    ap.add_argument("--sweep", action="store_true", help="held-out problems: one verify + one profile each, "
+                    "do_bench of all of them in one process at the end; no next candidate, KernelBench harness or ncu")
+    ap.add_argument("--baselines", nargs="+", choices=["eager", "torch.compile"], help="profile_kernel's baselines "
+                    "(default KForge's: eager and torch.compile)")
+    ap.add_argument("--exclude", nargs="*", default=[], help="problems to leave out (e.g. the default sample's)")
     ap.add_argument("--smoke", action="store_true", help="CPU backend, 3 shrunken problems, no do_bench/ncu/KernelBench")
     ap.add_argument("--backend", help="KForge backend (default cuda; cpu with --smoke)")
     ap.add_argument("--max-footprint-frac", type=float, default=0.25, help="skip problems whose inputs+outputs exceed "
@@ -1025,7 +1097,9 @@ def main() -> None:
     args.kernelbench = args.kernelbench.resolve()
     if not (args.kernelbench / "KernelBench" / "level1").is_dir():
         sys.exit(f"{args.kernelbench} holds no KernelBench/level1: run bash bench/prepare_kernelbench.sh")
-    args.problems = [canonical(args.kernelbench, p) for p in args.problems]
+    args.problems = [canonical(args.kernelbench, p) for p in expand(args.kernelbench, args.problems)]
+    leave = {canonical(args.kernelbench, p) for p in expand(args.kernelbench, args.exclude)}
+    args.problems = [p for p in args.problems if p not in leave]
     args.repeat_profiles = args.repeat_profiles if args.repeat_profiles is not None else (2 if args.smoke else 5)
     args.repeat_on = args.repeat_on if args.repeat_on is not None else ([args.problems[0]] if args.smoke else DEFAULT_REPEAT_ON)
     args.repeat_on = [canonical(args.kernelbench, p) for p in args.repeat_on]

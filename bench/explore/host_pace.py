@@ -1,0 +1,127 @@
+"""Why two processes timing the same host-paced network disagree (the level-3 sweep, 2026-12-01).
+
+In `kernelbench_sample.py --sweep` on level 3 (one H200, 16 cores), KernelBench networks of 87-835 kernel launches
+a call (EfficientNet, MobileNet, GoogleNet, ResNet, DenseNet at batch 10) timed 0.50-1.54x against themselves: the
+candidate process and the judge process running the same model each held a steady pace of their own (EfficientNetB1
+1,941 us against 2,995 us, IQRs 8% wide), and KForge's medians were 0.82-1.20x do_bench's. This times such a network
+in fresh processes, one at a time, each on the host's cores as the scheduler gives them and then pinned to one core
+after another (taskset), and prints what decides a host-paced call: do_bench's median, the host's time to issue one
+call, the CPU it ran on, and the host's topology (NUMA nodes, the GPU's local cores, SMT siblings).
+
+    python3 bench/explore/host_pace.py --problem .kb/KernelBench/level3/23_EfficientNetB1.py [--unpinned 6]
+        [--cores all|0,1,8] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def one(path: str) -> dict:
+    """In this process: the model at its published size, do_bench's median, the host's issue time of one call."""
+    import torch
+    import triton.testing
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    ns: dict = {}
+    exec(compile(Path(path).read_text(), path, "exec"), ns)
+    torch.manual_seed(0)
+    model = ns["Model"](*ns["get_init_inputs"]()).cuda()
+    torch.manual_seed(0)
+    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+    out = {"cpu_start": os.sched_getcpu(), "affinity": sorted(os.sched_getaffinity(0))}
+    with torch.no_grad():
+        for _ in range(5):
+            model(*inputs)
+        torch.cuda.synchronize()
+        out["do_bench_us"] = round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 1)
+        issue = []
+        for _ in range(30):  # host time to issue one call, the device idle before it (a sync between)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model(*inputs)
+            issue.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        out["issue_us"] = round(statistics.median(issue) * 1e6, 1)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        back = []
+        for _ in range(30):  # back to back, no flush: the pace a stream of calls keeps
+            ev[0].record()
+            model(*inputs)
+            ev[1].record()
+            ev[1].synchronize()
+            back.append(ev[0].elapsed_time(ev[1]) * 1e3)
+        out["event_us"] = round(statistics.median(back), 1)
+    out["cpu_end"] = os.sched_getcpu()
+    return out
+
+
+def topology() -> dict:
+    def sh(cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception as exc:  # noqa: BLE001
+            return repr(exc)
+    return {"lscpu": sh("lscpu | grep -E 'Model name|Socket|Core|Thread|NUMA|MHz|Hypervisor'"),
+            "numa": sh("cat /sys/devices/system/node/node*/cpulist 2>/dev/null"),
+            "siblings": sh("cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\\n' ' '"),
+            "gpu_topo": sh("nvidia-smi topo -m 2>/dev/null | head -5"),
+            "governor": sh("cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null"),
+            "load": sh("cat /proc/loadavg")}
+
+
+def run_one(problem: str, core: int | None) -> dict:
+    cmd = [sys.executable, __file__, "--_one", problem]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    try:
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        got = {"error": (res.stdout + res.stderr)[-800:]}
+    return {"core": core, **got, "process_s": round(time.perf_counter() - t, 1)}
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--_one":
+        print(json.dumps(one(sys.argv[2])))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problem", nargs="+", required=True)
+    ap.add_argument("--unpinned", type=int, default=6)
+    ap.add_argument("--cores", default="all")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
+    args = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0)) if args.cores == "all" else [int(c) for c in args.cores.split(",")]
+    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "topology": topology(), "runs": {}}
+    print(json.dumps(res["topology"], indent=1), flush=True)
+    lines = []
+    for problem in args.problem:
+        runs = [run_one(problem, None) for _ in range(args.unpinned)] + [run_one(problem, c) for c in cores]
+        res["runs"][problem] = runs
+        name = Path(problem).stem
+        lines += [f"## {name}", "", "| pinned to | CPU at start/end | do_bench us | issue us (host, one call) | "
+                  "back-to-back event us | process s |", "|---|---|---|---|---|---|"]
+        for r in runs:
+            lines.append(f"| {'-' if r['core'] is None else r['core']} | {r.get('cpu_start')}/{r.get('cpu_end')} | "
+                         f"{r.get('do_bench_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} |"
+                         + (f" {r['error'][-200:]}" if r.get("error") else ""))
+        db = [r["do_bench_us"] for r in runs if r.get("do_bench_us")]
+        if db:
+            lines += ["", f"do_bench over processes: min {min(db)}, median {statistics.median(db)}, max {max(db)} us "
+                          f"(max/min {max(db) / min(db):.3f})", ""]
+        print("\n".join(lines[-len(runs) - 6:]), flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "host-pace.json").write_text(json.dumps(res, indent=1))
+        (args.out / "host-pace.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
