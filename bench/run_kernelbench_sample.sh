@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Run bench/kernelbench_sample.py on a GPU host from a plain checkout, as scripts/run_gpu_tests.sh runs the tests:
 # the checkout is exposed as the package `kforge` through a symlink, and the wheels the host lacks (mcp,
-# pydantic, ...) come from .whl/ (../shared/gpu/fetch-wheels.sh). Needs .kb/ (bench/prepare_kernelbench.sh),
+# pydantic, ...) come from .whl/ (../shared/gpu/fetch-wheels.sh; add einops for KernelBench's Mamba2 problems,
+# level3/48-49). Needs .kb/ (bench/prepare_kernelbench.sh),
 # carried beside the checkout. Arguments go to the script; results go to $OUT when set, else bench/out/.
 #
 #   bash bench/run_kernelbench_sample.sh --resume        # again until it prints "all problems done"
 #   KB_SHARDS=4 bash bench/run_kernelbench_sample.sh     # the sample split over GPUs 0-3, one shard each, side by
 #                                                        # side; then one merged table (kernelbench-sample.md)
+#   bash bench/run_kernelbench_sample.sh --sweep --problems 'level3/*'   # held-out problems: verify + profile each
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD

@@ -136,3 +136,44 @@ async def test_a_call_of_hundreds_of_launches_is_counted(kforge_home):
             "hardware_counters": False}))
         assert prof["output_correct"], prof
         assert prof["report"]["launches_per_call"] == 400, prof["report"]["launches_per_call"]
+
+
+_HOST_PACED_NET = """
+import torch, torch.nn as nn
+
+class Model(nn.Module):
+    # 48 small layers: 96 launches of a few microseconds, the device idle while the host issues the next (a
+    # KernelBench level-3 network at batch 10 is such a call: EfficientNetB1, 87 launches, timed 0.65x-1.54x itself).
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(48) for m in (nn.Linear(64, 64), nn.ReLU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def test_a_host_paced_network_is_not_ranked_against_itself(kforge_home):
+    """The reference as its own candidate, a call whose device is idle most of the time: the profile measures the
+    device's busy time, names the call host-paced and widens its speedups by the host paces' measured spread, so it
+    reads 'no measurable difference' against itself, untrusted, with the cause and the remedy."""
+    async with stdio_session(kforge_home) as client:
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "reference_code": _HOST_PACED_NET, "candidate_code": _HOST_PACED_NET.replace(
+                "class Model(", "class ModelNew("), "budget_s": 0.5, "hardware_counters": False}))
+    report = prof["report"]
+    assert prof["output_correct"], prof
+    assert report["launches_per_call"] >= 96, report["launches_per_call"]
+    assert report["device_us_per_call"] < 0.5 * report["candidate"]["median_us"], report
+    assert report["host_paced"] and "host's pace" in report["host_paced"], report["host_paced"]
+    for b in report["baselines"]:
+        lo, hi = b["speedup_ci"]
+        assert lo < 1 < hi and b["comparison"] == "no measurable difference", b
+    stable = next(c for c in prof["checks"] if c["name"] == "stable_timing")
+    assert stable["status"] == "fail" and "CUDA graph" in stable["evidence"], stable

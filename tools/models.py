@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.backends.base import GpuInfo
 from kforge.backends.build.models import BuildInfo, CompilerReport, Diagnostic, KernelResources
 from kforge.profilers.report import (Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel,
-                                     launch_bound_reason)
+                                     HOST_PACE_RESOLUTION, host_paced_reason)
 
 __all__ = [
     "KernelResources", "BuildInfo", "Check", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
@@ -430,6 +430,9 @@ class ProfileResult(BaseModel):
                 lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}{ci}")
             else:
                 lines.append(f"  {b.name}: not timed ({b.error})")
+        if r.host_paced:
+            lines.append(f"  host-paced: {r.host_paced}; each speedup's interval spans a factor of "
+                         f"{1 + HOST_PACE_RESOLUTION:g} either way")
         if r.custom_share is not None:
             lines.append(f"  candidate's own kernels: {100 * r.custom_share:.0f}% of profiled op time")
         if r.bandwidth_fraction is not None:
@@ -459,10 +462,10 @@ class ProfileResult(BaseModel):
     def _next_step(self, findings: list[Check]) -> str:
         if self.output_correct is False:
             return "Next: verify_against_reference to see where the output goes wrong, and fix it before timing again."
-        if findings and all(c.name == "stable_timing" for c in findings) and launch_bound_reason(self.report):
+        if findings and all(c.name == "stable_timing" for c in findings) and host_paced_reason(self.report):
             return ("Next: make each call launch fewer kernels (fuse them, or a library algorithm that launches fewer) "
                     "or capture it in a CUDA graph, then profile_kernel again: a longer budget_s does not steady a "
-                    "call that runs at the host's launch pace.")
+                    "call that runs at the host's pace.")
         if findings and all(c.name == "stable_timing" for c in findings):
             budget = float(self.spec.options.get("budget_s") or 2.0)
             return (f"Next: profile_kernel again with budget_s={min(60.0, 2 * budget):g} on an idle machine: these "

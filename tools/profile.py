@@ -28,7 +28,7 @@ from kforge.profilers.compiler_report import CANDIDATE_ARTIFACT
 from kforge.profilers import profiler_for
 from kforge.profilers.torch_profiler import TABLE_ARTIFACT, custom_share
 from kforge.profilers.report import (Baseline, NcuKernel, ProfileReport, compare_words,
-                                     speedup_interval)
+                                     speedup_interval, widen_for_host_pace)
 
 from .context import Progress, ToolContext, no_progress
 
@@ -56,6 +56,9 @@ _MAX_TIMING_SETS = 64  # distinct input sets the timed calls walk through ...
 _TIMING_SET_BYTES = 256 * 2**20  # ... as many as fit in this many bytes (at least 2, ...
 _ONE_SET_BYTES = 2**30  # ... but only 1 for problems over this size)
 _PROFILED_CALLS = 5
+# ... fewer when they are long: torch.profiler's cost is its events, and five calls of a KernelBench LSTM (6,244
+# launches, 41 ms each) took 6.5-17 s to profile (H200, 2026-12-01). The calls profiled fill about this much time.
+_PROFILED_WINDOW_US = 20_000.0
 # torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
 _COMPILE_TIMEOUT_S = 600.0
 # The server's own clock on the candidate's calls (`_wall_anchor`): ops of about this long and twice as long, each
@@ -207,6 +210,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                 except WorkerDied as died:
                     return failed(died.failure)
                 cand = series["candidate"]
+                profiled_calls = _profiled_calls(cand["stats"].median_us)
                 artifacts = ctx.store.artifact_dir(profile_id)
                 rerun_warnings: list[str] = []
 
@@ -215,7 +219,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                                                     ctx.limits.hang_deadline(problem["reference_call_s"], 2)[0])
                     await step("profiling the candidate")
                     in_worker = counter_profiler is not None and counter_profiler.where == "worker"
-                    prof = await worker.call(ProfileRequest(artifacts=str(worker.scratch), calls=_PROFILED_CALLS,
+                    prof = await worker.call(ProfileRequest(artifacts=str(worker.scratch), calls=profiled_calls,
                                                             counters=counter_profiler.name if in_worker else None),
                                              stage="profile")
                     if prof.failure is not None or counter_profiler is None or counter_profiler.where != "rerun" \
@@ -230,6 +234,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     await step("reading the device's ceilings (measured once per device)")
                     charts = charts or PendingCharts(timed)
                     revalidated, prof, rerun_kernels, rerun_note = await last_steps()
+                    if prof.failure is None and (paced := _host_paced(timed, prof, profiled_calls)) is not None:
+                        timed, charts = paced, PendingCharts(paced)  # the charts show the widened intervals
                     # What is left of their drawing (0.1-0.3 s each).
                     with traced("server", "profile.charts", to=ctx.limits.trace_file):
                         await charts.keep(artifacts)
@@ -244,8 +250,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     candidate_stats = cand["stats"]
     rows = list(prof.rows)
     report = timed.model_copy(update=dict(
-        collector="torch.profiler", ops=tuple(rows), profiled_calls=_PROFILED_CALLS,
-        launches_per_call=prof.device_launches / _PROFILED_CALLS if prof.device_launches else None,
+        collector="torch.profiler", ops=tuple(rows), profiled_calls=profiled_calls,
+        **_device_pace(prof, profiled_calls),
         custom_share=custom_share(rows, prof.total_us, prof.basis),
         counters=tuple(prof.counters) + tuple(counter_profiler.counters(rerun_kernels) if counter_profiler else ()),
         counters_note=_counters_note(counter_profiler, prof.counters_note, rerun_kernels, rerun_note),
@@ -391,6 +397,27 @@ def _timing_report(backend: str, device: DeviceFacts, series: dict[str, dict[str
         problem_bytes=problem["problem_bytes"], problem_flops=problem["problem_flops"],
         **ProfileReport.roofline(device, stats.median_us, problem["problem_bytes"], problem["problem_flops"],
                                  problem["dtype"]))
+
+
+def _profiled_calls(median_us: float | None) -> int:
+    """Calls in the torch.profiler window: `_PROFILED_CALLS`, fewer (at least one) for calls of several ms."""
+    if not median_us or median_us <= 0:
+        return _PROFILED_CALLS
+    return max(1, min(_PROFILED_CALLS, int(_PROFILED_WINDOW_US // median_us)))
+
+
+def _device_pace(prof: Any, calls: int) -> dict[str, float | None]:
+    """Per profiled call (`calls` of them): the device launches, and on a GPU the device's busy time (its kernels'
+    durations)."""
+    return {"launches_per_call": prof.device_launches / calls if prof.device_launches else None,
+            "device_us_per_call": prof.total_us / calls if prof.basis == "device" and prof.rows else None}
+
+
+def _host_paced(timed: ProfileReport, prof: Any, calls: int) -> ProfileReport | None:
+    """The timing report with its speedups' intervals widened (`widen_for_host_pace`) when the profile shows the
+    candidate's call running at the host's pace; None when it does not."""
+    paced = widen_for_host_pace(timed.model_copy(update=_device_pace(prof, calls)))
+    return paced if paced.host_paced else None
 
 
 def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from kforge.backends import backend_class, is_device_fault, is_out_of_memory
-from kforge.profilers.report import launch_bound_reason
+from kforge.profilers.report import host_paced_reason
 
 from .models import Check, TrialReport
 from .process.protocol import DecoyVerdict, NullOutcome, RevalidateReply, TrialVerdict
@@ -410,10 +410,10 @@ def _stable_timing_check(report: Any) -> Check:
         series = [getattr(report, "candidate", None), *(b.timing for b in timed)]
         slowed = list(dict.fromkeys(r for t in series for r in getattr(t, "clock_slowdowns", None) or ()))
         hint = _lock_clocks_hint(getattr(report, "backend", None))
-        launch_bound = launch_bound_reason(report)
+        host_paced = host_paced_reason(report)
         why = (f"the GPU ran below its clock while timed ({', '.join(slowed)}), so the kernels' times moved with "
                f"it: lock the clocks{f' ({hint})' if hint else ''} or profile again when the device is cool and idle"
-               if slowed else launch_bound or "the device or host was busy, or the kernel's time varies: profile again "
+               if slowed else host_paced or "the device or host was busy, or the kernel's time varies: profile again "
                "with a larger budget_s, on an idle device")
         return Check(name="stable_timing", status="fail", hard=True,
                      evidence=f"too noisy to rank: {said} (wider than {100 * _MAX_INTERVAL_WIDTH:.0f}% of the speedup); "

@@ -1,0 +1,116 @@
+"""A call that runs at the host's pace: named from the profile's device time, its speedups widened by the measured
+spread of two processes' host paces (KernelBench level 3 on an H200, 2026-12-01: the reference timed as its own
+candidate read 0.50-1.54 on such networks, 0.99-1.01 on device-paced problems)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kforge.profilers.report import (HOST_PACE_RESOLUTION, Baseline, ProfileReport, TimingStats, host_paced_reason,
+                                     widen_for_host_pace)
+from kforge.tools.process.protocol import RevalidateReply
+from kforge.tools.verdict import timing_checks
+
+
+def _stats(label: str, median_us: float, q1: float, q3: float) -> TimingStats:
+    return TimingStats(label=label, samples=300, median_us=median_us, mean_us=median_us, std_us=0.05 * median_us,
+                       min_us=0.9 * median_us, max_us=1.5 * median_us, q1_us=q1, q3_us=q3, rel_sem=0.005)
+
+
+def _efficientnet_b1(**update) -> ProfileReport:
+    """level3/23_EfficientNetB1 as its own candidate, as profiled on the H200 (2026-12-01): 87 launches a call,
+    1,941 us against eager's 2,995 us in the judge, "faster" [1.34, 1.77]; its device time is set per test."""
+    eager = Baseline(name="eager", timing=_stats("eager", 2995.2, 2908.3, 3075.4), speedup=1.5431,
+                     speedup_ci=(1.3415, 1.7749), comparison="faster")
+    report = ProfileReport(backend="cuda", device_name="NVIDIA H200", collector="torch.profiler",
+                           candidate=_stats("candidate", 1941.1, 1881.3, 2048.4), baselines=(eager,),
+                           launches_per_call=87.0, device_us_per_call=300.0)
+    return report.model_copy(update=update)
+
+
+def test_a_call_whose_device_idles_most_of_the_time_is_host_paced():
+    reason = host_paced_reason(_efficientnet_b1())
+    assert "87 kernels" in reason and "300 us" in reason and "15%" in reason and "CUDA graph" in reason, reason
+    # Device-paced: its kernels fill the call; a few launches (level-2 fusions, a ReLU whose flushed-cache time is
+    # twice its warm-cache kernel); or nothing measured (a CPU backend, whose op table is host time).
+    for update in ({"device_us_per_call": 1500.0}, {"launches_per_call": 5.0}, {"device_us_per_call": None},
+                   {"launches_per_call": None}):
+        assert host_paced_reason(_efficientnet_b1(**update)) == "", update
+
+
+def test_its_speedups_are_widened_by_the_host_paces_spread():
+    report = widen_for_host_pace(_efficientnet_b1())
+    (eager,) = report.baselines
+    assert report.host_paced
+    assert eager.speedup == 1.5431 and eager.comparison == "no measurable difference", eager
+    assert eager.speedup_ci == (round(1.5431 / (1 + HOST_PACE_RESOLUTION), 4), round(1.5431 * (1 + HOST_PACE_RESOLUTION), 4))
+    # A speedup beyond the spread still ranks: a candidate captured in a CUDA graph, 4x eager's host-paced call.
+    graphed = _efficientnet_b1(baselines=(eager.model_copy(update={"speedup": 4.0, "speedup_ci": (3.8, 4.2)}),))
+    assert widen_for_host_pace(graphed).baselines[0].comparison == "faster"
+    # GoogleNetInceptionV1 (169 launches) read 0.876 [0.79, 0.97] "slower" against itself, trusted: now it holds 1.
+    google = _efficientnet_b1(launches_per_call=169.0, baselines=(eager.model_copy(
+        update={"speedup": 0.8762, "speedup_ci": (0.7941, 0.9667), "comparison": "slower"}),))
+    lo, hi = widen_for_host_pace(google).baselines[0].speedup_ci
+    assert lo < 1 < hi
+    # A device-paced call is left as it was.
+    steady = _efficientnet_b1(device_us_per_call=1900.0)
+    assert widen_for_host_pace(steady) is steady
+
+
+def test_its_stable_timing_names_the_cause_and_the_remedy():
+    report = widen_for_host_pace(_efficientnet_b1())
+    stats = SimpleNamespace(input_sets=38, replay_suspected=False, unseen_work=False, warnings=(), host_median_us=2025.9)
+    checks = {c.name: c for c in timing_checks(stats, RevalidateReply(checked=9, wrong=[]), report, "strict")}
+    stable = checks["stable_timing"]
+    assert stable.status == "fail" and "host's pace" in stable.evidence and "budget_s" not in stable.evidence, stable
+    from kforge.tools.models import ProfileResult
+    result = ProfileResult.model_construct(output_correct=True, report=report, spec=None)
+    assert "fewer kernels" in result._next_step([stable])
+
+
+def test_the_profile_measures_the_device_time_of_a_call():
+    from kforge.tools.profile import _device_pace, _host_paced
+
+    prof = SimpleNamespace(device_launches=435, total_us=1500.0, basis="device", rows=[object()])
+    assert _device_pace(prof, 5) == {"launches_per_call": 87.0, "device_us_per_call": 300.0}
+    timed = _efficientnet_b1(launches_per_call=None, device_us_per_call=None)
+    paced = _host_paced(timed, prof, 5)
+    assert paced is not None and paced.baselines[0].comparison == "no measurable difference"
+    # The CPU backend's op table is host time: no device time, nothing widened.
+    cpu = SimpleNamespace(device_launches=0, total_us=1500.0, basis="cpu", rows=[object()])
+    assert _device_pace(cpu, 5)["device_us_per_call"] is None and _host_paced(timed, cpu, 5) is None
+
+
+def test_long_calls_are_profiled_fewer_times():
+    """torch.profiler's cost is its events: five calls of a KernelBench LSTM (6,244 launches, 41 ms a call) took 6.5 s
+    to profile on an H200, five of its bidirectional GRU 17 s (2026-12-01)."""
+    from kforge.tools.profile import _PROFILED_CALLS, _profiled_calls
+
+    assert _profiled_calls(7.0) == _profiled_calls(2_000.0) == _PROFILED_CALLS == 5  # a ReLU, a GEMM
+    assert _profiled_calls(9_600.0) == 2 and _profiled_calls(41_000.0) == 1  # ResNet101, an LSTM
+    assert _profiled_calls(None) == _PROFILED_CALLS
+
+
+def test_a_flop_count_that_outlasts_its_budget_is_given_up():
+    """On the meta device an LSTM runs decomposed, op by op through the counter's dispatch mode: KernelBench level3/35's
+    count took 12.5 s of a 28 s profile (H200, 2026-12-01), 7.8 s on the 2-core VM. Past its budget it is given up
+    (the judge then tries a real call, or leaves the FLOPs unknown); a short count is untouched."""
+    import time
+
+    import pytest
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kforge.tools.harness.judge import _CountDeadline, _CountTooSlow
+
+    with torch.device("meta"):
+        lstm = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True)
+        x = torch.randn(10, 512, 128)
+    t = time.perf_counter()
+    with pytest.raises(_CountTooSlow), torch.no_grad(), FlopCounterMode(display=False), _CountDeadline(0.05):
+        lstm(x)
+    assert time.perf_counter() - t < 2.0
+    a, b = torch.randn(64, 32, device="meta"), torch.randn(32, 16, device="meta")
+    with FlopCounterMode(display=False) as counter, _CountDeadline(1.0):
+        a @ b
+    assert counter.get_total_flops() == 2 * 64 * 32 * 16
