@@ -1048,7 +1048,8 @@ def main() -> None:
         spec = json.loads(Path(sys.argv[2]).read_text())
         if sys.argv[1] == "--_ncu_target":
             return helper_ncu_target(spec)
-        helpers = {"--_local": helper_local, "--_env": lambda _spec: helper_env(), "--_do_bench_many": helper_do_bench_many}
+        helpers = {"--_local": helper_local, "--_env": lambda _spec: helper_env(),
+                   "--_do_bench_many": helper_do_bench_many}
         result = helpers[sys.argv[1]](spec)
         Path(spec["out"]).write_text(json.dumps(result, default=str))
         return None

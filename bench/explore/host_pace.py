@@ -70,7 +70,8 @@ def topology() -> dict:
             return repr(exc)
     return {"lscpu": sh("lscpu | grep -E 'Model name|Socket|Core|Thread|NUMA|MHz|Hypervisor'"),
             "numa": sh("cat /sys/devices/system/node/node*/cpulist 2>/dev/null"),
-            "siblings": sh("cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\\n' ' '"),
+            "siblings": sh("cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null "
+                           "| sort -u | tr '\\n' ' '"),
             "gpu_topo": sh("nvidia-smi topo -m 2>/dev/null | head -5"),
             "governor": sh("cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null"),
             "load": sh("cat /proc/loadavg")}
