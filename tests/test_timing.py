@@ -334,3 +334,21 @@ def test_rounds_keep_the_clocks_whole_range_and_every_slowdown():
     merged, _ = merge_rounds("candidate", replies)
     assert merged.sm_clock_mhz == (1410.0, 1980.0) and merged.clock_slowdowns == ("SW power cap",)
     assert sum("ran below its clock" in w for w in merged.warnings) == 1
+
+
+def test_a_flush_that_outlasts_the_budget_still_leaves_min_samples():
+    """On a CPU whose L3 reads 480 MiB, KForge's flush writes 1.2 GB, 0.15 s (the 2-core VM of 2026-12-01): a ReLU's
+    1 s profile got 2 samples a round, and a replaying candidate no longer showed. Calls that fill the budget
+    themselves still stop it."""
+    import time as real_time
+
+    class SlowFlush(FakeBackend):
+        def flush_cache(self):
+            super().flush_cache()
+            real_time.sleep(0.02)
+
+    policy = TimingPolicy(min_samples=10, max_samples=100, target_rel_ci=1e-9, budget_s=0.05, warmup_s=0.0)
+    backend = SlowFlush(5e-6, noise=0.3)
+    assert timed(backend, policy).stats.samples >= 10
+    long_calls = SlowFlush(0.04, noise=0.3)  # each call's own time (simulated) fills the budget: stops as before
+    assert timed(long_calls, policy).stats.samples < 10
