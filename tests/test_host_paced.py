@@ -69,16 +69,19 @@ def test_its_stable_timing_names_the_cause_and_the_remedy():
 
 
 def test_the_profile_measures_the_device_time_of_a_call():
-    from kforge.tools.profile import _device_pace, _host_paced
+    from kforge.tools.profile import _device_pace, _with_device_pace
 
     prof = SimpleNamespace(device_launches=435, total_us=1500.0, basis="device", rows=[object()])
     assert _device_pace(prof, 5) == {"launches_per_call": 87.0, "device_us_per_call": 300.0}
     timed = _efficientnet_b1(launches_per_call=None, device_us_per_call=None)
-    paced = _host_paced(timed, prof, 5)
-    assert paced is not None and paced.baselines[0].comparison == "no measurable difference"
+    paced = _with_device_pace(timed, prof, 5)
+    assert paced.host_paced and paced.device_us_per_call == 300.0
+    assert paced.baselines[0].comparison == "no measurable difference"
     # The CPU backend's op table is host time: no device time, nothing widened.
     cpu = SimpleNamespace(device_launches=0, total_us=1500.0, basis="cpu", rows=[object()])
-    assert _device_pace(cpu, 5)["device_us_per_call"] is None and _host_paced(timed, cpu, 5) is None
+    assert _device_pace(cpu, 5)["device_us_per_call"] is None
+    steady = _with_device_pace(timed, cpu, 5)
+    assert steady.host_paced is None and steady.baselines == timed.baselines
 
 
 def test_long_calls_are_profiled_fewer_times():

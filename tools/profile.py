@@ -234,8 +234,10 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     await step("reading the device's ceilings (measured once per device)")
                     charts = charts or PendingCharts(timed)
                     revalidated, prof, rerun_kernels, rerun_note = await last_steps()
-                    if prof.failure is None and (paced := _host_paced(timed, prof, profiled_calls)) is not None:
-                        timed, charts = paced, PendingCharts(paced)  # the charts show the widened intervals
+                    if prof.failure is None:
+                        timed = _with_device_pace(timed, prof, profiled_calls)
+                        if timed.host_paced:
+                            charts = PendingCharts(timed)  # the charts show the widened intervals
                     # What is left of their drawing (0.1-0.3 s each).
                     with traced("server", "profile.charts", to=ctx.limits.trace_file):
                         await charts.keep(artifacts)
@@ -251,7 +253,6 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     rows = list(prof.rows)
     report = timed.model_copy(update=dict(
         collector="torch.profiler", ops=tuple(rows), profiled_calls=profiled_calls,
-        **_device_pace(prof, profiled_calls),
         custom_share=custom_share(rows, prof.total_us, prof.basis),
         counters=tuple(prof.counters) + tuple(counter_profiler.counters(rerun_kernels) if counter_profiler else ()),
         counters_note=_counters_note(counter_profiler, prof.counters_note, rerun_kernels, rerun_note),
@@ -413,11 +414,10 @@ def _device_pace(prof: Any, calls: int) -> dict[str, float | None]:
             "device_us_per_call": prof.total_us / calls if prof.basis == "device" and prof.rows else None}
 
 
-def _host_paced(timed: ProfileReport, prof: Any, calls: int) -> ProfileReport | None:
-    """The timing report with its speedups' intervals widened (`widen_for_host_pace`) when the profile shows the
-    candidate's call running at the host's pace; None when it does not."""
-    paced = widen_for_host_pace(timed.model_copy(update=_device_pace(prof, calls)))
-    return paced if paced.host_paced else None
+def _with_device_pace(timed: ProfileReport, prof: Any, calls: int) -> ProfileReport:
+    """The timing report with the profile's device pace, its speedups' intervals widened (`widen_for_host_pace`)
+    where that shows the candidate's call running at the host's pace."""
+    return widen_for_host_pace(timed.model_copy(update=_device_pace(prof, calls)))
 
 
 def _keep_artifacts(scratch: Path, artifacts: Path, candidate_code: str, trace: str | None) -> None:
