@@ -6,7 +6,9 @@ candidate process and the judge process running the same model each held a stead
 1,941 us against 2,995 us, IQRs 8% wide), and KForge's medians were 0.82-1.20x do_bench's. This times such a network
 in fresh processes, one at a time, each on the host's cores as the scheduler gives them and then pinned to one core
 after another (taskset), and prints what decides a host-paced call: do_bench's median, the host's time to issue one
-call, the CPU it ran on, and the host's topology (NUMA nodes, the GPU's local cores, SMT siblings).
+call, the CPU it ran on and its clock, do_bench with Python's collector off, KForge's own timing loop in the same
+process (kforge importable: scripts' /tmp/kforge-pkg), and the host's topology (NUMA nodes, the GPU's local
+cores, SMT siblings).
 
     python3 bench/explore/host_pace.py --problem .kb/KernelBench/level3/23_EfficientNetB1.py [--unpinned 6]
         [--cores all|0,1,8] --out DIR
@@ -15,6 +17,7 @@ call, the CPU it ran on, and the host's topology (NUMA nodes, the GPU's local co
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -58,8 +61,41 @@ def one(path: str) -> dict:
             ev[1].synchronize()
             back.append(ev[0].elapsed_time(ev[1]) * 1e3)
         out["event_us"] = round(statistics.median(back), 1)
+        # Python's collector walks every live object of a generation; a process with more of them (a judge holding
+        # its problem) would pay more per call of a network that makes many temporaries.
+        gc.collect()
+        gc.disable()
+        out["do_bench_gc_off_us"] = round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 1)
+        gc.enable()
+        out["kforge_us"] = kforge_median_us(model, inputs)  # KForge's own loop, same process, same inputs
+        out["do_bench_after_us"] = round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 1)
     out["cpu_end"] = os.sched_getcpu()
+    out["mhz"] = core_mhz(out["cpu_end"])
     return out
+
+
+def kforge_median_us(model, inputs) -> float | str:
+    """KForge's timing loop (tools/harness/timing.py) on the CUDA backend, 1 s budget: what a profile's round does."""
+    try:
+        from kforge.backends.cuda import CudaBackend
+        from kforge.tools.harness.timing import TimingPolicy, time_model
+    except Exception as exc:  # noqa: BLE001 - kforge not importable here: the run still has do_bench's numbers
+        return f"kforge not importable: {exc!r}"[:200]
+    timed = time_model("candidate", model, lambda i: inputs, CudaBackend(), TimingPolicy(budget_s=1.0))
+    return round(timed.stats.median_us, 1)
+
+
+def core_mhz(cpu: int) -> float | None:
+    """The core's current clock as the kernel reads it (cpufreq, else /proc/cpuinfo's block for that CPU)."""
+    try:
+        return int(Path(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq").read_text()) / 1000
+    except (OSError, ValueError):
+        pass
+    try:
+        block = Path("/proc/cpuinfo").read_text().split("\n\n")[cpu]
+        return float(next(ln.split(":")[1] for ln in block.splitlines() if ln.startswith("cpu MHz")))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
 
 
 def topology() -> dict:
@@ -108,11 +144,13 @@ def main() -> None:
         runs = [run_one(problem, None) for _ in range(args.unpinned)] + [run_one(problem, c) for c in cores]
         res["runs"][problem] = runs
         name = Path(problem).stem
-        lines += [f"## {name}", "", "| pinned to | CPU at start/end | do_bench us | issue us (host, one call) | "
-                  "back-to-back event us | process s |", "|---|---|---|---|---|---|"]
+        lines += [f"## {name}", "", "| pinned to | CPU at start/end | MHz | do_bench us | do_bench, GC off | KForge loop us | do_bench after | "
+                  "issue us (host, one call) | back-to-back event us | process s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             lines.append(f"| {'-' if r['core'] is None else r['core']} | {r.get('cpu_start')}/{r.get('cpu_end')} | "
-                         f"{r.get('do_bench_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} |"
+                         f"{r.get('mhz')} | {r.get('do_bench_us')} | {r.get('do_bench_gc_off_us')} | {r.get('kforge_us')} | "
+                         f"{r.get('do_bench_after_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} |"
                          + (f" {r['error'][-200:]}" if r.get("error") else ""))
         db = [r["do_bench_us"] for r in runs if r.get("do_bench_us")]
         if db:
