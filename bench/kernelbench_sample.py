@@ -266,6 +266,78 @@ def helper_do_bench_many(spec: dict) -> dict:
     return out
 
 
+def helper_do_bench_serve() -> None:
+    """--sweep: do_bench of one problem's reference per line read (JSON {"src": ...}), one JSON line written back,
+    in a process kept for the whole run: each problem is timed right after KForge profiled it (the host in the
+    same state), and no problem waits for a helper's torch import. A problem's failure is its answer, not the end."""
+    import gc
+
+    import torch
+    import triton.testing
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        t = time.perf_counter()
+        try:
+            model, inputs = _build(json.loads(line)["src"], "cuda")
+            with torch.no_grad():
+                got = {"do_bench_median_us": round(
+                    triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)}
+        except Exception as exc:  # noqa: BLE001
+            got = {"do_bench_error": f"{exc!r}"[:800]}
+        model = inputs = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(json.dumps({**got, "do_bench_s": round(time.perf_counter() - t, 2)}), flush=True)
+
+
+class DoBenchServer:
+    """The parent's end of `helper_do_bench_serve`: started at the first request, killed (and restarted at the next)
+    when one overruns its time, closed at the end of the run."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def _ask(self, src: str, timeout: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_do_bench_serve"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         start_new_session=True)
+            self._line(timeout)  # {"ready": true}: torch imported
+        self.proc.stdin.write(json.dumps({"src": src}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line(timeout))
+
+    def _line(self, timeout: float) -> str:
+        proc = self.proc
+        timer = threading.Timer(timeout, self.close)  # a hung helper: killing it ends the read with EOF
+        timer.start()
+        try:
+            line = proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if not line:
+            if self.proc is None:
+                raise TimeoutError(f"do_bench helper gave no answer within {timeout:.0f} s (killed)")
+            raise RuntimeError(f"do_bench helper exited (rc {proc.wait()}) without an answer: see the log")
+        return line
+
+    def ask(self, src: str, timeout: float) -> dict:
+        try:
+            return self._ask(src, max(timeout, 1))
+        except Exception as exc:  # noqa: BLE001 - the row's note; the next request starts a new helper
+            self.close()
+            return {"do_bench_error": f"{exc!r}"[:800]}
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc = None
+
+
 def helper_ncu_target(spec: dict) -> None:
     """Warm up, then exactly one forward between cudaProfilerStart/Stop (ncu runs with --profile-from-start off)."""
     import torch
@@ -659,7 +731,11 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     row["profile_trace"] = span.details()
     save()
     log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
-    if args.sweep:  # held-out problems: one verify and one profile each; do_bench for all of them at the end
+    if args.sweep:  # held-out problems: one verify and one profile each, then do_bench of the reference
+        if not args.smoke:
+            row["local"] = await anyio.to_thread.run_sync(args.do_bench.ask, src, deadline - time.monotonic(),
+                                                          abandon_on_cancel=True)
+            log(f"{name}: do_bench {row['local'].get('do_bench_median_us') or row['local'].get('do_bench_error')}")
         return
     # An agent's next candidate for the same problem: new code (nothing from the store), same reference, so
     # a torch.compile baseline timed minutes ago is reused if the eager canary still agrees.
@@ -1017,7 +1093,8 @@ async def run(args) -> dict:
 
 
 async def sweep_do_bench(args, res: dict, hard_stop: float, save) -> None:
-    """do_bench of every profiled row without one yet, in one helper process, after the server's last job."""
+    """do_bench of every profiled row without one yet (a run resumed from a state file written before the helper
+    timed each problem after its profile), in one helper process, after the server's last job."""
     import anyio
     rows = [r for r in res["rows"] if r.get("profile") and "do_bench_median_us" not in (r.get("local") or {})]
     if not rows:
@@ -1044,6 +1121,8 @@ def expand(kb: Path, names: list[str]) -> list[str]:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--_do_bench_serve"]:
+        return helper_do_bench_serve()
     if len(sys.argv) == 3 and sys.argv[1] in ("--_local", "--_ncu_target", "--_env", "--_do_bench_many"):
         spec = json.loads(Path(sys.argv[2]).read_text())
         if sys.argv[1] == "--_ncu_target":
@@ -1123,7 +1202,11 @@ def main() -> None:
         f"driver {env.get('driver')}; {len(args.problems)} problem(s); out {args.out}")
     import anyio
     import torch  # noqa: F401 - imported once here, not inside the first problem's time (footprints need it)
-    res = anyio.run(run, args)
+    args.do_bench = DoBenchServer()
+    try:
+        res = anyio.run(run, args)
+    finally:
+        args.do_bench.close()
     print(markdown(res), flush=True)
 
 

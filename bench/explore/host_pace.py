@@ -38,7 +38,7 @@ def one(path: str) -> dict:
     model = ns["Model"](*ns["get_init_inputs"]()).cuda()
     torch.manual_seed(0)
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
-    out = {"cpu_start": os.sched_getcpu(), "affinity": sorted(os.sched_getaffinity(0))}
+    out = {"cpu_start": getcpu(), "affinity": sorted(os.sched_getaffinity(0))}
     with torch.no_grad():
         for _ in range(5):
             model(*inputs)
@@ -69,9 +69,41 @@ def one(path: str) -> dict:
         gc.enable()
         out["kforge_us"] = kforge_median_us(model, inputs)  # KForge's own loop, same process, same inputs
         out["do_bench_after_us"] = round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 1)
-    out["cpu_end"] = os.sched_getcpu()
+        # Does a cheap probe of the host's speed, read just before, follow the pace do_bench then measures? (a pace
+        # that changes inside one process, as do_bench before and after show, is the host's, not the model's)
+        small = torch.zeros(1, device="cuda")
+        out["pairs"] = []
+        for _ in range(8):
+            cpu_us, launch_us = host_probe(small)
+            db = triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3
+            out["pairs"].append([round(cpu_us, 1), round(launch_us, 2), round(db, 1)])
+    out["cpu_end"] = getcpu()
     out["mhz"] = core_mhz(out["cpu_end"])
     return out
+
+
+def host_probe(small) -> tuple[float, float]:
+    """The host's speed now: a pure-Python loop (us, best of 5) and one kernel launch's host cost (us, median of
+    5 bursts of 50 launches of a one-element fill, no sync inside a burst)."""
+    import torch
+    loops, launches = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        sum(range(20000))
+        loops.append((time.perf_counter() - t) * 1e6)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(50):
+            small.zero_()
+        launches.append((time.perf_counter() - t) * 1e6 / 50)
+    torch.cuda.synchronize()
+    return min(loops), statistics.median(launches)
+
+
+def getcpu() -> int:
+    """The CPU this thread runs on (glibc's sched_getcpu: Python's os module has none)."""
+    import ctypes
+    return ctypes.CDLL(None).sched_getcpu()
 
 
 def kforge_median_us(model, inputs) -> float | str:
@@ -143,7 +175,7 @@ def main() -> None:
     for problem in args.problem:
         runs = [run_one(problem, None) for _ in range(args.unpinned)] + [run_one(problem, c) for c in cores]
         res["runs"][problem] = runs
-        name = Path(problem).stem
+        name, start = Path(problem).stem, len(lines)
         lines += [f"## {name}", "", "| pinned to | CPU at start/end | MHz | do_bench us | do_bench, GC off | KForge loop us | do_bench after | "
                   "issue us (host, one call) | back-to-back event us | process s |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -152,11 +184,14 @@ def main() -> None:
                          f"{r.get('mhz')} | {r.get('do_bench_us')} | {r.get('do_bench_gc_off_us')} | {r.get('kforge_us')} | "
                          f"{r.get('do_bench_after_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} |"
                          + (f" {r['error'][-200:]}" if r.get("error") else ""))
+        lines += ["", "probe then do_bench, in each process: (python loop us, one launch us, do_bench us)", ""]
+        lines += [f"- {'-' if r['core'] is None else r['core']}: " + ", ".join(f"({a}, {b}, {c})" for a, b, c in r["pairs"])
+                  for r in runs if r.get("pairs")]
         db = [r["do_bench_us"] for r in runs if r.get("do_bench_us")]
         if db:
             lines += ["", f"do_bench over processes: min {min(db)}, median {statistics.median(db)}, max {max(db)} us "
                           f"(max/min {max(db) / min(db):.3f})", ""]
-        print("\n".join(lines[-len(runs) - 6:]), flush=True)
+        print("\n".join(lines[start:]), flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host-pace.json").write_text(json.dumps(res, indent=1))
         (args.out / "host-pace.md").write_text("\n".join(lines) + "\n")
