@@ -181,6 +181,33 @@ class L2Flusher:
 _CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 
 
+class LaunchProbe:
+    """What the host takes now to issue one kernel launch (us): three bursts of 20 one-element fills timed on the host
+    clock, the median burst. A host-paced call (hundreds of small kernels) runs at this pace, and on the lent H200
+    hosts (a KVM guest, 16 vCPUs) it was read at two paces, 5.5-6.2 us a launch and 7.8-10 us, from one process to the
+    next and within one; EfficientNetB1's do_bench moved with it, 1,530-1,810 us against 2,170-3,100 us
+    (`bench/explore/host_pace.py`, bench/results/host-pace-h200-2026-12-01-s32-b.md). Called with the device idle (after
+    a synchronize), so a full launch queue cannot stall it; its fills run before the next timed window opens."""
+
+    _BURSTS, _LAUNCHES = 3, 20
+
+    def __init__(self) -> None:
+        self._one: Any = None
+
+    def __call__(self) -> float:
+        import torch
+
+        if self._one is None:
+            self._one = torch.zeros(1, device="cuda")
+        bursts = []
+        for _ in range(self._BURSTS):
+            t = time.perf_counter()
+            for _ in range(self._LAUNCHES):
+                self._one.zero_()
+            bursts.append((time.perf_counter() - t) / self._LAUNCHES)
+        return sorted(bursts)[self._BURSTS // 2] * 1e6
+
+
 def _cuda_driver() -> Any:
     """The CUDA driver library (always present where a GPU works), or None."""
     import ctypes

@@ -330,6 +330,9 @@ class BackendBase:
     fork_server_env: dict[str, str] = {}
     watched_functions: tuple[tuple[str, str], ...] = ()
     numerics_flags: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    # What the host takes now to issue one launch (us), read between timed batches; None where calls launch nothing
+    # (a CPU). A host-paced call's speedup is trusted to the extent the two series' hosts issued at one pace.
+    launch_cost_us: Callable[[], float] | None = None
 
     def probe(self) -> Availability:
         raise NotImplementedError(f"backend {self.name!r} must say whether this host offers it")

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from ._nvidia import (EventTimer, GpuClock, L2Flusher, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (EventTimer, GpuClock, L2Flusher, LaunchProbe, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, nvidia_gpu_present, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 
@@ -39,6 +39,7 @@ class CudaBackend(NvidiaGpu, BackendBase):
 
     def __init__(self) -> None:
         self._flush = L2Flusher()
+        self.launch_cost_us = LaunchProbe()  # read between timed batches (tools/harness/timing.py)
         self._clock: GpuClock | None = None  # made at its first read: constructing a backend starts no device
 
     def probe(self) -> Availability:

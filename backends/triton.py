@@ -13,7 +13,7 @@ import platform
 from typing import Any
 
 from .host import WallTimer, cpu_name, measure_cpu_ceilings
-from ._nvidia import (EventTimer, GpuClock, L2Flusher, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
+from ._nvidia import (EventTimer, GpuClock, L2Flusher, LaunchProbe, NvidiaGpu, gpu_facts, gpu_memory_capacity, list_gpus,
                       measure_gpu_ceilings, preload_gpu_compiler, setup_gpu, strict_gpu_numerics, warm_gpu_libraries)
 from .base import Availability, BackendBase, DeviceFacts
 from .build.models import Diagnostic
@@ -41,6 +41,8 @@ class TritonBackend(NvidiaGpu, BackendBase):
         self.device = "cuda" if self._gpu else "cpu"
         self.kind = "gpu" if self._gpu else "cpu"
         self._flush = L2Flusher()
+        # read between timed batches (tools/harness/timing.py); none in the interpreter, where nothing is launched
+        self.launch_cost_us = LaunchProbe() if self._gpu else None
         self._clock: GpuClock | None = None  # made at its first read: constructing a backend starts no device
 
     def probe(self) -> Availability:

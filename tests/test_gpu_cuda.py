@@ -177,3 +177,42 @@ async def test_a_host_paced_network_is_not_ranked_against_itself(kforge_home):
         assert lo < 1 < hi and b["comparison"] == "no measurable difference", b
     stable = next(c for c in prof["checks"] if c["name"] == "stable_timing")
     assert stable["status"] == "fail" and "CUDA graph" in stable["evidence"], stable
+    # The host's launch cost was read for the candidate and every baseline, and the reason says how wide that made them.
+    assert len(report["candidate"]["launch_us"]) == 3 and 0.5 < report["candidate"]["launch_us"][1] < 100, report
+    assert all(len(b["timing"]["launch_us"]) == 3 for b in report["baselines"]), report["baselines"]
+    assert report["host_pace_resolution"] in (0.3, 1.0) and "either way" in report["host_paced"], report
+
+
+_DEVICE_PACED_NET = """
+import torch, torch.nn as nn
+
+class Model(nn.Module):
+    # Four layers of 4096 x 4096 at batch 4096: a few launches, each a GEMM of milliseconds.
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(4096, 4096), nn.ReLU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+def get_inputs():
+    return [torch.randn(4096, 4096)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def test_a_device_bound_calls_device_time_is_its_median(kforge_home):
+    """The profile's device time per call is its kernels' time, counted once: summed with the aten ops' own device
+    time it read 2x the timed median of KernelBench's device-bound level-3 networks (H200, 2026-12-01), and a host-paced
+    network at 63% busy went unnamed. A call of a few GEMMs keeps the device busy nearly all of its median."""
+    async with stdio_session(kforge_home) as client:
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "reference_code": _DEVICE_PACED_NET, "candidate_code": _DEVICE_PACED_NET.replace(
+                "class Model(", "class ModelNew("), "budget_s": 0.5, "hardware_counters": False}))
+    report = prof["report"]
+    assert prof["output_correct"], prof
+    median = report["candidate"]["median_us"]
+    assert 0.8 * median < report["device_us_per_call"] < 1.05 * median, (report["device_us_per_call"], median)
+    assert report["host_paced"] is None, report["host_paced"]

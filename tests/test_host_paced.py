@@ -117,3 +117,30 @@ def test_a_flop_count_that_outlasts_its_budget_is_given_up():
     with FlopCounterMode(display=False) as counter, _CountDeadline(1.0):
         a @ b
     assert counter.get_total_flops() == 2 * 64 * 32 * 16
+
+
+def test_one_launch_pace_narrows_the_widening_and_two_keep_it():
+    """EfficientNetB1's do_bench moved with the host's launch cost: 1,530-1,810 us at 5.5-6.2 us a launch, 2,170-3,100
+    us at 7.8-10 us (H200, 2026-12-01, bench/results/host-pace-h200-2026-12-01-s32-b.md). Where the candidate's and
+    eager's hosts read one pace, a speedup is known to a factor of 1.3; where they read two, or either is missing, 2."""
+    from kforge.profilers.report import HOST_PACE_STEADY_RESOLUTION, launch_pace_ratio
+
+    def paced(cand_us, eager_us):
+        report = _efficientnet_b1()
+        cand = report.candidate.model_copy(update={"launch_us": cand_us})
+        (eager,) = report.baselines
+        eager = eager.model_copy(update={"timing": eager.timing.model_copy(update={"launch_us": eager_us})})
+        return widen_for_host_pace(report.model_copy(update={"candidate": cand, "baselines": (eager,)}))
+
+    one = paced((5.5, 5.9, 6.2), (5.6, 6.1, 6.7))
+    (eager,) = one.baselines
+    assert one.host_pace_resolution == HOST_PACE_STEADY_RESOLUTION
+    assert eager.speedup_ci == (round(1.5431 / 1.3, 4), round(1.5431 * 1.3, 4)) and eager.comparison == "faster"
+    assert "one pace" in one.host_paced and "5.9 us" in one.host_paced and "eager 6.1 us" in one.host_paced
+    two = paced((5.5, 5.9, 6.2), (7.8, 8.2, 10.0))
+    assert two.host_pace_resolution == HOST_PACE_RESOLUTION and two.baselines[0].comparison == "no measurable difference"
+    assert "not one pace" in two.host_paced, two.host_paced
+    unread = paced((), (7.8, 8.2, 10.0))
+    assert unread.host_pace_resolution == HOST_PACE_RESOLUTION and "not read" in unread.host_paced
+    assert launch_pace_ratio(one.candidate, one.baselines[0].timing) == 6.1 / 5.9
+    assert launch_pace_ratio(unread.candidate, unread.baselines[0].timing) is None

@@ -69,3 +69,23 @@ def test_the_op_table_counts_device_launches_and_none_on_the_cpu():
     assert table.basis == "cpu" and table.device_launches == 0
     relu = next(r for r in table.rows if r.name == "aten::relu")
     assert relu.calls == 3
+
+
+def test_an_ops_device_time_is_not_added_to_its_kernels():
+    """torch.profiler gives an aten op the device time of the kernels it launched, and each kernel a row of its own:
+    the device total counts the kernels once (summed with the ops it read 2x the timed median of device-bound
+    KernelBench networks on an H200, 2026-12-01). The op's row keeps its device time and reads its share of the call."""
+    cpu, cuda = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
+    events = [SimpleNamespace(**vars(event("aten::mm", device=80.0, cpu_self=10.0, cpu_total=12.0, count=5)),
+                              device_type=cpu),
+              SimpleNamespace(**vars(event("sm90_xmma_gemm_f32f32", device=80.0, count=5)), device_type=cuda),
+              SimpleNamespace(**vars(event("aten::relu", device=20.0, cpu_self=5.0, cpu_total=6.0, count=5)),
+                              device_type=cpu),
+              SimpleNamespace(**vars(event("void at::native::vectorized_elementwise_kernel<4>", device=20.0, count=5)),
+                              device_type=cuda),
+              SimpleNamespace(**vars(event("cudaLaunchKernel", cpu_self=30.0, cpu_total=30.0, count=10)),
+                              device_type=cpu)]
+    rows, total, basis = rows_from_events(events)
+    assert basis == "device" and total == pytest.approx(100.0)
+    shares = {r.name: r.share for r in rows}
+    assert shares["sm90_xmma_gemm_f32f32"] == pytest.approx(0.8) and shares["aten::mm"] == pytest.approx(0.8)

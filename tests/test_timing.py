@@ -352,3 +352,52 @@ def test_a_flush_that_outlasts_the_budget_still_leaves_min_samples():
     assert timed(backend, policy).stats.samples >= 10
     long_calls = SlowFlush(0.04, noise=0.3)  # each call's own time (simulated) fills the budget: stops as before
     assert timed(long_calls, policy).stats.samples < 10
+
+
+def test_the_hosts_launch_pace_is_read_between_batches_and_kept():
+    """A GPU backend's `launch_cost_us` (what the host takes to issue one launch) is read before sampling and then
+    between batches, with the device idle and no window open, at most every _PROBE_EVERY_S; the stats keep its lowest,
+    median and highest, and a round merge keeps them over the rounds. A backend without it reads nothing."""
+    import time as real_time
+
+    from kforge.tools.harness import timing
+    from kforge.tools.rounds import merge_rounds
+
+    class Paced(FakeBackend):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.reads, self.windows_open = [], 0
+
+        def launch_cost_us(self):
+            assert self.windows_open == 0, "read inside a timed window"
+            self.reads.append(real_time.perf_counter())
+            return 6.0 + len(self.reads) % 3  # 7, 8, 6, 7, ...
+
+        def timer(self):
+            backend, timer = self, FakeTimer(self)
+            start, stop = timer.start, timer.stop
+            timer.start = lambda: (setattr(backend, "windows_open", backend.windows_open + 1), start())
+            timer.stop = lambda: (stop(), setattr(backend, "windows_open", backend.windows_open - 1))
+            return timer
+
+        def run(self, *args):
+            super().run(*args)
+            real_time.sleep(0.002)  # host time, so the probe's gate opens every few batches
+
+    policy = TimingPolicy(min_samples=60, max_samples=60, target_rel_ci=1e-9, budget_s=5, batch_s=1e-3)
+    backend = Paced(1e-3)
+    stats = timed(backend, policy).stats
+    assert len(backend.reads) >= 2, backend.reads
+    gaps = [b - a for a, b in zip(backend.reads, backend.reads[1:])]
+    assert min(gaps) >= timing._PROBE_EVERY_S * 0.99, gaps
+    costs = [6.0 + (i + 1) % 3 for i in range(len(backend.reads))]
+    assert stats.launch_us == (min(costs), sorted(costs)[len(costs) // 2] if len(costs) % 2 else
+                               (sorted(costs)[len(costs) // 2 - 1] + sorted(costs)[len(costs) // 2]) / 2, max(costs))
+    assert timed(FakeBackend(1e-3), policy).stats.launch_us == ()
+
+    def reply(low, mid, high):
+        t = TimingStats.from_samples_s("eager", [1e-3] * 10, launch_us=(low, mid, high))
+        return {"samples_us": [1000.0] * 10, "timing": t.model_dump()}
+
+    merged, _ = merge_rounds("eager", [reply(5.5, 5.9, 6.2), reply(7.8, 8.2, 10.0), reply(5.6, 6.0, 6.1)])
+    assert merged.launch_us == (5.5, 6.0, 10.0)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.backends.base import GpuInfo
 from kforge.backends.build.models import BuildInfo, CompilerReport, Diagnostic, KernelResources
 from kforge.profilers.report import (Baseline, Counter, OpRow, ProfileReport, TimingStats, format_us, hottest_kernel,
-                                     HOST_PACE_RESOLUTION, host_paced_reason)
+                                     host_paced_reason)
 
 __all__ = [
     "KernelResources", "BuildInfo", "Check", "CompileResult", "Diagnostic", "Failure", "JobSpec", "Mismatch", "OutputCheck",
@@ -430,9 +430,8 @@ class ProfileResult(BaseModel):
                 lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}{ci}")
             else:
                 lines.append(f"  {b.name}: not timed ({b.error})")
-        if r.host_paced:
-            lines.append(f"  host-paced: {r.host_paced}; each speedup's interval spans a factor of "
-                         f"{1 + HOST_PACE_RESOLUTION:g} either way")
+        if r.host_paced:  # the reason ends with how wide the intervals were made, and why
+            lines.append(f"  host-paced: {r.host_paced}")
         if r.custom_share is not None:
             lines.append(f"  candidate's own kernels: {100 * r.custom_share:.0f}% of profiled op time")
         if r.bandwidth_fraction is not None:

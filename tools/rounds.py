@@ -61,11 +61,15 @@ def merge_rounds(label: str, replies: Sequence[dict[str, Any]]) -> tuple[TimingS
     warnings = list(dict.fromkeys(w for p in parts for w in p.warnings if not any(d in w for d in drop)))
     hosts = [p.host_median_us for p in parts if p.host_median_us is not None]
     clocks = [p.sm_clock_mhz for p in parts if p.sm_clock_mhz]
+    launches = [p.launch_us for p in parts if len(p.launch_us) == 3]
     stats = TimingStats.from_samples_s(
         label, every, extra_warnings=warnings + ([replay] if replay else []),
         host_median_us=statistics.median(hosts) if hosts else None, unseen_work=any(p.unseen_work for p in parts),
         replay_suspected=bool(replay), input_sets=parts[0].input_sets, threads=parts[0].threads,
         clock="host" if any(p.clock == "host" for p in parts) else "device", rounds=len(parts),
         sm_clock_mhz=(min(c[0] for c in clocks), max(c[1] for c in clocks)) if clocks else (),
-        clock_slowdowns=tuple(dict.fromkeys(r for p in parts for r in p.clock_slowdowns)))
+        clock_slowdowns=tuple(dict.fromkeys(r for p in parts for r in p.clock_slowdowns)),
+        # the rounds' lowest and highest, and the median of their medians (a round's reads are not kept)
+        launch_us=(min(x[0] for x in launches), round(statistics.median(x[1] for x in launches), 2),
+                   max(x[2] for x in launches)) if launches else ())
     return stats, rounds

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kforge.profilers.report import TimingStats, median_interval
+from kforge.profilers.report import TimingStats, launch_summary, median_interval
 
 from ..rounds import merge_rounds, replay_warning  # noqa: F401 - merge_rounds: its old home
 
@@ -43,6 +43,7 @@ _UNSEEN_WORK_FRACTION = 0.5
 _GAP_FLOOR_S = 5e-6
 _MAX_BATCH = 100  # calls queued before one synchronize (each holds two events and maybe an output)
 _MAX_TOP_UP = 1000  # warm-up calls queued after the estimate (tiny kernels: the host's queueing is the limit)
+_PROBE_EVERY_S = 0.05  # the launch probe's 60 launches (~0.4 ms) at most this often: under 1% of a round's time
 
 
 class TimingPolicy:
@@ -106,6 +107,15 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
         if (state := read_clock()) is not None:
             clock_reads.append(state)
 
+    probe = getattr(backend, "launch_cost_us", None)
+    launch_costs: list[float] = [probe()] if probe is not None else []
+    probed = [time.perf_counter()]
+
+    def between_batches() -> None:  # the device idle: the host's launch pace now, at most every _PROBE_EVERY_S
+        if probe is not None and time.perf_counter() - probed[0] >= _PROBE_EVERY_S:
+            launch_costs.append(probe())
+            probed[0] = time.perf_counter()
+
     if unseen:
         # The device timer misses work: the host clock, closed after a device-wide sync, is the honest time
         # of a call. Time it that way, call by call, and let those be the samples.
@@ -114,7 +124,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     else:
         batch = max(1, min(_MAX_BATCH, int(policy.batch_s / max(per_call_s, 1e-7))))
         samples, picks, hit_budget, disturbed = _device_samples(fn, make_args, backend, policy, next_call, on_output,
-                                                                batch, while_batch_runs)
+                                                                batch, while_batch_runs, between_batches)
     extra = []
     clocks, slowdowns = _clock_summary(clock_reads)
     if slowdowns:
@@ -137,7 +147,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
                                        unseen_work=unseen, replay_suspected=bool(replay),
                                        input_sets=schedule.sets if schedule else None, threads=threads,
                                        clock="host" if unseen else "device", sm_clock_mhz=clocks,
-                                       clock_slowdowns=slowdowns)
+                                       clock_slowdowns=slowdowns, launch_us=launch_summary(launch_costs))
     return Timed(stats, samples, [f for _, f in picks], disturbed)
 
 
@@ -227,10 +237,12 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
                     policy: TimingPolicy, next_call: Callable[[int], tuple[int, bool]],
                     on_output: Callable[[int, Any], None] | None, batch: int,
                     while_batch_runs: Callable[[], None] = lambda: None,
+                    between_batches: Callable[[], None] = lambda: None,
                     ) -> tuple[list[float], list[tuple[int, bool]], bool, list[bool]]:
     """Batches of calls queued back to back on the device timer, one synchronize per batch; and per call whether
     another process took a CPU in its window (a host timer's `preemptions`). `while_batch_runs` is called once a
-    batch is queued, before the synchronize, while the device likely runs it (the clock is read there)."""
+    batch is queued, before the synchronize, while the device likely runs it (the clock is read there);
+    `between_batches` after the synchronize, the device idle and no window open (the host's launch pace is read there)."""
     samples: list[float] = []
     picks: list[tuple[int, bool]] = []
     disturbed: list[bool] = []
@@ -254,6 +266,7 @@ def _device_samples(fn: Callable[..., Any], make_args: Callable[[int], Sequence[
         backend.synchronize()
         samples += [t.elapsed_s() for t in timers]
         disturbed += [bool(getattr(t, "preemptions", 0)) for t in timers]
+        between_batches()
         done, hit_budget = _enough(samples, t_sampling, policy)
         if done:
             return samples, picks, hit_budget, disturbed
