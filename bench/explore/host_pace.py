@@ -158,6 +158,32 @@ def run_one(problem: str, core: int | None) -> dict:
     return {"core": core, **got, "process_s": round(time.perf_counter() - t, 1)}
 
 
+class SmiPoller:
+    """What bench/kernelbench_sample.py's GpuMemory runs beside every KForge call it measures: `nvidia-smi -lms 100`,
+    and `nvidia-smi --query-compute-apps` one after another (50 ms apart). Its do_bench runs outside them."""
+
+    def __enter__(self):
+        import threading
+        self.lms = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used,clocks.sm", "--format=csv,noheader",
+                                     "-lms", "100"], stdout=subprocess.DEVNULL)
+        self.stop = threading.Event()
+
+        def apps() -> None:
+            while not self.stop.is_set():
+                subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                               capture_output=True, timeout=10)
+                self.stop.wait(0.05)
+        self.thread = threading.Thread(target=apps, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.lms.terminate()
+        self.lms.wait()
+        self.thread.join(timeout=15)
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--_one":
         print(json.dumps(one(sys.argv[2])))
@@ -165,15 +191,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--problem", nargs="+", required=True)
     ap.add_argument("--unpinned", type=int, default=6)
-    ap.add_argument("--cores", default="all")
+    ap.add_argument("--cores", default="all", help="'none': no pinned runs")
+    ap.add_argument("--smi-alternate", type=int, default=0,
+                    help="N more unpinned runs, each run once alone and once beside the bench's nvidia-smi polling")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
     args = ap.parse_args()
-    cores = sorted(os.sched_getaffinity(0)) if args.cores == "all" else [int(c) for c in args.cores.split(",")]
+    cores = (sorted(os.sched_getaffinity(0)) if args.cores == "all" else [] if args.cores == "none" else
+             [int(c) for c in args.cores.split(",")])
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "topology": topology(), "runs": {}}
     print(json.dumps(res["topology"], indent=1), flush=True)
     lines = []
     for problem in args.problem:
         runs = [run_one(problem, None) for _ in range(args.unpinned)] + [run_one(problem, c) for c in cores]
+        for _ in range(args.smi_alternate):
+            runs.append({**run_one(problem, None), "core": "alone"})
+            with SmiPoller():
+                runs.append({**run_one(problem, None), "core": "nvidia-smi polling"})
         res["runs"][problem] = runs
         name, start = Path(problem).stem, len(lines)
         lines += [f"## {name}", "", "| pinned to | CPU at start/end | MHz | do_bench us | do_bench, GC off | KForge loop us | do_bench after | "
