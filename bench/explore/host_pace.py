@@ -27,8 +27,17 @@ import time
 from pathlib import Path
 
 
-def one(path: str) -> dict:
-    """In this process: the model at its published size, do_bench's median, the host's issue time of one call."""
+def one(path: str, filtered: bool = False) -> dict:
+    """In this process: the model at its published size, do_bench's median, the host's issue time of one call.
+    `filtered`: first load a system-call filter as KForge's sandbox does (libseccomp, allow by default, one rule):
+    Linux may then force the process's speculation mitigations on (Speculative Store Bypass, indirect branches)."""
+    if filtered:
+        import errno
+
+        import pyseccomp as seccomp
+        rules = seccomp.SyscallFilter(seccomp.ALLOW)
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "ptrace")
+        rules.load()
     import torch
     import triton.testing
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -78,6 +87,8 @@ def one(path: str) -> dict:
             db = triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3
             out["pairs"].append([round(cpu_us, 1), round(launch_us, 2), round(db, 1)])
     out["cpu_end"] = getcpu()
+    out["speculation"] = "; ".join(ln.split(":", 1)[1].strip() for ln in Path("/proc/self/status").read_text().splitlines()
+                                   if ln.startswith("Speculation"))
     out["mhz"] = core_mhz(out["cpu_end"])
     return out
 
@@ -137,6 +148,7 @@ def topology() -> dict:
         except Exception as exc:  # noqa: BLE001
             return repr(exc)
     return {"lscpu": sh("lscpu | grep -E 'Model name|Socket|Core|Thread|NUMA|MHz|Hypervisor'"),
+            "vulnerabilities": sh("grep -r . /sys/devices/system/cpu/vulnerabilities/ 2>/dev/null | sed 's|.*/||'"),
             "numa": sh("cat /sys/devices/system/node/node*/cpulist 2>/dev/null"),
             "siblings": sh("cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null "
                            "| sort -u | tr '\\n' ' '"),
@@ -145,8 +157,8 @@ def topology() -> dict:
             "load": sh("cat /proc/loadavg")}
 
 
-def run_one(problem: str, core: int | None) -> dict:
-    cmd = [sys.executable, __file__, "--_one", problem]
+def run_one(problem: str, core: int | None, filtered: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--_one" + ("_filtered" if filtered else ""), problem]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     t = time.perf_counter()
@@ -185,13 +197,15 @@ class SmiPoller:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--_one":
-        print(json.dumps(one(sys.argv[2])))
+    if len(sys.argv) == 3 and sys.argv[1] in ("--_one", "--_one_filtered"):
+        print(json.dumps(one(sys.argv[2], filtered=sys.argv[1] == "--_one_filtered")))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--problem", nargs="+", required=True)
     ap.add_argument("--unpinned", type=int, default=6)
     ap.add_argument("--cores", default="all", help="'none': no pinned runs")
+    ap.add_argument("--seccomp-alternate", type=int, default=0,
+                    help="N more unpinned runs, each run once plain and once under a system-call filter (pyseccomp)")
     ap.add_argument("--smi-alternate", type=int, default=0,
                     help="N more unpinned runs, each run once alone and once beside the bench's nvidia-smi polling")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
@@ -203,6 +217,9 @@ def main() -> None:
     lines = []
     for problem in args.problem:
         runs = [run_one(problem, None) for _ in range(args.unpinned)] + [run_one(problem, c) for c in cores]
+        for _ in range(args.seccomp_alternate):
+            runs.append({**run_one(problem, None), "core": "no filter"})
+            runs.append({**run_one(problem, None, filtered=True), "core": "system-call filter"})
         for _ in range(args.smi_alternate):
             runs.append({**run_one(problem, None), "core": "alone"})
             with SmiPoller():
@@ -210,12 +227,13 @@ def main() -> None:
         res["runs"][problem] = runs
         name, start = Path(problem).stem, len(lines)
         lines += [f"## {name}", "", "| pinned to | CPU at start/end | MHz | do_bench us | do_bench, GC off | KForge loop us | do_bench after | "
-                  "issue us (host, one call) | back-to-back event us | process s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "issue us (host, one call) | back-to-back event us | process s | speculation (/proc/self/status) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             lines.append(f"| {'-' if r['core'] is None else r['core']} | {r.get('cpu_start')}/{r.get('cpu_end')} | "
                          f"{r.get('mhz')} | {r.get('do_bench_us')} | {r.get('do_bench_gc_off_us')} | {r.get('kforge_us')} | "
-                         f"{r.get('do_bench_after_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} |"
+                         f"{r.get('do_bench_after_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} | "
+                         f"{r.get('speculation', '')} |"
                          + (f" {r['error'][-200:]}" if r.get("error") else ""))
         lines += ["", "probe then do_bench, in each process: (python loop us, one launch us, do_bench us)", ""]
         lines += [f"- {'-' if r['core'] is None else r['core']}: " + ", ".join(f"({a}, {b}, {c})" for a, b, c in r["pairs"])
