@@ -11,7 +11,14 @@ process (kforge importable: scripts' /tmp/kforge-pkg), and the host's topology (
 cores, SMT siblings).
 
     python3 bench/explore/host_pace.py --problem .kb/KernelBench/level3/23_EfficientNetB1.py [--unpinned 6]
-        [--cores all|0,1,8] --out DIR
+        [--cores all|0,1,8|none] [--seccomp-alternate N] [--smi-alternate N] [--profiled-alternate N] --out DIR
+
+What it found (H200, 2026-12-01, bench/results/host-pace-h200-2026-12-01-s32-*): the host issues launches at two
+paces, 5.5-6.2 us and 7.8-10 us a launch, from one fresh process to the next and within one, pinned or not, and
+do_bench moves with it (1.86-2.05x between processes); Python's collector, the CPU core, KForge's system-call filter
+and the bench's nvidia-smi polling made no difference. KForge's own loop agrees with do_bench in the same process.
+Open: KForge's workers read 11-13 us a launch; --profiled-alternate tests the lead (CUPTI left attached by the
+workers' profiler warm-up).
 """
 
 from __future__ import annotations
@@ -40,6 +47,13 @@ def one(path: str, filtered: bool = False) -> dict:
         rules.load()
     import torch
     import triton.testing
+    if os.environ.get("HOST_PACE_PROFILED"):  # as KForge's workers warm up (`_warm_device`): a torch.profiler session
+        # first. Kineto leaves CUPTI attached after it unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455: 10-20% slower
+        # training after profiling ended); KForge's workers read 11-13 us a launch where fresh processes read 5.5-9.
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            (torch.ones(256, device="cuda") + 1).sum()
+            torch.cuda.synchronize()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ns: dict = {}
     exec(compile(Path(path).read_text(), path, "exec"), ns)
@@ -157,12 +171,12 @@ def topology() -> dict:
             "load": sh("cat /proc/loadavg")}
 
 
-def run_one(problem: str, core: int | None, filtered: bool = False) -> dict:
+def run_one(problem: str, core: int | None, filtered: bool = False, env: dict | None = None) -> dict:
     cmd = [sys.executable, __file__, "--_one" + ("_filtered" if filtered else ""), problem]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     t = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})})
     try:
         got = json.loads(res.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -206,6 +220,9 @@ def main() -> None:
     ap.add_argument("--cores", default="all", help="'none': no pinned runs")
     ap.add_argument("--seccomp-alternate", type=int, default=0,
                     help="N more unpinned runs, each run once plain and once under a system-call filter (pyseccomp)")
+    ap.add_argument("--profiled-alternate", type=int, default=0,
+                    help="N more unpinned runs of three: plain, after a torch.profiler session (as KForge's workers "
+                         "warm up), and the same with TEARDOWN_CUPTI=1")
     ap.add_argument("--smi-alternate", type=int, default=0,
                     help="N more unpinned runs, each run once alone and once beside the bench's nvidia-smi polling")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/out")))
@@ -220,6 +237,11 @@ def main() -> None:
         for _ in range(args.seccomp_alternate):
             runs.append({**run_one(problem, None), "core": "no filter"})
             runs.append({**run_one(problem, None, filtered=True), "core": "system-call filter"})
+        for _ in range(args.profiled_alternate):  # plain; after a profiler session; the same with CUPTI torn down
+            runs.append({**run_one(problem, None), "core": "plain"})
+            runs.append({**run_one(problem, None, env={"HOST_PACE_PROFILED": "1"}), "core": "after torch.profiler"})
+            runs.append({**run_one(problem, None, env={"HOST_PACE_PROFILED": "1", "TEARDOWN_CUPTI": "1"}),
+                         "core": "after torch.profiler, TEARDOWN_CUPTI=1"})
         for _ in range(args.smi_alternate):
             runs.append({**run_one(problem, None), "core": "alone"})
             with SmiPoller():
