@@ -848,7 +848,11 @@ def table_row(r: dict) -> list[str]:
     if launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
         note = f"{launches:.0f} launches a call; {note}".rstrip("; ")
     elif p.get("host_paced") and p.get("device_us_per_call") and med:  # KForge's own finding (its device idle)
-        note = f"host-paced: device busy {100 * p['device_us_per_call'] / med:.0f}% of the call; {note}".rstrip("; ")
+        paces = [f"{who} {t['launch_us'][1]:.1f}" for who, t in (("candidate", p.get("candidate") or {}),
+                                                               ("eager", eager.get("timing") or {}))
+                 if len(t.get("launch_us") or ()) == 3]
+        pace = f", one launch {' / '.join(paces)} us" if paces else ""  # what the intervals were widened by
+        note = f"host-paced: device busy {100 * p['device_us_per_call'] / med:.0f}% of the call{pace}; {note}".rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
