@@ -327,14 +327,14 @@ def widen_for_host_pace(report: "ProfileReport") -> "ProfileReport":
         hi = max(b.speedup_ci[1], round(b.speedup * (1 + r), 4))
         widened.append(b.model_copy(update={"speedup_ci": (lo, hi), "comparison": compare_words((lo, hi))}))
     cand = report.candidate.launch_us if report.candidate else ()
-    if paces and len(cand) > 1:
+    if widest and paces and len(cand) > 1:  # (widest 0: no speedup to widen, every baseline failed; the reason alone)
         same = widest <= HOST_PACE_STEADY_RESOLUTION
         reason += (f". The host issued one launch in {cand[1]:.1f} us for the candidate, {', '.join(paces)} (medians): "
                    + ("one pace, so each speedup's interval spans a factor of "
                       f"{1 + HOST_PACE_STEADY_RESOLUTION:g} either way" if same else
                       "not one pace (the host's speed moved between the processes), so an interval spans a factor of "
                       f"up to {1 + widest:g} either way"))
-    else:
+    elif widest:
         reason += (f". The host's launch pace was not read for every series, so each speedup's interval spans a factor "
                    f"of {1 + widest:g} either way")
     return report.model_copy(update={"baselines": tuple(widened), "host_paced": reason,

@@ -104,7 +104,7 @@ def rows_from_events(events: Sequence[Any], custom_kernels: Iterable[str] = ()) 
 
     def host_op(e: Any) -> bool:
         # An aten op's self device time is the kernels it launched, which are events of their own (device_type CUDA):
-        # counting both doubled the device total (KernelBench level 3 on an H200: 1.99-2.07x the timed median of
+        # counting both doubled the device total (KernelBench level 3 on an H200: 1.99-2.37x the timed median of
         # device-bound networks, 2026-12-01). Events without a device type (older torch) count as they come.
         kind = getattr(e, "device_type", None)
         return kind is not None and getattr(kind, "name", "") == "CPU"
