@@ -242,26 +242,37 @@ def helper_local(spec: dict) -> dict:
     return out
 
 
-def helper_do_bench_many(spec: dict) -> dict:
-    """--sweep: do_bench of each problem's reference, one after another in this one process (a process a problem
-    would cost its torch import and CUDA start each), the result file rewritten after each problem."""
+def _do_bench_reference(src: str, runs: int) -> dict:
+    """do_bench of one problem's reference in this process (TF32 off, no_grad): the median of `runs` runs, each
+    run's median kept; a failure is the answer. Its memory is freed before the next problem."""
     import gc
 
     import torch
     import triton.testing
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model = inputs = None
+    try:
+        model, inputs = _build(src, "cuda")
+        with torch.no_grad():
+            times = [round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)
+                     for _ in range(runs)]
+        got = {"do_bench_median_us": statistics.median(times)}
+        if runs > 1:
+            got["do_bench_runs_us"] = times
+    except Exception as exc:  # noqa: BLE001 - one problem's failure is its row's note
+        got = {"do_bench_error": f"{exc!r}"[:800]}
+    model = inputs = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return got
+
+
+def helper_do_bench_many(spec: dict) -> dict:
+    """--sweep: do_bench of each problem's reference, one after another in this one process (a process a problem
+    would cost its torch import and CUDA start each), the result file rewritten after each problem."""
     out: dict = {}
     for name, src in spec["srcs"].items():
-        try:
-            model, inputs = _build(src, "cuda")
-            with torch.no_grad():
-                out[name] = {"do_bench_median_us": round(
-                    triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)}
-        except Exception as exc:  # noqa: BLE001 - one problem's failure is its row's note
-            out[name] = {"do_bench_error": f"{exc!r}"[:800]}
-        model = inputs = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        out[name] = _do_bench_reference(src, runs=1)
         Path(spec["out"]).write_text(json.dumps(out, default=str))
     return out
 
@@ -270,25 +281,15 @@ def helper_do_bench_serve() -> None:
     """--sweep: do_bench of one problem's reference per line read (JSON {"src": ...}), one JSON line written back,
     in a process kept for the whole run: each problem is timed right after KForge profiled it (the host in the
     same state), and no problem waits for a helper's torch import. A problem's failure is its answer, not the end."""
-    import gc
-
-    import torch
-    import triton.testing
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    import torch  # noqa: F401 - before "ready": the first request does not pay the import
+    import triton.testing  # noqa: F401
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         t = time.perf_counter()
-        try:
-            model, inputs = _build(json.loads(line)["src"], "cuda")
-            with torch.no_grad():  # three runs, their median: one run can land on the pool's refill of a worker
-                runs = [round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)
-                        for _ in range(3)]
-            got = {"do_bench_median_us": statistics.median(runs), "do_bench_runs_us": runs}
-        except Exception as exc:  # noqa: BLE001
+        try:  # three runs, their median: one run can land on the pool's refill of a worker
+            got = _do_bench_reference(json.loads(line)["src"], runs=3)
+        except (ValueError, KeyError) as exc:  # not a request this parent sends
             got = {"do_bench_error": f"{exc!r}"[:800]}
-        model = inputs = None
-        gc.collect()
-        torch.cuda.empty_cache()
         print(json.dumps({**got, "do_bench_s": round(time.perf_counter() - t, 2)}), flush=True)
 
 
