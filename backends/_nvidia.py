@@ -35,8 +35,10 @@ NATIVE_SCAN_RULES = (
 PYTHON_SCAN_RULES = (
     ("streams", False, r"(^|\.)cuda\.(Stream|stream|ExternalStream)$", "work on another stream must finish inside the call"),
 )
-# The server's variables a worker on an NVIDIA GPU inherits: the toolkit's place, the GPUs it may see, the arch to build.
-WORKER_ENV_NAMES = ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST")
+# The server's variables a worker on an NVIDIA GPU inherits: the toolkit's place, the GPUs it may see, the arch to build,
+# and whether Kineto detaches CUPTI when a torch.profiler session ends (its own knob, read at each session's end).
+WORKER_ENV_NAMES = ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST",
+                    "TEARDOWN_CUPTI")
 
 # Twice the L2 of current data-center GPUs (H100 50 MB, H200 60 MB); zeroed before every timed
 # call, outside the timed window, so each call starts from a cold L2.
@@ -225,6 +227,12 @@ def setup_gpu() -> None:
     """Start CUDA in the worker, and keep TF32 off so an fp32 reference is computed in fp32."""
     import torch
 
+    # Kineto leaves CUPTI attached after a torch.profiler session ends unless told to detach it, and every launch
+    # after pays for it: a launch read 13.1-13.7 us in KForge's workers (after their warm-up session) against 8.2-9.2
+    # with TEARDOWN_CUPTI=1, and host-paced networks timed 1.20-1.49x do_bench (H200, 2026-12-02,
+    # bench/results/host-pace-h200-2026-12-02-s33.md). Detached, the next session starts CUPTI again in ~0.02 s.
+    # An operator's own TEARDOWN_CUPTI (a worker inherits it) wins; torch.compile's CUDA graphs set it to 0 themselves.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     torch.cuda.init()
     # A GPU worker's own CPU work is small (inputs, files), but many run at once (judge and candidate per
     # job, jobs side by side, warm ones waiting): an all-core OpenMP pool in each oversubscribes the host.

@@ -253,12 +253,16 @@ def _do_bench_reference(src: str, runs: int) -> dict:
     model = inputs = None
     try:
         model, inputs = _build(src, "cuda")
+        from kforge.backends._nvidia import LaunchProbe  # the pace KForge's workers read, read here the same way
+        probe, times, launch_us = LaunchProbe(), [], []
         with torch.no_grad():
-            times = [round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3)
-                     for _ in range(runs)]
-        got = {"do_bench_median_us": statistics.median(times)}
+            for _ in range(runs):  # the host's launch pace just before each run: a host-paced call moves with it
+                torch.cuda.synchronize()
+                launch_us.append(round(probe(), 2))
+                times.append(round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3))
+        got = {"do_bench_median_us": statistics.median(times), "do_bench_launch_us": statistics.median(launch_us)}
         if runs > 1:
-            got["do_bench_runs_us"] = times
+            got["do_bench_runs_us"], got["do_bench_runs_launch_us"] = times, launch_us
     except Exception as exc:  # noqa: BLE001 - one problem's failure is its row's note
         got = {"do_bench_error": f"{exc!r}"[:800]}
     model = inputs = None
@@ -852,6 +856,8 @@ def table_row(r: dict) -> list[str]:
         paces = [f"{who} {t['launch_us'][1]:.1f}" for who, t in (("candidate", p.get("candidate") or {}),
                                                                ("eager", eager.get("timing") or {}))
                  if len(t.get("launch_us") or ()) == 3]
+        if paces and loc.get("do_bench_launch_us"):  # the pace do_bench's own process read before its runs
+            paces.append(f"do_bench {loc['do_bench_launch_us']:.1f}")
         pace = f", one launch {' / '.join(paces)} us" if paces else ""  # what the intervals were widened by
         note = f"host-paced: device busy {100 * p['device_us_per_call'] / med:.0f}% of the call{pace}; {note}".rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
@@ -1016,7 +1022,8 @@ async def run(args) -> dict:
     args.trace = out / f"{res['stem']}-trace.jsonl"  # shards side by side write their own
     env["KFORGE_TRACE"] = str(args.trace)
     run_info = {"started": time.strftime("%H:%M:%S"), "kforge_home": str(home),
-                "server_env": {k: v for k, v in env.items() if k.startswith("KFORGE_")}}
+                "server_env": {k: v for k, v in env.items()
+                               if k.startswith("KFORGE_") or any(kv.startswith(k + "=") for kv in args.server_env)}}
     res["runs"].append(run_info)
     params = StdioServerParameters(command=sys.executable, args=["-m", "kforge.server.cli", "serve"], env=env)
     errlog = open(home / "server-stderr.log", "a")

@@ -216,3 +216,64 @@ async def test_a_device_bound_calls_device_time_is_its_median(kforge_home):
     median = report["candidate"]["median_us"]
     assert 0.8 * median < report["device_us_per_call"] < 1.05 * median, (report["device_us_per_call"], median)
     assert report.get("host_paced") is None, report["host_paced"]
+
+
+_GRAPHED_NET = """
+import torch, torch.nn as nn
+
+class ModelNew(nn.Module):
+    # The reference's layers replayed from a CUDA graph, one per input shape: each call copies its input into the
+    # graph's own buffer, so the answer is computed from this call's data.
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.ReLU())])
+        self.graphs = {}
+
+    def forward(self, x):
+        if x.shape not in self.graphs:
+            static_in = x.clone()
+            self.layers(static_in)  # the libraries' first use, outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self.layers(static_in)
+            self.graphs[x.shape] = (graph, static_in, static_out)
+        graph, static_in, static_out = self.graphs[x.shape]
+        static_in.copy_(x)
+        graph.replay()
+        return static_out.clone()
+"""
+
+
+async def test_a_cuda_graph_candidate_is_verified_and_profiled(kforge_home):
+    """GPU workers detach CUPTI after each torch.profiler session (TEARDOWN_CUPTI=1: attached, it cost every later
+    launch 4-5 us on an H200), so a job's profile starts CUPTI again after the candidate captured a CUDA graph.
+    torch.compile turns that teardown off for its own CUDA graphs because a re-start after it crashed with graphs
+    (CUDA 11 and 12): a candidate that captures and replays one is checked, timed and profiled all the same."""
+    reference = _GRAPHED_NET.split("class ModelNew")[0] + """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.ReLU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+def get_inputs():
+    return [torch.randn(256, 64)]
+
+def get_init_inputs():
+    return []
+"""
+    async with stdio_session(kforge_home) as client:
+        verify = data(await client.call_tool("verify_against_reference", {
+            "backend": "cuda", "reference_code": reference, "candidate_code": _GRAPHED_NET}))
+        assert verify["correct"], verify
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "reference_code": reference, "candidate_code": _GRAPHED_NET, "budget_s": 0.5,
+            "hardware_counters": False}))
+    report = prof["report"]
+    assert prof["output_correct"], prof
+    assert report["candidate"]["median_us"] > 0 and report["device_us_per_call"] > 0, report
+    # The profiler, started again after the capture, still sees the graph's kernels (8 GEMMs and 8 ReLUs at least).
+    assert report["launches_per_call"] >= 8, report["launches_per_call"]

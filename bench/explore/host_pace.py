@@ -50,10 +50,7 @@ def one(path: str, filtered: bool = False) -> dict:
     if os.environ.get("HOST_PACE_PROFILED"):  # as KForge's workers warm up (`_warm_device`): a torch.profiler session
         # first. Kineto leaves CUPTI attached after it unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455: 10-20% slower
         # training after profiling ended); KForge's workers read 11-13 us a launch where fresh processes read 5.5-9.
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-            (torch.ones(256, device="cuda") + 1).sum()
-            torch.cuda.synchronize()
+        profiler_s = [profiler_session()]  # what it costs: the first in a process starts CUPTI
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ns: dict = {}
     exec(compile(Path(path).read_text(), path, "exec"), ns)
@@ -100,11 +97,26 @@ def one(path: str, filtered: bool = False) -> dict:
             cpu_us, launch_us = host_probe(small)
             db = triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3
             out["pairs"].append([round(cpu_us, 1), round(launch_us, 2), round(db, 1)])
+        if os.environ.get("HOST_PACE_PROFILED"):  # a second session: what CUPTI's start costs again once torn down,
+            profiler_s.append(profiler_session())  # and the launch cost after it
+            out["launch_after_second_profile_us"] = round(host_probe(small)[1], 2)
+            out["profiler_s"] = [round(t, 3) for t in profiler_s]
     out["cpu_end"] = getcpu()
     out["speculation"] = "; ".join(ln.split(":", 1)[1].strip() for ln in Path("/proc/self/status").read_text().splitlines()
                                    if ln.startswith("Speculation"))
     out["mhz"] = core_mhz(out["cpu_end"])
     return out
+
+
+def profiler_session() -> float:
+    """One torch.profiler session of CPU and CUDA activity around a small launch, as KForge's `_warm_device`; its s."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        (torch.ones(256, device="cuda") + 1).sum()
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
 
 
 def host_probe(small) -> tuple[float, float]:
@@ -256,7 +268,9 @@ def main() -> None:
                          f"{r.get('mhz')} | {r.get('do_bench_us')} | {r.get('do_bench_gc_off_us')} | {r.get('kforge_us')} | "
                          f"{r.get('do_bench_after_us')} | {r.get('issue_us')} | {r.get('event_us')} | {r['process_s']} | "
                          f"{r.get('speculation', '')} |"
-                         + (f" {r['error'][-200:]}" if r.get("error") else ""))
+                         + (f" {r['error'][-200:]}" if r.get("error") else "")
+                         + (f" profiler sessions {r['profiler_s']} s, a launch after the second "
+                            f"{r['launch_after_second_profile_us']} us" if r.get("profiler_s") else ""))
         lines += ["", "probe then do_bench, in each process: (python loop us, one launch us, do_bench us)", ""]
         lines += [f"- {'-' if r['core'] is None else r['core']}: " + ", ".join(f"({a}, {b}, {c})" for a, b, c in r["pairs"])
                   for r in runs if r.get("pairs")]
