@@ -17,8 +17,10 @@ What it found (H200, 2026-12-01, bench/results/host-pace-h200-2026-12-01-s32-*):
 paces, 5.5-6.2 us and 7.8-10 us a launch, from one fresh process to the next and within one, pinned or not, and
 do_bench moves with it (1.86-2.05x between processes); Python's collector, the CPU core, KForge's system-call filter
 and the bench's nvidia-smi polling made no difference. KForge's own loop agrees with do_bench in the same process.
-Open: KForge's workers read 11-13 us a launch; --profiled-alternate tests the lead (CUPTI left attached by the
-workers' profiler warm-up).
+KForge's workers read 13.1-13.7 us a launch: --profiled-alternate found the cause (2026-12-02,
+host-pace-h200-2026-12-02-s33.md): after two torch.profiler sessions with CUPTI left attached a launch cost 13-14 us
+in three processes of four, 6.9-9.2 us with TEARDOWN_CUPTI=1, and a session after a teardown re-started CUPTI in
+~0.02 s. GPU workers now set TEARDOWN_CUPTI=1 (`backends/_nvidia.py::setup_gpu`).
 """
 
 from __future__ import annotations
