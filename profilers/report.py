@@ -258,7 +258,7 @@ def launch_bound_reason(report: Any) -> str:
 # H200 (2026-12-02, bench/results/kernelbench-sweep-h200-2026-12-02-s33.md) device-paced level-3 networks kept it
 # 0.99-1.01 busy; ResNet101 at 0.67 read 0.75 [0.58, 0.99] "slower" against itself (its eager's process issued at
 # another pace) and do_bench of it moved 1.32x within one process; EfficientNetB1 read 0.63 at the host's fast pace
-# and 0.44 at its slow one. A share of 0.5 let both through.
+# and 0.44 at its slow one. A share of 0.5 let ResNet101 and EfficientNetB1's 0.63 through.
 _HOST_PACED_LAUNCHES = 20
 _HOST_PACED_BUSY = 0.9
 # How far apart two processes timing the same host-paced call were measured: KernelBench level-3 networks of 87-835
