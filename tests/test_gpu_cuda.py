@@ -218,6 +218,26 @@ async def test_a_device_bound_calls_device_time_is_its_median(kforge_home):
     assert report.get("host_paced") is None, report["host_paced"]
 
 
+_LAYERS_NET = """
+import torch, torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.ReLU())])
+
+    def forward(self, x):
+        return self.layers(x)
+
+def get_inputs():
+    return [torch.randn(256, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
 _GRAPHED_NET = """
 import torch, torch.nn as nn
 
@@ -250,27 +270,12 @@ async def test_a_cuda_graph_candidate_is_verified_and_profiled(kforge_home):
     launch 4-5 us on an H200), so a job's profile starts CUPTI again after the candidate captured a CUDA graph.
     torch.compile turns that teardown off for its own CUDA graphs because a re-start after it crashed with graphs
     (CUDA 11 and 12): a candidate that captures and replays one is checked, timed and profiled all the same."""
-    reference = _GRAPHED_NET.split("class ModelNew")[0] + """
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.ReLU())])
-
-    def forward(self, x):
-        return self.layers(x)
-
-def get_inputs():
-    return [torch.randn(256, 64)]
-
-def get_init_inputs():
-    return []
-"""
     async with stdio_session(kforge_home) as client:
         verify = data(await client.call_tool("verify_against_reference", {
-            "backend": "cuda", "reference_code": reference, "candidate_code": _GRAPHED_NET}))
+            "backend": "cuda", "reference_code": _LAYERS_NET, "candidate_code": _GRAPHED_NET}))
         assert verify["correct"], verify
         prof = data(await client.call_tool("profile_kernel", {
-            "backend": "cuda", "reference_code": reference, "candidate_code": _GRAPHED_NET, "budget_s": 0.5,
+            "backend": "cuda", "reference_code": _LAYERS_NET, "candidate_code": _GRAPHED_NET, "budget_s": 0.5,
             "hardware_counters": False}))
     report = prof["report"]
     assert prof["output_correct"], prof

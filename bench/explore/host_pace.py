@@ -51,7 +51,7 @@ def one(path: str, filtered: bool = False) -> dict:
     import triton.testing
     if os.environ.get("HOST_PACE_PROFILED"):  # as KForge's workers warm up (`_warm_device`): a torch.profiler session
         # first. Kineto leaves CUPTI attached after it unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455: 10-20% slower
-        # training after profiling ended); KForge's workers read 11-13 us a launch where fresh processes read 5.5-9.
+        # training after profiling ended); KForge's workers read 13.1-13.7 us a launch where fresh processes read 5.5-10.
         profiler_s = [profiler_session()]  # what it costs: the first in a process starts CUPTI
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ns: dict = {}
