@@ -108,6 +108,48 @@ def as_candidate(ref: str) -> str:
     return re.sub(r"\bModel\b", "ModelNew", ref)
 
 
+# The reference's forward captured in one CUDA graph per input signature and replayed: its launches issued once, at
+# capture, so its call is device-bound whatever the host's pace (the reverse of a host-paced eager network). Each call
+# copies its inputs into the graph's buffers and returns a copy of the graph's outputs: computed from this call's data.
+_GRAPHED = """
+
+class ModelNew(Model):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._graphs = {}
+
+    def forward(self, *args):
+        import torch
+        key = tuple((a.shape, a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        if key not in self._graphs:
+            static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # the libraries' first uses, outside the capture
+                for _ in range(2):
+                    super().forward(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = super().forward(*static)
+            self._graphs[key] = (graph, static, out)
+        graph, static, out = self._graphs[key]
+        for buffer, a in zip(static, args):
+            if isinstance(a, torch.Tensor):
+                buffer.copy_(a)
+        graph.replay()
+        return tuple(o.clone() for o in out) if isinstance(out, (tuple, list)) else out.clone()
+"""
+
+
+def graphed_candidate(ref: str) -> str:
+    """The reference with a ModelNew that replays its forward from a CUDA graph (`_GRAPHED`)."""
+    return ref + _GRAPHED
+
+
+CANDIDATES = {"reference": as_candidate, "graphed": graphed_candidate}
+
+
 def _tensor_bytes(obj) -> int:
     import torch
     if isinstance(obj, torch.Tensor):
@@ -242,30 +284,48 @@ def helper_local(spec: dict) -> dict:
     return out
 
 
-def _do_bench_reference(src: str, runs: int) -> dict:
+def _build_candidate(cand: str, model):
+    """The candidate's ModelNew with the reference model's weights (as KForge's verify gives it them)."""
+    ns: dict = {}
+    exec(compile(cand, "<candidate>", "exec"), ns)
+    new = ns["ModelNew"](*ns["get_init_inputs"]()).to(next(model.parameters()).device)
+    new.load_state_dict(model.state_dict(), strict=False)
+    return new
+
+
+def _do_bench_reference(src: str, runs: int, candidate: str | None = None) -> dict:
     """do_bench of one problem's reference in this process (TF32 off, no_grad): the median of `runs` runs, each
-    run's median kept; a failure is the answer. Its memory is freed before the next problem."""
+    run's median kept; a failure is the answer. With `candidate` (a ModelNew source that is not the reference), the
+    candidate too, right after the reference in each run: their ratio per run is the speedup do_bench sees in one
+    process. Its memory is freed before the next problem."""
     import gc
 
     import torch
     import triton.testing
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    model = inputs = None
+    model = inputs = new = None
     try:
         model, inputs = _build(src, "cuda")
+        new = _build_candidate(candidate, model) if candidate else None
         from kforge.backends._nvidia import LaunchProbe  # the pace KForge's workers read, read here the same way
-        probe, times, launch_us = LaunchProbe(), [], []
+        probe, times, launch_us, cand_times = LaunchProbe(), [], [], []
         with torch.no_grad():
             for _ in range(runs):  # the host's launch pace just before each run: a host-paced call moves with it
                 torch.cuda.synchronize()
                 launch_us.append(round(probe(), 2))
                 times.append(round(triton.testing.do_bench(lambda: model(*inputs), return_mode="median") * 1e3, 3))
+                if new is not None:
+                    cand_times.append(round(triton.testing.do_bench(lambda: new(*inputs), return_mode="median") * 1e3, 3))
         got = {"do_bench_median_us": statistics.median(times), "do_bench_launch_us": statistics.median(launch_us)}
         if runs > 1:
             got["do_bench_runs_us"], got["do_bench_runs_launch_us"] = times, launch_us
+        if cand_times:
+            speedups = [round(t / c, 4) for t, c in zip(times, cand_times)]
+            got.update(do_bench_candidate_us=statistics.median(cand_times), do_bench_candidate_runs_us=cand_times,
+                       do_bench_speedup=statistics.median(speedups), do_bench_speedup_runs=speedups)
     except Exception as exc:  # noqa: BLE001 - one problem's failure is its row's note
         got = {"do_bench_error": f"{exc!r}"[:800]}
-    model = inputs = None
+    model = inputs = new = None
     gc.collect()
     torch.cuda.empty_cache()
     return got
@@ -291,7 +351,8 @@ def helper_do_bench_serve() -> None:
     for line in sys.stdin:
         t = time.perf_counter()
         try:  # three runs, their median: one run can land on the pool's refill of a worker
-            got = _do_bench_reference(json.loads(line)["src"], runs=3)
+            ask = json.loads(line)
+            got = _do_bench_reference(ask["src"], runs=3, candidate=ask.get("candidate"))
         except (ValueError, KeyError) as exc:  # not a request this parent sends
             got = {"do_bench_error": f"{exc!r}"[:800]}
         print(json.dumps({**got, "do_bench_s": round(time.perf_counter() - t, 2)}), flush=True)
@@ -304,13 +365,13 @@ class DoBenchServer:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
-    def _ask(self, src: str, timeout: float) -> dict:
+    def _ask(self, src: str, timeout: float, candidate: str | None = None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_do_bench_serve"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                          start_new_session=True)
             self._line(timeout)  # {"ready": true}: torch imported
-        self.proc.stdin.write(json.dumps({"src": src}) + "\n")
+        self.proc.stdin.write(json.dumps({"src": src, "candidate": candidate}) + "\n")
         self.proc.stdin.flush()
         return json.loads(self._line(timeout))
 
@@ -328,9 +389,9 @@ class DoBenchServer:
             raise RuntimeError(f"do_bench helper exited (rc {proc.wait()}) without an answer: see the log")
         return line
 
-    def ask(self, src: str, timeout: float) -> dict:
+    def ask(self, src: str, timeout: float, candidate: str | None = None) -> dict:
         try:
-            return self._ask(src, max(timeout, 1))
+            return self._ask(src, max(timeout, 1), candidate)
         except Exception as exc:  # noqa: BLE001 - the row's note; the next request starts a new helper
             self.close()
             return {"do_bench_error": f"{exc!r}"[:800]}
@@ -700,7 +761,7 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
         row["skipped"] = f"skipped: footprint {fp['bytes'] / 1e9:.1f} GB > {args.max_footprint_frac} x " \
                          f"{args.env['memory_bytes'] / 1e9:.1f} GB"
         return
-    cand = as_candidate(src)
+    cand = CANDIDATES[args.candidate](src)
     common = {"backend": args.backend, "reference_code": src, "candidate_code": cand}
 
     def left() -> float:
@@ -739,8 +800,9 @@ async def measure(client, args, name: str, row: dict, deadline: float, job: dict
     log(f"{name}: profile {row['profile_s']} s, median {row['profile']['candidate'].get('median_us')} us")
     if args.sweep:  # held-out problems: one verify and one profile each, then do_bench of the reference
         if not args.smoke:
-            row["local"] = await anyio.to_thread.run_sync(args.do_bench.ask, src, deadline - time.monotonic(),
-                                                          abandon_on_cancel=True)
+            row["local"] = await anyio.to_thread.run_sync(
+                args.do_bench.ask, src, deadline - time.monotonic(), None if args.candidate == "reference" else cand,
+                abandon_on_cancel=True)
             log(f"{name}: do_bench {row['local'].get('do_bench_median_us') or row['local'].get('do_bench_error')}")
         return
     # An agent's next candidate for the same problem: new code (nothing from the store), same reference, so
@@ -852,14 +914,23 @@ def table_row(r: dict) -> list[str]:
 
     if launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
         note = f"{launches:.0f} launches a call; {note}".rstrip("; ")
-    elif p.get("host_paced") and p.get("device_us_per_call") and med:  # KForge's own finding (its device idle)
+    elif p.get("host_paced") and med:  # KForge's own finding (a device idle in the candidate's call or eager's)
+        busy = [f"{who} {100 * t['device_us_per_call'] / m:.0f}%" for who, t, m in
+                (("candidate", p, med), ("eager", eager, eager.get("median_us")))
+                if t.get("device_us_per_call") and m]
         paces = [f"{who} {t['launch_us'][1]:.1f}" for who, t in (("candidate", p.get("candidate") or {}),
                                                                ("eager", eager.get("timing") or {}))
                  if len(t.get("launch_us") or ()) == 3]
         if paces and loc.get("do_bench_launch_us"):  # the pace do_bench's own process read before its runs
             paces.append(f"do_bench {loc['do_bench_launch_us']:.1f}")
         pace = f", one launch {' / '.join(paces)} us" if paces else ""  # what the intervals were widened by
-        note = f"host-paced: device busy {100 * p['device_us_per_call'] / med:.0f}% of the call{pace}; {note}".rstrip("; ")
+        note = f"host-paced: device busy {' / '.join(busy) or '?'} of the call{pace}; {note}".rstrip("; ")
+    if loc.get("do_bench_speedup") and eager.get("speedup_ci"):  # --candidate graphed: the speedup do_bench saw
+        lo, hi = eager["speedup_ci"]
+        runs = loc.get("do_bench_speedup_runs") or []
+        spread = f" (runs {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+        inside = "inside" if lo <= loc["do_bench_speedup"] <= hi else "OUTSIDE"
+        note = (f"do_bench speedup {loc['do_bench_speedup']:.3f}{spread}, {inside} KForge's interval; {note}").rstrip("; ")
     if r.get("gpu") is not None:  # a merged run of shards: which GPU timed this row
         note = f"GPU {r['gpu']}; {note}".rstrip("; ")
     speedup = f"{fmt(eager.get('speedup'), 3)}{ci_text(eager)} {eager.get('comparison') or ''}".strip()
@@ -946,7 +1017,8 @@ NOTES = [
 
 def stem(args) -> str:
     shard = f"-shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
-    return f"kernelbench-{'sweep' if args.sweep else 'sample'}{'-smoke' if args.smoke else ''}{shard}"
+    graphed = f"-{args.candidate}" if getattr(args, "candidate", "reference") != "reference" else ""
+    return f"kernelbench-{'sweep' if args.sweep else 'sample'}{graphed}{'-smoke' if args.smoke else ''}{shard}"
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -1154,6 +1226,10 @@ def main() -> None:
                     "do_bench of all of them in one process at the end; no next candidate, KernelBench harness or ncu")
     ap.add_argument("--baselines", nargs="+", choices=["eager", "torch.compile"], help="profile_kernel's baselines "
                     "(default KForge's: eager and torch.compile)")
+    ap.add_argument("--candidate", choices=sorted(CANDIDATES), default="reference", help="what the candidate is: "
+                    "the reference renamed (its speedup against itself should hold 1), or with --sweep the reference "
+                    "replayed from a CUDA graph (device-bound; do_bench then times it beside the reference, and its "
+                    "speedup there is compared with KForge's interval)")
     ap.add_argument("--exclude", nargs="*", default=[], help="problems to leave out (e.g. the default sample's)")
     ap.add_argument("--smoke", action="store_true", help="CPU backend, 3 shrunken problems, no do_bench/ncu/KernelBench")
     ap.add_argument("--backend", help="KForge backend (default cuda; cpu with --smoke)")
@@ -1191,6 +1267,9 @@ def main() -> None:
     args.t0 = time.monotonic()
     args.backend = args.backend or ("cpu" if args.smoke else "cuda")
     args.problems = args.problems or (list(SMOKE) if args.smoke else DEFAULT_PROBLEMS)
+    if args.candidate != "reference" and (not args.sweep or args.smoke):
+        sys.exit(f"--candidate {args.candidate} needs --sweep on a GPU: the sample's harness and ncu passes time the "
+                 "reference as its own candidate")
     args.kernelbench = args.kernelbench.resolve()
     if not (args.kernelbench / "KernelBench" / "level1").is_dir():
         sys.exit(f"{args.kernelbench} holds no KernelBench/level1: run bash bench/prepare_kernelbench.sh")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kforge.backends.base import DeviceFacts
 
 __all__ = ["Counter", "NcuKernel", "OpRow", "ProfileReport", "TimingStats", "compare_words", "format_us", "launch_bound_reason",
-           "HOST_PACE_RESOLUTION", "HOST_PACE_STEADY_RESOLUTION", "host_paced_reason", "launch_pace_ratio",
+           "HOST_PACE_RESOLUTION", "HOST_PACE_STEADY_RESOLUTION", "baseline_paced_reason", "host_paced_reason", "launch_pace_ratio",
            "launch_summary", "widen_for_host_pace", "hottest_kernel", "kernel_base_name", "median_interval", "speedup_interval"]
 
 # A spread (IQR / median) above this makes a timing noisy enough to warn about.
@@ -158,6 +158,12 @@ class Baseline(BaseModel):
         "Set when this timing was taken by an earlier profile of the same reference on this device, with the "
         "same versions and budget, this many seconds ago (KForge re-times a baseline at most every 10 minutes); "
         "None: timed in this run."))
+    launches_per_call: float | None = Field(default=None, description=(
+        "Kernels, copies and memsets one call of this baseline put on the device (torch.profiler in the judge, after "
+        "its timed rounds)."))
+    device_us_per_call: float | None = Field(default=None, description=(
+        "On a GPU, the device's busy time in one call of this baseline: far below its median, the baseline's call "
+        "runs at the host's pace and the speedup against it is widened (see ProfileReport.host_paced)."))
 
 
 # Two-sided 97.5% quantiles of Student's t by degrees of freedom (rounds - 1).
@@ -292,34 +298,55 @@ def launch_pace_ratio(a: TimingStats | None, b: TimingStats | None) -> float | N
     return max(a.launch_us[1], b.launch_us[1]) / min(a.launch_us[1], b.launch_us[1])
 
 
-def host_paced_reason(report: Any) -> str:
-    """Why a profile's candidate runs at the host's pace (launch-bound, or its device idle most of each call), else ''."""
-    if reason := launch_bound_reason(report):
-        return reason
-    launches = getattr(report, "launches_per_call", None)
-    busy = getattr(report, "device_us_per_call", None)
-    median = getattr(getattr(report, "candidate", None), "median_us", None)
+def _idle_device_reason(launches: float | None, busy: float | None, median: float | None) -> str:
+    """Why a call of `launches` launches keeping the device busy `busy` us of its `median` us waits on the host, else ''."""
     if not (launches and busy and median) or launches < _HOST_PACED_LAUNCHES or busy >= _HOST_PACED_BUSY * median:
         return ""
     return (f"its {launches:.0f} kernels a call keep the device busy {busy:.0f} us of the call's {median:.0f} us median "
             f"({100 * busy / median:.0f}%): the rest is the host issuing them (Python, the framework, the driver), so "
             "the call runs at the host's pace, which differs from process to process (two processes timing the same "
-            "such call were measured up to 2x apart). Fewer, larger kernels (fused, or torch.compile) or the forward captured "
-            "in a CUDA graph make it device-bound and steady")
+            "such call were measured up to 2x apart)")
+
+
+_STEADY_REMEDY = ("Fewer, larger kernels (fused, or torch.compile) or the forward captured in a CUDA graph make it "
+                  "device-bound and steady")
+
+
+def host_paced_reason(report: Any) -> str:
+    """Why a profile's candidate runs at the host's pace (launch-bound, or its device idle most of each call), else ''."""
+    if reason := launch_bound_reason(report):
+        return reason
+    idle = _idle_device_reason(getattr(report, "launches_per_call", None), getattr(report, "device_us_per_call", None),
+                               getattr(getattr(report, "candidate", None), "median_us", None))
+    return f"{idle}. {_STEADY_REMEDY}" if idle else ""
+
+
+def baseline_paced_reason(baseline: "Baseline") -> str:
+    """Why a baseline's call runs at the host's pace (its device idle most of each call: a level-3 network in eager
+    mode), from its own profiled launches and device time, else ''."""
+    median = baseline.timing.median_us if baseline.timing is not None else None
+    if launch_bound(baseline.launches_per_call, median):
+        return (f"each call launches {baseline.launches_per_call:.0f} kernels, {median / baseline.launches_per_call:.1f} "
+                "us of its median apiece, about what the host takes to issue one: it runs at the host's launch pace")
+    idle = _idle_device_reason(baseline.launches_per_call, baseline.device_us_per_call, median)
+    return f"{idle}; a speedup against it carries that offset between its process and the candidate's" if idle else ""
 
 
 def widen_for_host_pace(report: "ProfileReport") -> "ProfileReport":
-    """The report with each speedup's interval covering how far two processes' host paces can lie apart, when its
-    candidate runs at the host's pace (`host_paced_reason`); the report itself otherwise. The candidate and its
-    baselines are timed in different processes: for a host-paced call the rounds' spread does not show that offset.
-    Where both series' hosts read the same launch cost the interval spans HOST_PACE_STEADY_RESOLUTION, else
-    HOST_PACE_RESOLUTION; the reason says which, with the launch costs read."""
-    reason = host_paced_reason(report)
-    if not reason:
+    """The report with a speedup's interval covering how far two processes' host paces can lie apart wherever the
+    candidate (`host_paced_reason`) or that baseline (`baseline_paced_reason`) runs at the host's pace; the report
+    itself where neither does. The candidate and its baselines are timed in different processes: for a host-paced
+    call the rounds' spread does not show that offset, on either side of the ratio (a CUDA-graphed candidate against
+    an eager network's host-paced call is as uncertain as the reverse). Where both series' hosts read the same launch
+    cost the interval spans HOST_PACE_STEADY_RESOLUTION, else HOST_PACE_RESOLUTION; the reason says which, with the
+    launch costs read."""
+    own = host_paced_reason(report)
+    paced = {b.name: why for b in report.baselines if (why := baseline_paced_reason(b))}
+    if not own and not paced:
         return report
     widened, paces, widest = [], [], 0.0
     for b in report.baselines:
-        if b.speedup is None or b.speedup_ci is None:
+        if b.speedup is None or b.speedup_ci is None or not (own or b.name in paced):
             widened.append(b)
             continue
         ratio = launch_pace_ratio(report.candidate, b.timing)
@@ -330,17 +357,18 @@ def widen_for_host_pace(report: "ProfileReport") -> "ProfileReport":
         lo = min(b.speedup_ci[0], round(b.speedup / (1 + r), 4))
         hi = max(b.speedup_ci[1], round(b.speedup * (1 + r), 4))
         widened.append(b.model_copy(update={"speedup_ci": (lo, hi), "comparison": compare_words((lo, hi))}))
+    reason = "; ".join([own] * bool(own) + [f"{name} (a baseline): {why}" for name, why in paced.items()])
     cand = report.candidate.launch_us if report.candidate else ()
     if widest and paces and len(cand) > 1:  # (widest 0: no speedup to widen, every baseline failed; the reason alone)
         same = widest <= HOST_PACE_STEADY_RESOLUTION
         reason += (f". The host issued one launch in {cand[1]:.1f} us for the candidate, {', '.join(paces)} (medians): "
-                   + ("one pace, so each speedup's interval spans a factor of "
+                   + ("one pace, so each widened speedup's interval spans a factor of "
                       f"{1 + HOST_PACE_STEADY_RESOLUTION:g} either way" if same else
                       "not one pace (the host's speed moved between the processes), so an interval spans a factor of "
                       f"up to {1 + widest:g} either way"))
     elif widest:
-        reason += (f". The host's launch pace was not read for every series, so each speedup's interval spans a factor "
-                   f"of {1 + widest:g} either way")
+        reason += (f". The host's launch pace was not read for every series, so each widened speedup's interval spans "
+                   f"a factor of {1 + widest:g} either way")
     return report.model_copy(update={"baselines": tuple(widened), "host_paced": reason,
                                      "host_pace_resolution": widest or None})
 
@@ -368,8 +396,9 @@ class ProfileReport(BaseModel):
         "On a GPU, the device's busy time in one profiled call: its kernels' durations summed (torch.profiler). Far "
         "below the timed median, the call waits on the host."))
     host_paced: str | None = Field(default=None, description=(
-        "Set when the candidate's call runs at the host's pace (many launches, the device idle most of the call): why, "
-        "and what makes it steady. Each speedup's interval then covers how far two processes' host paces differ."))
+        "Set when the candidate's call, or a baseline's, runs at the host's pace (many launches, the device idle most "
+        "of the call): which, why, and what makes it steady. Each speedup involving such a call then has its interval "
+        "cover how far two processes' host paces differ."))
     host_pace_resolution: float | None = Field(default=None, description=(
         "With host_paced: r of the widest widened interval (ratio / (1 + r) .. ratio * (1 + r)): small where the "
         "candidate's and the baselines' hosts issued launches at one pace, 1 where not or where it was not read."))

@@ -282,3 +282,53 @@ async def test_a_cuda_graph_candidate_is_verified_and_profiled(kforge_home):
     assert report["candidate"]["median_us"] > 0 and report["device_us_per_call"] > 0, report
     # The profiler, started again after the capture, still sees the graph's kernels (8 GEMMs and 8 ReLUs at least).
     assert report["launches_per_call"] >= 8, report["launches_per_call"]
+
+
+_ADD_CHAIN = """
+import torch, torch.nn as nn
+
+class Model(nn.Module):
+    # 120 adds of a scalar to a small tensor: 120 launches of ~2 us, the device idle while the host issues the next.
+    def forward(self, x):
+        for _ in range(120):
+            x = x + 0.5
+        return x
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+_ONE_ADD = """
+import torch, torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + 60.0  # the chain in one launch
+"""
+
+
+async def test_a_host_paced_baseline_is_widened_against_a_device_bound_candidate(kforge_home):
+    """The other side of the ratio: the candidate's one launch does not wait on the host, but eager's 120, timed in the
+    judge's process, run at that host's pace. The judge profiles eager's call after its rounds (launches, device
+    time), names it host-paced and widens the speedup against it; the candidate itself is not called host-paced."""
+    async with stdio_session(kforge_home) as client:
+        prof = data(await client.call_tool("profile_kernel", {
+            "backend": "cuda", "reference_code": _ADD_CHAIN, "candidate_code": _ONE_ADD, "budget_s": 0.5,
+            "hardware_counters": False}))
+    report = prof["report"]
+    assert prof["output_correct"], prof
+    assert report["launches_per_call"] <= 2, report["launches_per_call"]
+    eager = next(b for b in report["baselines"] if b["name"] == "eager")
+    assert eager["launches_per_call"] >= 120, eager
+    assert eager["device_us_per_call"] < 0.5 * eager["timing"]["median_us"], eager
+    assert report["host_paced"] and report["host_paced"].startswith("eager (a baseline)"), report["host_paced"]
+    lo, hi = eager["speedup_ci"]
+    r = report["host_pace_resolution"]
+    assert r in (0.3, 1.0) and lo <= eager["speedup"] / (1 + r) + 1e-3 and hi >= eager["speedup"] * (1 + r) - 1e-3, eager
+    assert eager["comparison"] == "faster", eager  # ~50x: beyond any spread of the host's pace
+    for b in report["baselines"]:
+        if b["name"] == "torch.compile" and b.get("speedup"):  # one fused kernel: device-paced, left as timed
+            assert b["launches_per_call"] <= 4 and "torch.compile (a baseline)" not in report["host_paced"], b

@@ -149,3 +149,58 @@ def test_one_launch_pace_narrows_the_widening_and_two_keep_it():
     assert unread.host_pace_resolution == HOST_PACE_RESOLUTION and "not read" in unread.host_paced
     assert launch_pace_ratio(one.candidate, one.baselines[0].timing) == 6.1 / 5.9
     assert launch_pace_ratio(unread.candidate, unread.baselines[0].timing) is None
+
+
+def test_a_host_paced_baseline_widens_its_speedup_against_a_device_bound_candidate():
+    """The reverse side: a candidate captured in a CUDA graph keeps the device busy, but eager's network, timed in the
+    judge's process, runs at that host's pace, so the ratio carries the same offset between processes. The speedup
+    against eager is widened and the reason names eager; torch.compile's device-paced call is left as timed."""
+    eager = Baseline(name="eager", timing=_stats("eager", 2995.2, 2908.3, 3075.4), speedup=1.6,
+                     speedup_ci=(1.5, 1.7), comparison="faster", launches_per_call=87.0, device_us_per_call=520.0)
+    compiled = Baseline(name="torch.compile", timing=_stats("torch.compile", 1900.0, 1890.0, 1910.0), speedup=1.02,
+                        speedup_ci=(1.0, 1.04), comparison="faster", launches_per_call=30.0, device_us_per_call=1850.0)
+    graphed = _efficientnet_b1(candidate=_stats("candidate", 1872.0, 1870.0, 1874.0), baselines=(eager, compiled),
+                               launches_per_call=87.0, device_us_per_call=1800.0)
+    assert host_paced_reason(graphed) == ""  # the candidate itself is device-bound
+    report = widen_for_host_pace(graphed)
+    wide, kept = report.baselines
+    assert wide.speedup_ci == (round(1.6 / (1 + HOST_PACE_RESOLUTION), 4), round(1.6 * (1 + HOST_PACE_RESOLUTION), 4))
+    assert wide.comparison == "no measurable difference" and kept == compiled
+    assert report.host_paced.startswith("eager (a baseline): its 87 kernels") and "(17%)" in report.host_paced, report.host_paced
+    assert "torch.compile" not in report.host_paced and report.host_pace_resolution == HOST_PACE_RESOLUTION
+    # Both device-bound: nothing changes; a baseline without its pace read is judged on the candidate's alone.
+    steady = graphed.model_copy(update={"baselines": (eager.model_copy(update={"device_us_per_call": 2990.0}), compiled)})
+    assert widen_for_host_pace(steady) is steady
+    unread = graphed.model_copy(update={"baselines": (eager.model_copy(update={"device_us_per_call": None}),)})
+    assert widen_for_host_pace(unread) is unread
+    # A baseline of thousands of short launches is launch-bound whatever its device time.
+    launchy = eager.model_copy(update={"launches_per_call": 400.0, "device_us_per_call": 2900.0})
+    assert "400 kernels" in widen_for_host_pace(graphed.model_copy(update={"baselines": (launchy,)})).host_paced
+
+
+def test_the_judge_profiles_a_baselines_pace_after_its_rounds():
+    """What the judge's pace op says becomes the baseline's launches and device time per call; a failed read leaves
+    them unknown and the speedup as timed."""
+    import asyncio
+
+    from kforge.tools.process.protocol import PaceReply
+    from kforge.tools.profile import _baseline, _baseline_pace
+
+    class Judge:
+        def __init__(self, reply):
+            self.reply, self.asked = reply, []
+
+        async def call(self, request, **_):
+            self.asked.append(request)
+            return self.reply
+
+    judge = Judge(PaceReply(launches=435, device_us=2600.0))
+    pace = asyncio.run(_baseline_pace(judge, "eager", 2995.2))
+    (asked,) = judge.asked
+    assert asked.label == "eager" and asked.calls == 5 and pace == {"launches_per_call": 87.0, "device_us_per_call": 520.0}
+    failed = Judge(PaceReply(failure={"kind": "exception", "message": "torch.compile was not timed in this job", "stage": "timing"}))
+    assert asyncio.run(_baseline_pace(failed, "torch.compile", 1900.0)) == {}
+    timed = {"stats": _stats("eager", 2995.2, 2908.3, 3075.4), "rounds": [[2990.0, 2995.2, 3000.0]] * 3, "pace": pace}
+    cand = {"stats": _stats("candidate", 1872.0, 1870.0, 1874.0), "rounds": [[1870.0, 1872.0, 1874.0]] * 3}
+    b = _baseline("eager", timed, cand)
+    assert b.launches_per_call == 87.0 and b.device_us_per_call == 520.0 and b.speedup > 1.5

@@ -37,7 +37,7 @@ from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
 from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
 from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, DecoyVerdict, EvidenceRequest, KeptOutputs, LaunchFloorRequest,
-                               LoadRequest, ProblemSizeRequest, ProfileRequest, ReadReportRequest, ReleaseRequest,
+                               LoadRequest, PaceRequest, ProblemSizeRequest, ProfileRequest, ReadReportRequest, ReleaseRequest,
                                RevalidateReply, RevalidateRequest, SetupRequest, TimeReply, TimeRequest,
                                TimingDecoyRequest, TimingSetsRequest, TrialVerdict)
 from .process.runner import HarnessError, WorkerDied, WorkerGroup, WorkerProcess
@@ -455,7 +455,8 @@ def _baseline(name: str, timed: dict[str, Any], candidate: dict[str, Any]) -> Ba
         drift = abs(timed.get("drift", 0.0))
         lo, hi = lo * (1 - drift), hi * (1 + drift)
     return Baseline(name=name, timing=timed["stats"], speedup=round(ratio, 4), speedup_ci=(round(lo, 4), round(hi, 4)),
-                    comparison=compare_words((lo, hi)), reused_after_s=timed.get("reused_after_s"))
+                    comparison=compare_words((lo, hi)), reused_after_s=timed.get("reused_after_s"),
+                    **timed.get("pace", {}))
 
 
 _ROUNDS = 3  # rounds per series, interleaved: drift between the processes shows in the interval
@@ -552,6 +553,8 @@ async def _time_in_rounds(ctx: ToolContext, spec: Any, judge: WorkerProcess, wor
             continue
         stats, per_round = merge_rounds(name, [r.model_dump(mode="json") for r in rs])
         out[name] = {"stats": stats, "rounds": per_round}
+        if name != "candidate":
+            out[name]["pace"] = await _baseline_pace(judge, name, stats.median_us)
     last = replies["candidate"][-1]
     integrity = dict(last.integrity or {})
     integrity["background"] = list(integrity.get("background", [])) + await worker.background_seen()
@@ -611,8 +614,21 @@ async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any,
     eager_median = merge_rounds("eager", replies["eager"])[0].median_us
     for name in baselines:
         stats, per_round = merge_rounds(name, replies[name])
-        _store_baseline(ctx, key(name), {"stats": stats, "rounds": per_round}, eager_median)
+        pace = await _baseline_pace(judge, name, stats.median_us)
+        _store_baseline(ctx, key(name), {"stats": stats, "rounds": per_round, "pace": pace}, eager_median)
     return True
+
+
+async def _baseline_pace(judge: WorkerProcess, name: str, median_us: float | None) -> dict[str, float | None]:
+    """A baseline's launches and device time per call, profiled in the judge after its rounds (a few calls, as many
+    as the candidate's profile makes): what names a baseline whose call runs at the host's pace. Empty where the
+    judge could not say (the speedup is then widened on the candidate's pace alone)."""
+    calls = _profiled_calls(median_us)
+    reply = await judge.call(PaceRequest(label=name, calls=calls), stage=f"timing {name}", watch_background=False)
+    if reply.failure is not None:
+        return {}
+    return {"launches_per_call": reply.launches / calls if reply.launches else None,
+            "device_us_per_call": reply.device_us / calls if reply.device_us else None}
 
 
 def _check_canary(order: list[str], stored: dict[str, Any], eager_reply: TimeReply) -> tuple[list[str], dict[str, Any]]:

@@ -410,7 +410,7 @@ def _stable_timing_check(report: Any) -> Check:
         series = [getattr(report, "candidate", None), *(b.timing for b in timed)]
         slowed = list(dict.fromkeys(r for t in series for r in getattr(t, "clock_slowdowns", None) or ()))
         hint = _lock_clocks_hint(getattr(report, "backend", None))
-        host_paced = host_paced_reason(report)
+        host_paced = getattr(report, "host_paced", None) or host_paced_reason(report)  # either side's, once widened
         why = (f"the GPU ran below its clock while timed ({', '.join(slowed)}), so the kernels' times moved with "
                f"it: lock the clocks{f' ({hint})' if hint else ''} or profile again when the device is cool and idle"
                if slowed else host_paced or "the device or host was busy, or the kernel's time varies: profile again "

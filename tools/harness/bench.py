@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..process.protocol import TimeReply, TimeRequest, TimingSetsReply
+from ..process.protocol import PaceReply, PaceRequest, TimeReply, TimeRequest, TimingSetsReply
 from .compare import flatten_outputs
 from .handoff import return_free_memory
 from .inputs import seeded_inputs
@@ -108,6 +108,29 @@ class Bench:
                           revalidation=saved)
         return_free_memory(backend)
         return reply
+
+    def pace(self, req: PaceRequest, model: Any) -> PaceReply:
+        """`req.calls` calls of a series timed in this job under torch.profiler, on its timing sets: the launches
+        and the device's busy time that say whether its call runs at the host's pace. torch.compile only once its
+        rounds compiled it here (a reused baseline's pace travels with its stored timing instead)."""
+        from kforge.profilers.torch_profiler import collect_op_table
+
+        backend = self.session.backend
+        if getattr(backend, "kind", "cpu") != "gpu" or len(backend.profiler_activities()) < 2:
+            return PaceReply(launches=0, device_us=None)  # calls run as they are made: no device to idle
+        fn = self.compiled if req.label == "torch.compile" else model
+        if fn is None or not self.timing_sets:
+            return PaceReply(failure=self.session.failure(
+                RuntimeError(f"{req.label} was not timed in this job: no pace to read"), "timing"))
+        try:
+            with torch.no_grad():
+                table = collect_op_table(fn, self.timing_args, backend, calls=req.calls, trace_path=None)
+        except BaseException as exc:  # noqa: BLE001
+            return PaceReply(failure=self.session.failure(exc, "timing"))
+        finally:
+            return_free_memory(backend)
+        return PaceReply(launches=table.device_launches,
+                         device_us=table.total_us if table.basis == "device" and table.rows else None)
 
 
 class _Reservoir:

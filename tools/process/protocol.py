@@ -27,7 +27,7 @@ __all__ = ["REQUESTS", "AnchorReply", "AnchorRequest", "CalibrateReply", "Calibr
            "CheckReply", "CheckRequest", "DecoyReply", "DecoyRequest", "DecoyVerdict", "EvidenceReply",
            "EvidenceRequest", "ExpectReply", "ExpectRequest", "Judging", "KeptOutputs", "LaunchFloorReply",
            "LaunchFloorRequest", "LoadReply", "LoadRequest", "NullOutcome", "OpReply", "OutputDescriptors",
-           "PrepareReply", "PrepareRequest", "ProbeReply", "ProbeRequest", "ProblemSizeReply", "ProblemSizeRequest",
+           "PaceReply", "PaceRequest", "PrepareReply", "PrepareRequest", "ProbeReply", "ProbeRequest", "ProblemSizeReply", "ProblemSizeRequest",
            "ProfileReply", "ProfileRequest", "ProtocolError", "ReadReportReply", "ReadReportRequest", "ReleaseReply",
            "ReleaseRequest", "RepeatReply", "RepeatRequest", "RepeatVerdict", "Request", "ResetReply",
            "ResetRequest", "RevalidateReply", "RevalidateRequest", "SetupReply", "SetupRequest", "TimeReply",
@@ -486,6 +486,19 @@ class LaunchFloorRequest(Request[LaunchFloorReply]):
     """`calls` calls of a one-element op back to back in the judge, timed by the server's clock: the host's own
     pace of launching (`kforge.tools.profile._wall_anchor`)."""
     op: Literal["launch_floor"] = "launch_floor"
+    calls: int
+
+
+class PaceReply(OpReply):
+    launches: int = on_success(0)  # kernels, copies and memsets of the profiled calls
+    device_us: float | None = None  # their durations summed; None where the profiler saw no device time (a CPU)
+
+
+class PaceRequest(Request[PaceReply]):
+    """torch.profiler over `calls` calls of a baseline the judge timed in this job ('eager', or 'torch.compile' once
+    compiled): its device launches and busy time, which say whether the baseline's call runs at the host's pace."""
+    op: Literal["pace"] = "pace"
+    label: str
     calls: int
 
 
