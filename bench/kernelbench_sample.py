@@ -575,7 +575,8 @@ def summarize_profile(sc: dict) -> dict:
     base = {b.get("name"): b for b in rep.get("baselines") or []}
     out = {"ok": sc.get("ok"), "output_correct": sc.get("output_correct"), "speedup_trusted": sc.get("speedup_trusted"),
            "candidate": cand, "warnings": sc.get("warnings"), "seconds": sc.get("seconds"),
-           "launches_per_call": rep.get("launches_per_call"), "device_us_per_call": rep.get("device_us_per_call"),
+           "launches_per_call": rep.get("launches_per_call"), "host_launches_per_call": rep.get("host_launches_per_call"),
+           "device_us_per_call": rep.get("device_us_per_call"),
            "host_paced": rep.get("host_paced"),
            "failure": sc.get("failure"),
            "checks_not_pass": [c for c in sc.get("checks") or [] if c.get("status") != "pass"]}
@@ -909,8 +910,9 @@ def table_row(r: dict) -> list[str]:
     if pm.get("slowed"):  # the GPU ran below its clock during the profile: name why, and the clock's range
         note = (f"clock {'-'.join(str(round(c)) for c in pm['sm_clock_mhz'][::2])} MHz in profile "
                 f"({', '.join(pm['clock_events'])}); {note}").rstrip("; ")
-    launches = p.get("launches_per_call")
-    from kforge.profilers.report import launch_bound  # KForge's own rule, not a twin of its thresholds
+    from kforge.profilers.report import host_issued, launch_bound  # KForge's own rule, not a twin of its thresholds
+
+    launches = host_issued(p.get("launches_per_call"), p.get("host_launches_per_call"))
 
     if launch_bound(launches, med):  # its time is the host's launch pace (level1/57: 3,676 a call): say so beside it
         note = f"{launches:.0f} launches a call; {note}".rstrip("; ")

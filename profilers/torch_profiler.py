@@ -60,6 +60,18 @@ class OpTable(NamedTuple):
     total_us: float  # the window's total time, on the basis below
     basis: str  # 'device' (kernels' time) or 'cpu' (host time)
     device_launches: int  # kernels, copies and memsets the window put on the device (0 on a CPU)
+    host_launches: int = 0  # the host's calls that put them there (`host_launch_calls`): one for a whole CUDA graph
+
+
+# The runtime and driver calls by which the host puts work on a GPU's queue: a kernel, a copy, a memset, or a CUDA
+# graph whose kernels then start without the host (its replay is one call, whatever it holds).
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cudaGraphLaunch",
+                 "cuGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync", "cuMemcpyAsync", "cuMemsetD")
+
+
+def host_launch_calls(events: Iterable[Any]) -> int:
+    """How many of a profile's host events issued device work (`_LAUNCH_CALLS`, their Ex/_v2 forms included)."""
+    return sum(1 for e in events if getattr(e, "name", "").startswith(_LAUNCH_CALLS))
 
 
 def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any, *,
@@ -81,13 +93,14 @@ def collect_op_table(fn: Callable[..., Any], make_args: Callable[[int], Sequence
         prof.export_chrome_trace(str(trace_path))
     averages = prof.key_averages()
     rows, total, basis = rows_from_events(list(averages), custom_kernels)
-    launches = sum(1 for e in prof.events() if getattr(e, "device_type", None) is not None
+    events = prof.events()
+    launches = sum(1 for e in events if getattr(e, "device_type", None) is not None
                    and e.device_type.name != "CPU" and not getattr(e, "is_user_annotation", False))
     if trace_path is not None:
         # The table as torch prints it (what a user would paste), kept beside the trace.
         sort = "self_device_time_total" if basis == "device" else "self_cpu_time_total"
         trace_path.with_name(TABLE_ARTIFACT).write_text(averages.table(sort_by=sort, row_limit=_MAX_ROWS))
-    return OpTable(rows, total, basis, launches)
+    return OpTable(rows, total, basis, launches, host_launch_calls(events) if launches else 0)
 
 
 def rows_from_events(events: Sequence[Any], custom_kernels: Iterable[str] = ()) -> tuple[list[OpRow], float, str]:

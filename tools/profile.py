@@ -411,6 +411,7 @@ def _device_pace(prof: Any, calls: int) -> dict[str, float | None]:
     """Per profiled call (`calls` of them): the device launches, and on a GPU the device's busy time (its kernels'
     durations)."""
     return {"launches_per_call": prof.device_launches / calls if prof.device_launches else None,
+            "host_launches_per_call": prof.host_launches / calls if getattr(prof, "host_launches", 0) else None,
             "device_us_per_call": prof.total_us / calls if prof.basis == "device" and prof.rows else None}
 
 
@@ -628,6 +629,7 @@ async def _baseline_pace(judge: WorkerProcess, name: str, median_us: float | Non
     if reply.failure is not None:
         return {}
     return {"launches_per_call": reply.launches / calls if reply.launches else None,
+            "host_launches_per_call": reply.host_launches / calls if reply.host_launches else None,
             "device_us_per_call": reply.device_us / calls if reply.device_us else None}
 
 

@@ -129,7 +129,7 @@ class Bench:
             return PaceReply(failure=self.session.failure(exc, "timing"))
         finally:
             return_free_memory(backend)
-        return PaceReply(launches=table.device_launches,
+        return PaceReply(launches=table.device_launches, host_launches=table.host_launches,
                          device_us=table.total_us if table.basis == "device" and table.rows else None)
 
 

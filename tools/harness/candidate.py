@@ -188,7 +188,7 @@ class Candidate:
             return {"own": [], "ran": [], "share": None, "observable": True}
         try:
             with torch.no_grad(), label_extension_functions(extensions) as returned:
-                rows, total, basis, _ = collect_op_table(self.model, self._trial_args, self.backend, calls=1,
+                rows, total, basis, *_ = collect_op_table(self.model, self._trial_args, self.backend, calls=1,
                                                          trace_path=None, custom_kernels=kernel_names)
         except BaseException as exc:  # noqa: BLE001 - the verdict says it could not tell
             return {"own": own, "ran": [], "share": None, "observable": False,
@@ -246,9 +246,8 @@ class Candidate:
         trace = Path(req.artifacts) / "trace.json"
         try:
             with torch.no_grad(), label_extension_functions(self.session.extensions):
-                rows, total_us, basis, launches = collect_op_table(self.model, self.bench.timing_args, self.backend,
-                                                                   calls=req.calls, trace_path=trace,
-                                                                   custom_kernels=self.session.kernel_names)
+                table = collect_op_table(self.model, self.bench.timing_args, self.backend, calls=req.calls,
+                                         trace_path=trace, custom_kernels=self.session.kernel_names)
             perf, i = None, 0
             if req.counters:  # the device's counter profiler where it collects in the worker (perf on CPUs)
                 with torch.no_grad(), load_profiler(req.counters).collect() as perf:
@@ -259,7 +258,8 @@ class Candidate:
                     self.backend.synchronize()
         except BaseException as exc:  # noqa: BLE001
             return p.ProfileReply(failure=self.session.failure(exc, "profile"))
-        return p.ProfileReply(rows=rows, total_us=total_us, basis=basis, device_launches=launches,
+        return p.ProfileReply(rows=table.rows, total_us=table.total_us, basis=table.basis,
+                              device_launches=table.device_launches, host_launches=table.host_launches,
                               trace=trace.name if trace.exists() else None,
                               counters=perf.counters if perf else [], counters_note=perf.note if perf else None,
                               perf_calls=i, facts=self.backend.facts())

@@ -491,6 +491,7 @@ class LaunchFloorRequest(Request[LaunchFloorReply]):
 
 class PaceReply(OpReply):
     launches: int = on_success(0)  # kernels, copies and memsets of the profiled calls
+    host_launches: int = 0  # the host's calls that issued them
     device_us: float | None = None  # their durations summed; None where the profiler saw no device time (a CPU)
 
 
@@ -530,6 +531,7 @@ class ProfileReply(OpReply):
     total_us: float = on_success(0.0)
     basis: str = on_success("")
     device_launches: int = 0  # kernels, copies and memsets of the profiled calls
+    host_launches: int = 0  # the host's calls that issued them (a CUDA graph's replay: one)
     trace: str | None = None
     counters: list[Counter] = Field(default_factory=list)
     counters_note: str | None = None
