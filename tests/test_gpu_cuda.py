@@ -286,7 +286,8 @@ async def test_a_cuda_graph_candidate_is_verified_and_profiled(kforge_home):
     # and the host issued them in one replay (with the input's copy and the output's clone): none waits on the host.
     assert report["launches_per_call"] >= 8, report["launches_per_call"]
     assert report["host_launches_per_call"] <= 4, report
-    assert report.get("host_paced") is None, report["host_paced"]
+    # Its eager baseline's 40 kernels keep the device busy about half the call (H200): that side may be host-paced.
+    assert not report.get("host_paced") or report["host_paced"].startswith(("eager (a baseline)", "torch.compile (a baseline)")), report["host_paced"]
 
 
 _ADD_CHAIN = """
