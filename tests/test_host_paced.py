@@ -214,10 +214,10 @@ def test_the_judge_profiles_a_baselines_pace_after_its_rounds():
             self.asked.append(request)
             return self.reply
 
-    judge = Judge(PaceReply(launches=435, host_launches=440, device_us=2600.0))
+    judge = Judge(PaceReply(launches=174, host_launches=176, device_us=1040.0))
     pace = asyncio.run(_baseline_pace(judge, "eager", 2995.2))
     (asked,) = judge.asked
-    assert asked.label == "eager" and asked.calls == 5
+    assert asked.label == "eager" and asked.calls == 2
     assert pace == {"launches_per_call": 87.0, "host_launches_per_call": 88.0, "device_us_per_call": 520.0}
     failed = Judge(PaceReply(failure={"kind": "exception", "message": "torch.compile was not timed in this job", "stage": "timing"}))
     assert asyncio.run(_baseline_pace(failed, "torch.compile", 1900.0)) == {}

@@ -59,6 +59,7 @@ _PROFILED_CALLS = 5
 # ... fewer when they are long: torch.profiler's cost is its events, and five calls of a KernelBench LSTM (6,244
 # launches, 41 ms each) took 6.5-17 s to profile (H200, 2026-12-01). The calls profiled fill about this much time.
 _PROFILED_WINDOW_US = 20_000.0
+_PACE_CALLS = 2  # calls of a baseline the judge profiles for its launches and device time (`_baseline_pace`)
 # torch.compile's first call compiles (inductor, C++ on CPU); give it time beyond the timing budget.
 _COMPILE_TIMEOUT_S = 600.0
 # The server's own clock on the candidate's calls (`_wall_anchor`): ops of about this long and twice as long, each
@@ -623,8 +624,10 @@ async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any,
 async def _baseline_pace(judge: WorkerProcess, name: str, median_us: float | None) -> dict[str, float | None]:
     """A baseline's launches and device time per call, profiled in the judge after its rounds (a few calls, as many
     as the candidate's profile makes): what names a baseline whose call runs at the host's pace. Empty where the
-    judge could not say (the speedup is then widened on the candidate's pace alone)."""
-    calls = _profiled_calls(median_us)
+    judge could not say (the speedup is then widened on the candidate's pace alone). Two calls at most: a call's
+    launches and device time do not move from call to call, and five of a level-3 network (87-460 launches each) took
+    the judge 0.4-0.75 s to profile and tabulate (H200, 2026-12-02)."""
+    calls = min(_PACE_CALLS, _profiled_calls(median_us))
     reply = await judge.call(PaceRequest(label=name, calls=calls), stage=f"timing {name}", watch_background=False)
     if reply.failure is not None:
         return {}
