@@ -91,6 +91,10 @@ def test_a_gpu_call_of_thousands_of_short_launches_is_launch_bound_by_its_measur
     assert counted.bottleneck == "launch-bound"
     assert next(e for e in counted.evidence if e.metric == "ops_per_call").value == 3676.0
     assert "3676 kernel launches per forward in a 29000 us call" in counted.bottleneck_why
+    # The same kernels replayed from a CUDA graph: the host issued 3 launches a call (the replay, the input's copy,
+    # the output's clone; what the profile read for every graphed KernelBench network on an H200, 2026-12-02).
+    graphed = _analyze(report.model_copy(update={"launches_per_call": 3676.0, "host_launches_per_call": 3.0}))
+    assert graphed.bottleneck != "launch-bound", graphed.bottleneck_why
 
 
 def test_good_custom_kernel_gets_generic_hot_kernel_advice_and_no_speed_alarm():

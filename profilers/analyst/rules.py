@@ -16,7 +16,7 @@ Algorithm:
 from __future__ import annotations
 
 from kforge.profilers.compiler_report import CompilerFacts
-from kforge.profilers.report import OpRow, ProfileReport
+from kforge.profilers.report import OpRow, ProfileReport, host_issued
 from kforge.profilers.torch_profiler import CUSTOM_PREFIX
 
 from . import _hardware
@@ -168,8 +168,8 @@ def _rule_launch(report: ProfileReport, out: _Findings) -> None:
                        ((r.device_time_us if gpu and r.device_time_us else r.self_time_us) / r.calls) < SMALL_OP_MEAN_US])
     per_call, measured = _ops_per_call(ops, report.profiled_calls)
     launches = bool(gpu and report.launches_per_call)  # counted over every device event, not the table's top rows
-    if launches:
-        per_call, measured = report.launches_per_call, True
+    if launches:  # the ones the host issued: a CUDA graph's replay is one launch for all its kernels
+        per_call, measured = host_issued(report.launches_per_call, report.host_launches_per_call), True
     calls = "kernel launches" if launches else "op calls"
     small_share = sum(r.share for r in small)
     launch_us = sum(r.self_time_us for r in report.ops if r.name in _LAUNCH_APIS)
