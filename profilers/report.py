@@ -158,6 +158,12 @@ class Baseline(BaseModel):
         "Set when this timing was taken by an earlier profile of the same reference on this device, with the "
         "same versions and budget, this many seconds ago (KForge re-times a baseline at most every 10 minutes); "
         "None: timed in this run."))
+    pending: str | None = Field(default=None, description=(
+        "Set while this baseline is still being timed after the profile answered (`late_baselines`): what it waits for "
+        "and where it will be added."))
+    added_after_s: float | None = Field(default=None, description=(
+        "Set when this baseline was timed after the profile answered (a new problem's torch.compile, compiled ahead) "
+        "and added this many seconds later, against the profile's own eager timing as its canary."))
     launches_per_call: float | None = Field(default=None, description=(
         "Kernels, copies and memsets one call of this baseline put on the device (torch.profiler in the judge, after "
         "its timed rounds)."))

@@ -233,3 +233,69 @@ async def test_another_job_ends_a_large_problems_warm_up(tmp_path, monkeypatch):
         with anyio.fail_after(60):
             await warmup.done.wait()
         assert _warm_ups(trace)[0]["outcome"] == "cancelled", _warm_ups(trace)
+
+
+async def test_a_profile_during_the_warm_up_answers_at_once_and_its_torch_compile_is_added_once_timed(tmp_path,
+                                                                                                     monkeypatch):
+    """`late_baselines` (the default): a profile that comes while the warm-up compiles does not wait for the compile.
+    It times eager and the candidate, answers with torch.compile pending, and the warm-up's baseline, timed ahead once
+    compiled, is added to the stored profile against this profile's candidate (its eager the canary). The compile ran
+    as a `precompile` op, outside the device's use, so the profile's timing did not wait for it."""
+    monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)  # the canary agrees (as above)
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        await verify_relu(ctx, "cpu", reference)
+        warmup = ctx.warmups.get(warm_key("cpu", reference))
+        assert warmup is not None, "no warm-up started beside the verify"
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                        baselines=("eager", "torch.compile"), budget_s=0.3,
+                                                        hardware_counters=False, use_store=False))
+        assert prof.ok and prof.output_correct, prof.failure
+        answered = {b.name: b for b in prof.report.baselines}
+        assert answered["eager"].timing is not None
+        pending = answered["torch.compile"]
+        assert pending.timing is None and pending.pending and f"kforge://profiles/{prof.profile_id}" in pending.pending
+        assert not warmup.done.is_set(), "the profile waited for the warm-up"
+        assert "torch.compile: compiling ahead" in str(prof)
+        with anyio.fail_after(300):  # the warm-up compiles and times; the profile is completed after it
+            await warmup.done.wait()
+            while not [line for line in _lines(trace) if line["op"] == "profile.late_baseline"]:
+                await anyio.sleep(0.1)
+    [warm] = _warm_ups(trace)
+    assert warm["outcome"] == "kept, timed", warm
+    [late] = [line for line in _lines(trace) if line["op"] == "profile.late_baseline"]
+    assert late["outcome"] == "added", late
+    stored = ctx.store.get_profile(prof.profile_id)
+    compiled = {b["name"]: b for b in stored["report"]["baselines"]}["torch.compile"]
+    assert compiled["timing"] is not None and compiled["pending"] is None and compiled["added_after_s"] >= 0, compiled
+    assert compiled["speedup"] > 0 and compiled["speedup_ci"][0] <= compiled["speedup"] <= compiled["speedup_ci"][1]
+    [entry] = [h for h in ctx.store.history(prof.spec.reference_sha256) if h["profile_id"] == prof.profile_id]
+    assert entry["speedup_compile"] == compiled["speedup"]
+    # The compile held the device for none of its seconds: the profile's timing ran while it compiled.
+    lines = _lines(trace)
+    [precompile] = [line for line in lines if line["role"] == "judge" and line["op"] == "precompile"]
+    candidate_times = [line for line in lines if line["role"] == "candidate" and line["op"] == "time"]
+    assert any(precompile["at"] < t["at"] < precompile["at"] + precompile["s"] for t in candidate_times), \
+        (precompile, candidate_times)
+
+
+async def test_late_baselines_off_waits_for_the_warm_up(tmp_path, monkeypatch):
+    """`late_baselines=False`: the profile waits for the warm-up's compile and answers with torch.compile timed."""
+    monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)
+    ctx = ToolContext(home=tmp_path / "home")
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    reference = problem_reference("relu")
+    async with ctx.warm_workers(3) as pool:
+        await _ready(pool, 3)
+        await verify_relu(ctx, "cpu", reference)
+        assert warm_key("cpu", reference) in ctx.warmups
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=reference, candidate_code=RELU,
+                                                        baselines=("eager", "torch.compile"), budget_s=0.3,
+                                                        hardware_counters=False, use_store=False, late_baselines=False))
+        assert prof.ok and prof.output_correct, prof.failure
+        compiled = {b.name: b for b in prof.report.baselines}["torch.compile"]
+        assert compiled.timing is not None and compiled.pending is None, compiled

@@ -116,3 +116,43 @@ async def test_a_large_problem_is_warmed_after_its_verify_and_a_profile_during_i
     times = [line for line in lines if line["role"] == "judge" and line["op"] == "time"]
     warm = [t for t in times if t["pid"] == times[0]["pid"]]  # the warm-up's compile, then the profile's rounds
     assert len(warm) == len(times) > 1 and max(t.get("peak_gb", 0) for t in warm) * 1e9 > _KEPT_MAX_BYTES, times
+
+
+async def test_a_cuda_profile_at_once_answers_with_torch_compile_pending_and_the_late_one_agrees_with_a_fresh_timing(
+        tmp_path):
+    """`late_baselines`: the profile right after the verify times eager and the candidate while the warm-up compiles
+    (its `precompile` runs no kernel, so it holds no device use), answers with torch.compile pending, and the warm-up's
+    baseline is added once timed; a profile with fresh baselines then times torch.compile within 5% of it, and the
+    first profile's candidate within 5% of the fresh one's (the compile beside its timing did not move it). 8192x8192
+    ReLU, as above."""
+    ctx, trace, reference = _cuda_relu(tmp_path, 8192)
+    async with ctx.warm_workers(2) as pool:
+        await _cuda_ready(pool)
+        await verify_relu(ctx, "cuda", reference)
+        assert ctx.warmups, "no warm-up started beside the verify"
+
+        async def profile(fresh: bool):
+            prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
+                                                            baselines=("eager", "torch.compile"), budget_s=1.0,
+                                                            hardware_counters=False, use_store=False,
+                                                            fresh_baselines=fresh))
+            assert prof.ok and prof.output_correct, prof.failure
+            return prof
+
+        first = await profile(False)
+        assert {b.name: b for b in first.report.baselines}["torch.compile"].pending, str(first)
+        with anyio.fail_after(300):
+            while not [line for line in _lines(trace) if line["op"] == "profile.late_baseline"]:
+                await anyio.sleep(0.1)
+        fresh = await profile(True)
+    [late] = [line for line in _lines(trace) if line["op"] == "profile.late_baseline"]
+    assert late["outcome"] == "added", late
+    stored = ctx.store.get_profile(first.profile_id)
+    added = {b["name"]: b for b in stored["report"]["baselines"]}["torch.compile"]
+    now = {b.name: b for b in fresh.report.baselines}["torch.compile"]
+    assert added["added_after_s"] is not None and now.reused_after_s is None, (added, now)
+    assert abs(added["timing"]["median_us"] / now.timing.median_us - 1) <= 0.05, (added["timing"], now.timing)
+    assert abs(first.report.candidate.median_us / fresh.report.candidate.median_us - 1) <= 0.05, \
+        (first.report.candidate, fresh.report.candidate)
+    precompiles = [line for line in _lines(trace) if line["role"] == "judge" and line["op"] == "precompile"]
+    assert len(precompiles) == 1, precompiles

@@ -20,7 +20,7 @@ _OPS = {
     "load": "judge+candidate", "timing_sets": "judge+candidate", "time": "judge+candidate",
     "prepare": "judge", "expect": "judge", "check": "judge", "check_repeat": "judge", "calibrate": "judge",
     "problem_size": "judge", "check_decoy": "judge", "revalidate": "judge", "read_report": "judge",
-    "launch_floor": "judge", "pace": "judge", "reset": "judge+candidate",
+    "launch_floor": "judge", "pace": "judge", "precompile": "judge", "reset": "judge+candidate",
     "setup": "candidate", "trial": "candidate", "repeat": "candidate", "decoy": "candidate", "release": "candidate",
     "evidence": "candidate", "anchor": "candidate", "timing_decoy": "candidate", "profile": "candidate",
 }

@@ -129,6 +129,9 @@ class ToolContext:
     #: the device, as any timing), for a profile with `timing_budget_s` (the server's default budget) to reuse
     warm_timing: bool = True
     timing_budget_s: float = DEFAULT_BUDGET_S
+    #: whether a profile adds a torch.compile baseline still compiling ahead after it answers (`late_baselines`,
+    #: `profile._late_warmup`) instead of waiting for it; off on a fleet node, whose profiles the head keeps
+    late_baselines: bool = True
     #: warm workers forked at once by the pool (`WorkerPool.max_forks`; 0: no limit)
     max_forks: int = 0
     #: the warm-ups under way, by the key their judge is kept under (`steps.warm_key`): set when each ends

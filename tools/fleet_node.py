@@ -166,7 +166,8 @@ class NodeAgent:
         limits = replace(config.limits, trace_file=str(home / "trace.jsonl") if config.trace else None)
         self.tools = ToolContext(home=home, limits=limits, keep_scratch=config.keep_scratch,
                                  warm_baselines=config.warm_baselines, max_forks=config.max_forks,
-                                 warm_timing=config.warm_timing, timing_budget_s=config.timing_budget_s)
+                                 warm_timing=config.warm_timing, timing_budget_s=config.timing_budget_s,
+                                 late_baselines=False)  # the head keeps the node's profiles: none completes later
         self.tools.store = self.store = _RecordingStore(home)
         self.slots = asyncio.Semaphore(config.slots or max(1, int(cpus)))
         self._pool_task: asyncio.Task[None] | None = None

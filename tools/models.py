@@ -425,9 +425,13 @@ class ProfileResult(BaseModel):
         for b in r.baselines:
             if b.timing is not None:
                 reused = (f" (timed {b.reused_after_s:.0f} s ago and reused: eager still times the same; "
-                          "fresh_baselines=true re-times it)") if b.reused_after_s is not None else ""
+                          "fresh_baselines=true re-times it)") if b.reused_after_s is not None else (
+                          f" (compiled and timed ahead, added {b.added_after_s:.0f} s after this profile answered: "
+                          "eager there timed the same)") if b.added_after_s is not None else ""
                 ci = f" [{b.speedup_ci[0]:.2f}, {b.speedup_ci[1]:.2f}], {b.comparison}" if b.speedup_ci else ""
                 lines.append(f"  {b.timing}{reused}; candidate speedup x{b.speedup:.2f}{ci}")
+            elif b.pending:
+                lines.append(f"  {b.name}: {b.pending}")
             else:
                 lines.append(f"  {b.name}: not timed ({b.error})")
         if r.host_paced:  # the reason ends with how wide the intervals were made, and why

@@ -16,6 +16,8 @@ import secrets
 import shutil
 import time
 import uuid
+
+import anyio
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -34,7 +36,8 @@ from .context import Progress, ToolContext, no_progress
 
 from .tool_inputs import RequestError
 from .gpus import current as current_gpu, gpu_id, on_one_gpu, pin_env
-from .steps import candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, with_jit_kernels
+from .steps import (candidate_inputs, fresh_seeds, job_spec, launch_once, prepare_judge, ready_candidate, warm_key,
+                    with_jit_kernels)
 from .models import Failure, OutputCheck, ProfileResult
 from .process.protocol import (AnchorRequest, DecoyVerdict, EvidenceRequest, KeptOutputs, LaunchFloorRequest,
                                LoadRequest, PaceRequest, ProblemSizeRequest, ProfileRequest, ReadReportRequest, ReleaseRequest,
@@ -45,7 +48,7 @@ from .process.lifecycle import trace, traced
 from .rounds import merge_rounds
 from .static_scan import scan_candidate
 from .trials import concurrently, judge_trials
-from .verdict import anchor_exceeds, integrity_checks, static_check, timing_checks, wall_anchor_check
+from .verdict import anchor_exceeds, integrity_checks, stable_timing_check, static_check, timing_checks, wall_anchor_check
 
 if TYPE_CHECKING:  # the job request, the one definition of the tool's inputs (not the worker's ProfileRequest op)
     from . import requests as job
@@ -121,6 +124,9 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
     if request.use_store and (hit := ctx.store.latest_profile_for(spec.key)):
         return ProfileResult(**{**hit, "from_store": True})
     t0 = time.perf_counter()
+    late = _late_warmup(ctx, request, spec)
+    if late is not None:  # its compile goes on beside this profile, which answers without waiting for it
+        baselines = tuple(b for b in baselines if b != "torch.compile")
     # Measured by the server's own worker, once per device (before this job takes its workers and the device).
     device = await ctx.device_facts(backend)
     profile_id = uuid.uuid4().hex[:12]
@@ -197,6 +203,9 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                     series = await _time_in_rounds(ctx, spec, judge, worker, baselines, budget_s,
                                                    fresh_baselines, step, problem["reference_call_s"])
                     timed = _timing_report(backend, device, series, series["candidate"], baselines, problem)
+                    if late is not None:
+                        timed = timed.model_copy(update={"baselines": timed.baselines + (
+                            Baseline(name="torch.compile", pending=_pending_note(profile_id)),)})
                     # On a device clock the charts start now, in processes of their own, beside the server's clock
                     # and the last steps; a host clock would feel their CPU, so there they wait for the anchor.
                     on_device = series["candidate"]["stats"].clock == "device"
@@ -287,8 +296,70 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                              speedup_eager=speedups.get("eager"), speedup_compile=speedups.get("torch.compile"),
                              median_us=candidate_stats.median_us, trusted=trusted, profile_id=profile_id)
     trace("server", "profile.result", True, result_started, to=ctx.limits.trace_file)
+    if late is not None and ctx.background is not None:
+        eager = series.get("eager", {}).get("stats")
+        ctx.background.start_soon(_add_late_baseline, ctx, result, late,
+                                  baseline_key(spec.reference_sha256, "torch.compile", budget_s, spec.environment,
+                                               spec.gpu), cand, eager.median_us if eager else None)
     await progress(steps, steps, "done")
     return result
+
+
+# How long a late baseline waits for its warm-up (its compile and its timing ahead) before it is given up.
+_LATE_WAIT_S = _COMPILE_TIMEOUT_S
+
+
+def _late_warmup(ctx: ToolContext, request: Any, spec: Any) -> Any:
+    """The warm-up whose torch.compile baseline this profile adds after it answers (`late_baselines`), or None where
+    the profile times torch.compile itself or waits for it. Only a warm-up beside the verify (a small problem's: a large
+    one's gives way to this job) that will time the baseline ahead with this profile's budget, whose baseline is not
+    stored yet, and on a server that keeps its profiles itself (a fleet node's go to the head)."""
+    if not (request.late_baselines and ctx.late_baselines and "torch.compile" in request.baselines) \
+            or request.fresh_baselines or not ctx.warm_timing or request.budget_s != ctx.timing_budget_s:
+        return None
+    if baseline_stored(ctx, spec.reference_sha256 or "", "torch.compile"):
+        return None
+    warmup = ctx.warmups.get(warm_key(request.backend, request.reference_code))
+    return warmup if warmup is not None and not warmup.after_job else None
+
+
+def _pending_note(profile_id: str) -> str:
+    return (f"compiling ahead for this new problem; timed once compiled and added to this profile (read "
+            f"kforge://profiles/{profile_id} or summarize_profile in a few seconds), and reused by the next profile of "
+            "this reference; late_baselines=false waits for it")
+
+
+async def _add_late_baseline(ctx: ToolContext, result: ProfileResult, warmup: Any, key: tuple[str, ...],
+                             cand: dict[str, Any], eager_median_us: float | None) -> None:
+    """Once the warm-up is done, its stored torch.compile baseline against this profile's candidate, with the
+    profile's eager as its canary (as a reused one: within `_CANARY_TOLERANCE`, its interval widened by the drift),
+    put into the stored profile in place of the pending one; or why it could not be."""
+    answered = time.monotonic()
+    started = time.perf_counter()
+    with anyio.move_on_after(_LATE_WAIT_S):
+        await warmup.done.wait()
+    stored = ctx.baseline_timings.get(key)
+    if stored is None:
+        late = Baseline(name="torch.compile", error="compiled ahead for this new problem, but not timed there (the "
+                        "warm-up failed or gave way): profile again to compare against torch.compile")
+    elif eager_median_us is None or abs(drift := eager_median_us / stored[1]["eager_median_us"] - 1) > _CANARY_TOLERANCE:
+        late = Baseline(name="torch.compile", error=(
+            "timed ahead, but eager there did not time within 2% of this profile's eager"
+            + (f" ({100 * drift:+.1f}%)" if eager_median_us is not None else "")
+            + ": the host moved between them; profile again to compare against torch.compile"))
+    else:
+        late = _baseline("torch.compile", {**stored[1], "drift": drift}, cand).model_copy(
+            update={"added_after_s": round(time.monotonic() - answered, 1)})
+    report = result.report
+    others = tuple(b for b in report.baselines if b.name != "torch.compile")
+    report = widen_for_host_pace(report.model_copy(update={"baselines": others + (late,)}))
+    checks = [stable_timing_check(report) if c.name == "stable_timing" else c for c in result.checks]
+    trusted = bool(result.output_correct) and not any(c.hard and c.status == "fail" for c in checks)
+    amended = result.model_copy(update={"report": report, "checks": checks, "speedup_trusted": trusted})
+    ctx.store.amend_profile(result.profile_id, amended.model_dump(mode="json"),
+                            speedup_compile=late.speedup, trusted=trusted)
+    trace("server", "profile.late_baseline", True, started, to=ctx.limits.trace_file,
+          outcome="added" if late.speedup is not None else late.error)
 
 
 async def _confirmed_anchor(worker: WorkerProcess, median_us: float, reference_call_s: float | None,
@@ -453,7 +524,7 @@ def _baseline(name: str, timed: dict[str, Any], candidate: dict[str, Any]) -> Ba
         f = timed["failure"]
         return Baseline(name=name, error=f"{f.kind}: {f.message}"[:500])
     ratio, (lo, hi) = speedup_interval(timed["rounds"], candidate["rounds"])
-    if timed.get("reused_after_s") is not None:  # not interleaved with this run: widen by the eager canary's drift
+    if timed.get("drift") is not None:  # not interleaved with this run (reused, or late): widen by the canary's drift
         drift = abs(timed.get("drift", 0.0))
         lo, hi = lo * (1 - drift), hi * (1 + drift)
     return Baseline(name=name, timing=timed["stats"], speedup=round(ratio, 4), speedup_ci=(round(lo, 4), round(hi, 4)),

@@ -66,6 +66,10 @@ class ProfileRequest(_Request):
     use_store: bool = Field(default=False, description="Return the latest stored profile of an identical request "
                             "instead of measuring again.")
     fresh_baselines: bool = Field(default=False, description="Time every baseline in this run, reusing none.")
+    late_baselines: bool = Field(default=True, description=(
+        "A new problem's torch.compile baseline that is still compiling ahead (started by its verify or compile) is "
+        "timed after this profile answers and added to it (kforge://profiles/{profile_id}, summarize_profile), "
+        "instead of the profile waiting seconds for its compile. False: wait for it."))
 
 
 JobRequest = Annotated[Union[CompileRequest, VerifyRequest, ProfileRequest], Field(discriminator="tool")]

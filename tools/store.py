@@ -151,6 +151,15 @@ class ResultStore:
             db.execute("INSERT OR REPLACE INTO profiles (id, key, backend, created_at, result) VALUES (?, ?, ?, ?, ?)",
                        (profile_id, key, backend, time.time(), json.dumps(result)))
 
+    def amend_profile(self, profile_id: str, result: dict[str, Any], *, speedup_compile: float | None,
+                      trusted: bool | None) -> None:
+        """A stored profile completed after it answered (a late baseline: `profile._add_late_baseline`), and its
+        history entry with it; it keeps its time."""
+        with self._db() as db:
+            db.execute("UPDATE profiles SET result = ? WHERE id = ?", (json.dumps(result), profile_id))
+            db.execute("UPDATE history SET speedup_compile = ?, trusted = ? WHERE profile_id = ?",
+                       (speedup_compile, trusted, profile_id))
+
     def get_profile(self, profile_id: str) -> dict[str, Any] | None:
         with self._db() as db:
             row = db.execute("SELECT result FROM profiles WHERE id = ?", (profile_id,)).fetchone()

@@ -17,7 +17,7 @@ from .models import Check, TrialReport
 from .process.protocol import DecoyVerdict, NullOutcome, RevalidateReply, TrialVerdict
 from .static_scan import Finding
 
-__all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "static_check",
+__all__ = ["CODE_CHECKS", "STORABLE_FAILURES", "background_check", "integrity_checks", "stable_timing_check", "static_check",
            "timing_checks", "verify_checks", "wall_anchor_check", "why_not_stored", "anchor_exceeds"]
 
 # -- what the result store may keep ------------------------------------------------------------------
@@ -246,7 +246,7 @@ def timing_checks(stats: Any, revalidated: RevalidateReply, report: Any, precisi
         "the reference on their own inputs")]
     if (decoy := revalidated.decoy) is not None:
         checks.append(probe_memo_check(decoy))
-    checks.append(_stable_timing_check(report))
+    checks.append(stable_timing_check(report))
     sets = f"{stats.input_sets} distinct input sets, a fresh copy per call" if stats.input_sets else "fresh copies"
     checks.append(Check(
         name="fresh_inputs", status="fail" if stats.replay_suspected else "pass", hard=True,
@@ -384,7 +384,7 @@ def _lock_clocks_hint(backend: str | None) -> str:
         return ""
 
 
-def _stable_timing_check(report: Any) -> Check:
+def stable_timing_check(report: Any) -> Check:
     """Each comparison's interval must rank something. One that is wide because the *baseline's* own series varies
     (its IQR several times the candidate's: a torch.compile of a few-microsecond op whose host path outlasts the
     flush before each call, so each call's window holds a varying part of it; H200, 16 cores, 2026-11-27) says

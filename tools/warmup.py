@@ -42,8 +42,8 @@ from .gpus import current as current_gpu
 from .gpus import placed_on
 from .models import sha256_text
 from .process.lifecycle import trace
-from .process.protocol import (LoadRequest, PrepareReply, PrepareRequest, ProblemSizeRequest, TimeRequest,
-                               TimingSetsRequest)
+from .process.protocol import (LoadRequest, PrecompileRequest, PrepareReply, PrepareRequest, ProblemSizeRequest,
+                               TimeRequest, TimingSetsRequest)
 from .process.runner import NoIdleWorker, WorkerGroup
 from .profile import baseline_key, baseline_stored, time_baselines_ahead
 from .steps import fresh_seeds, warm_key
@@ -116,9 +116,7 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 # the job, and could not be kept (only warm workers are).
                 judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
                 warmup.compiling = True  # from now on a profile of the reference waits for it (`steps.prepare_judge`)
-                # Its compile takes host cores and its calls the device: never beside a timing.
-                async with ctx.device_use(device).run():
-                    outcome, prepared = await _compile(judge, reference)
+                outcome, prepared = await _compile(judge, reference, ctx.device_use(device))
                 if outcome == "kept" and ctx.warm_timing and prepared is not None:
                     stop = (lambda: warmup.wanted) if warmup.after_job else None
                     outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s, stop)
@@ -136,22 +134,29 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
         warmup.done.set()
 
 
-async def _compile(judge: Any, reference: str) -> tuple[str, PrepareReply | None]:
-    """Load and build the reference in `judge`, then compile it with torch.compile and call it: "kept" or why not,
-    and the reference's prepared reply."""
-    loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
-    if loaded.failure is not None:
-        return "the reference failed to load", None
-    init_seed, seeds = fresh_seeds(1)
-    prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False, variants=False),
-                                stage="reference")
-    if prepared.failure is not None:
-        return "the reference failed", None
-    made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
-    if made.failure is not None:
-        return "the reference's inputs failed", None
-    timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
-                             stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
+async def _compile(judge: Any, reference: str, use: Any) -> tuple[str, PrepareReply | None]:
+    """Load and build the reference in `judge`, compile it with torch.compile, and call it: "kept" or why not, and the
+    reference's prepared reply. What runs on the device (the reference, its inputs, the compiled model's first calls)
+    runs under `use.run()`, never beside a timing; the compile itself (`PrecompileRequest`: host work, one core) runs
+    beside anything, so a profile that does not wait for it (`late_baseline`) times meanwhile."""
+    async with use.run():
+        loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
+        if loaded.failure is not None:
+            return "the reference failed to load", None
+        init_seed, seeds = fresh_seeds(1)
+        prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False, variants=False),
+                                    stage="reference")
+        if prepared.failure is not None:
+            return "the reference failed", None
+        made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
+        if made.failure is not None:
+            return "the reference's inputs failed", None
+    held = await judge.call(PrecompileRequest(), stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
+    if held.failure is not None:
+        return "torch.compile failed", prepared
+    async with use.run():
+        timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
+                                 stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
     return ("torch.compile failed" if timed.failure is not None else "kept"), prepared
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..process.protocol import PaceReply, PaceRequest, TimeReply, TimeRequest, TimingSetsReply
+from ..process.protocol import PaceReply, PaceRequest, PrecompileReply, TimeReply, TimeRequest, TimingSetsReply
 from .compare import flatten_outputs
 from .handoff import return_free_memory
 from .inputs import seeded_inputs
@@ -109,6 +109,38 @@ class Bench:
         return_free_memory(backend)
         return reply
 
+    def precompile(self, model: Any) -> PrecompileReply:
+        """torch.compile of `model`, made as `time` makes it, and called once on the first timing set with its first
+        graph held back at its first run: Dynamo traces and Inductor compiles (host work: fake tensors, code
+        generation, Triton's compiler), and no kernel of the model runs. Dynamo keeps the compiled graph, so the
+        torch.compile series' first round runs it without compiling. A graph break's later graphs compile there."""
+        import torch._inductor.compile_fx as inductor
+
+        if not self.timing_sets:
+            return PrecompileReply(failure=self.session.failure(
+                RuntimeError("no timing sets: make them before precompiling"), "timing"))
+        compile_fx, held = inductor.compile_fx, [True]
+
+        def compile_then_hold(*args: Any, **kwargs: Any) -> Any:
+            return _HeldAtFirstRun(compile_fx(*args, **kwargs), held)
+
+        try:
+            if self.compiled is None:
+                self.compiled = torch.compile(model)
+            inductor.compile_fx = compile_then_hold  # what torch.compile's Inductor backend looks up at each compile
+            try:
+                with torch.no_grad():  # the set itself, not a copy: a copy is a kernel, and none runs
+                    self.compiled(*self.timing_sets[0])
+            finally:
+                inductor.compile_fx = compile_fx
+        except _CompiledNotRun:
+            return PrecompileReply(compiled=True)
+        except BaseException as exc:  # noqa: BLE001
+            return PrecompileReply(failure=self.session.failure(exc, "timing"))
+        finally:
+            return_free_memory(self.session.backend)
+        return PrecompileReply(compiled=False)
+
     def pace(self, req: PaceRequest, model: Any) -> PaceReply:
         """`req.calls` calls of a series timed in this job under torch.profiler, on its timing sets: the launches
         and the device's busy time that say whether its call runs at the host's pace. torch.compile only once its
@@ -131,6 +163,28 @@ class Bench:
             return_free_memory(backend)
         return PaceReply(launches=table.device_launches, host_launches=table.host_launches,
                          device_us=table.total_us if table.basis == "device" and table.rows else None)
+
+
+class _CompiledNotRun(Exception):
+    """Raised in place of a precompiled graph's first run (`Bench.precompile`)."""
+
+
+class _HeldAtFirstRun:
+    """A compiled graph whose first run raises `_CompiledNotRun` while `held` holds (once, for all of a model's graphs),
+    and which runs as the graph itself after that. Dynamo calls a boxed graph (`_boxed_call`) with one list."""
+
+    def __init__(self, graph: Any, held: list[bool]) -> None:
+        self._graph, self._held = graph, held
+        self._boxed_call = getattr(graph, "_boxed_call", False)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._held:
+            self._held.clear()
+            raise _CompiledNotRun
+        return self._graph(*args)
+
+    def __getattr__(self, name: str) -> Any:  # what Dynamo or AOTAutograd read of the graph (its metadata)
+        return getattr(self._graph, name)
 
 
 class _Reservoir:

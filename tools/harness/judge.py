@@ -116,6 +116,7 @@ class Judge:
                 p.CheckRequest: self.check, p.CheckRepeatRequest: self.check_repeat, p.CalibrateRequest: self.calibrate,
                 p.ProblemSizeRequest: self.problem_size, p.CheckDecoyRequest: self.check_decoy,
                 p.RevalidateRequest: self.revalidate, p.TimingSetsRequest: self.timing_sets, p.TimeRequest: self.time, p.PaceRequest: self.pace,
+                p.PrecompileRequest: self.precompile,
                 p.LaunchFloorRequest: self.launch_floor, p.ReadReportRequest: self.read_report, p.ResetRequest: self.reset}
 
     def _reference_outputs(self, model: Any, inputs: list[Any], cast: Any = None) -> list[Any]:
@@ -438,6 +439,10 @@ class Judge:
     def time(self, req: p.TimeRequest) -> p.TimeReply:
         """One round of a baseline: the reference, eager or through torch.compile."""
         return self.bench.time(req, self.model)
+
+    def precompile(self, req: p.PrecompileRequest) -> p.PrecompileReply:
+        """torch.compile of the reference, compiled and not run (`Bench.precompile`)."""
+        return self.bench.precompile(self.model)
 
     def pace(self, req: p.PaceRequest) -> p.PaceReply:
         """A baseline's device launches and busy time over a few calls (`Bench.pace`)."""

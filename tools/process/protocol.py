@@ -28,7 +28,7 @@ __all__ = ["REQUESTS", "AnchorReply", "AnchorRequest", "CalibrateReply", "Calibr
            "EvidenceRequest", "ExpectReply", "ExpectRequest", "Judging", "KeptOutputs", "LaunchFloorReply",
            "LaunchFloorRequest", "LoadReply", "LoadRequest", "NullOutcome", "OpReply", "OutputDescriptors",
            "PaceReply", "PaceRequest", "PrepareReply", "PrepareRequest", "ProbeReply", "ProbeRequest", "ProblemSizeReply", "ProblemSizeRequest",
-           "ProfileReply", "ProfileRequest", "ProtocolError", "ReadReportReply", "ReadReportRequest", "ReleaseReply",
+           "ProfileReply", "ProfileRequest", "PrecompileReply", "PrecompileRequest", "ProtocolError", "ReadReportReply", "ReadReportRequest", "ReleaseReply",
            "ReleaseRequest", "RepeatReply", "RepeatRequest", "RepeatVerdict", "Request", "ResetReply",
            "ResetRequest", "RevalidateReply", "RevalidateRequest", "SetupReply", "SetupRequest", "TimeReply",
            "TimeRequest", "TimingDecoyReply", "TimingDecoyRequest", "TimingSetsReply", "TimingSetsRequest",
@@ -487,6 +487,17 @@ class LaunchFloorRequest(Request[LaunchFloorReply]):
     pace of launching (`kforge.tools.profile._wall_anchor`)."""
     op: Literal["launch_floor"] = "launch_floor"
     calls: int
+
+
+class PrecompileReply(OpReply):
+    compiled: bool = on_success(False)  # its first graph compiled without running (False: it ran to the end)
+
+
+class PrecompileRequest(Request[PrecompileReply]):
+    """Compile the reference with torch.compile (Dynamo and Inductor, on the first timing set's shapes) without running
+    its kernels: host work only, which may go beside another job's timing. The torch.compile series' first round then
+    runs what was compiled (`kforge.tools.harness.bench.Bench.precompile`)."""
+    op: Literal["precompile"] = "precompile"
 
 
 class PaceReply(OpReply):
