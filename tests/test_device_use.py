@@ -98,3 +98,34 @@ def test_a_timing_given_up_while_waiting_lets_the_runs_behind_it_go_on():
     events = _run(main)
     assert "timing in" not in events
     assert events.index("late in") < events.index("first out")  # not held until the first run ended
+
+
+def test_a_timing_that_gives_way_lets_a_waiting_run_go_first_then_takes_the_device_back():
+    """`give_way` (a warm-up's timing ahead, between its rounds): a run that arrived during the timing runs at once,
+    and the timing goes on only once it is done; with nothing waiting it keeps the device."""
+    async def main(events: list[str]) -> None:
+        use = DeviceUse()
+
+        async def background_timing() -> None:
+            async with use.timing():
+                events.append("timing in")
+                assert not use.contended
+                await use.give_way()  # nothing waits: it keeps the device
+                await anyio.sleep(0.1)
+                assert use.contended  # the run below waits
+                await use.give_way()
+                events.append("timing back")
+                assert use.busy == "a timing"
+
+        async def run() -> None:
+            await anyio.sleep(0.05)
+            async with use.run():
+                events.append("run in")
+                await anyio.sleep(0.05)
+                events.append("run out")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(background_timing)
+            tg.start_soon(run)
+
+    assert _run(main) == ["timing in", "run in", "run out", "timing back"]

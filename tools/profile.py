@@ -18,7 +18,7 @@ import time
 import uuid
 
 import anyio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -662,12 +662,14 @@ async def _time_baseline(judge: WorkerProcess, name: str, policy: dict[str, Any]
 
 async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any, baselines: tuple[str, ...],
                                budget_s: float, reference_call_s: float | None, problem_bytes: int,
-                               stop: Callable[[], bool] | None = None) -> bool:
+                               stop: Callable[[], bool] | None = None,
+                               between: Callable[[], Awaitable[None]] | None = None) -> bool:
     """Time `baselines` of the reference that `judge` has loaded and prepared, as a profile with `budget_s` times
     them (its timing sets, its rounds, eager first in the rotation as their canary), and store them for the profiles
     that follow: `_time_in_rounds` reuses one while eager still times within `_CANARY_TOLERANCE` of eager here, and
     says how old it is. `key(name)` is the stored baseline's key (`baseline_key`). The caller holds the device's
-    timing use. Returns whether they were stored (not on any failure, nor when `stop()` said so before a round)."""
+    timing use; `between()` runs before each round (a warm-up gives the device to the jobs waiting for it). Returns
+    whether they were stored (not on any failure, nor when `stop()` said so before a round)."""
     made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(_timing_set_count(problem_bytes))[1]),
                             stage="reference")
     if made.failure is not None:
@@ -678,6 +680,8 @@ async def time_baselines_ahead(ctx: ToolContext, judge: WorkerProcess, key: Any,
     replies: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
     for r in range(rounds):
         for name in _rotated(order, r):
+            if between is not None:
+                await between()
             if stop is not None and stop():
                 return False
             reply = await _time_baseline(judge, name, policy, first_round=not replies[name])

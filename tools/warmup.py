@@ -176,12 +176,24 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
     def key(name: str) -> tuple[str, ...]:
         return baseline_key(reference_sha, name, ctx.timing_budget_s, environment, placement.gpu if placement else None)
 
-    async with ctx.device_use(device).timing():
+    use = ctx.device_use(device)
+
+    async def give_way() -> None:
+        """A job that waits for the device goes first, between rounds, with the pool's forks free: no job waits on a
+        warm-up."""
+        nonlocal release
+        if use.contended:
+            release()
+            await use.give_way()
+            release = ctx.hold_forks()
+            ctx.pause_forks()
+
+    async with use.timing():
         release = ctx.hold_forks()
         ctx.pause_forks()
         try:
             timed = await time_baselines_ahead(ctx, judge, key, ("torch.compile",), ctx.timing_budget_s,
-                                               reference_call_s, size.problem_bytes, stop)
+                                               reference_call_s, size.problem_bytes, stop, between=give_way)
         finally:
             release()
     return "kept, timed" if timed else "kept, its profile came" if stop is not None and stop() else "kept"
