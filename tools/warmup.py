@@ -179,18 +179,21 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
     use = ctx.device_use(device)
 
     async def give_way() -> None:
-        """A job that waits for the device goes first, between rounds, with the pool's forks free: no job waits on a
-        warm-up."""
-        nonlocal release
+        """A job that waits for the device goes first, between rounds (no job waits on a warm-up); the forks it asks for
+        start beside it (`WorkerPool.hold_forks`: except forks a job waits for) and are stopped again after it."""
         if use.contended:
-            release()
             await use.give_way()
-            release = ctx.hold_forks()
-            ctx.pause_forks()
+            await settle()
+
+    async def settle() -> None:
+        """No fork readies a device, and no worker a job gave back is reset or exits, beside the next round."""
+        ctx.pause_forks()
+        if ctx.pool is not None:
+            await ctx.pool.quiet()
 
     async with use.timing():
         release = ctx.hold_forks()
-        ctx.pause_forks()
+        await settle()
         try:
             timed = await time_baselines_ahead(ctx, judge, key, ("torch.compile",), ctx.timing_budget_s,
                                                reference_call_s, size.problem_bytes, stop, between=give_way)
