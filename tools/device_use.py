@@ -11,7 +11,7 @@ Builds take nothing: they use the CPU's cores, not the device.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -66,14 +66,17 @@ class DeviceUse:
             self._timing = False
             self._notify()
 
-    async def give_way(self) -> None:
+    async def give_way(self, until: Callable[[], Awaitable[None]] | None = None) -> None:
         """Within a timing that no job waits on (a warm-up's timing ahead): let the runs and timings waiting for the
-        device go first, then take it back. A warm-up's rounds held the next candidate's verify for 0.7 s when the
-        agent asked at once (H200, 2026-12-02); between rounds nothing is lost, as each round has its own canary."""
-        if not self.contended:
+        device go first, and `until()` return, then take it back. A warm-up's rounds held the next candidate's verify
+        for 0.7 s when the agent asked at once (H200, 2026-12-02); between rounds nothing is lost, as each round has
+        its own canary."""
+        if not self.contended and until is None:
             return
         self._timing = False
         self._notify()
+        if until is not None:
+            await until()
         while self._timing or self._runs or self._runs_waiting or self._timings_waiting:
             await self._changed.wait()
         self._timing = True

@@ -144,6 +144,8 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
 
     with ctx.scratch("profile") as scratch:
         async with AsyncExitStack() as stack:
+            if late is not None:  # until its workers are given back (below, the group's exit): the warm-up waits
+                stack.enter_context(late.late_profile())
             workers = await stack.enter_async_context(WorkerGroup(ctx.pool))
             # The refills of the workers taken here start once this job is done with the device: no fork
             # readies a device beside its timing, revalidation or torch.profiler window (`WorkerPool.hold_forks`).

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,28 @@ class Warmup:
     compiling: bool = False
     after_job: bool = False  # a large problem's, warmed after its verify: another job on its GPU ends it
     wanted: bool = False  # a profile of its reference waits for it: an `after_job` one stops timing ahead
+    late_profiles: int = 0  # profiles under way that answer without its baseline (`profile._late_warmup`)
+    _late_changed: anyio.Event = field(default_factory=anyio.Event)
+
+    @contextmanager
+    def late_profile(self) -> Iterator[None]:
+        """A profile that adds this warm-up's baseline after it answers, from its start until its workers are given
+        back: the warm-up times nothing meanwhile (`late_profiles_done`)."""
+        self.late_profiles += 1
+        try:
+            yield
+        finally:
+            self.late_profiles -= 1
+            self._late_changed.set()
+            self._late_changed = anyio.Event()
+
+    async def late_profiles_done(self) -> None:
+        """Until no late profile is under way: its timing would take turns with this warm-up's rounds, and the
+        resets of its workers (frees and unmaps, 0.3-0.6 s) would run beside them. Beside such a profile's end, a
+        warm-up's eager read 9.6-13.0% slower than the profile's had, 3 times of 3 (8192x8192 ReLU, H200,
+        2026-12-02), so its torch.compile could not be compared."""
+        while self.late_profiles:
+            await self._late_changed.wait()
 
 
 async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint_bytes: int | None, *,
@@ -119,7 +142,8 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 outcome, prepared = await _compile(judge, reference, ctx.device_use(device))
                 if outcome == "kept" and ctx.warm_timing and prepared is not None:
                     stop = (lambda: warmup.wanted) if warmup.after_job else None
-                    outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s, stop)
+                    outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s,
+                                                warmup, stop)
                 if outcome.startswith("kept"):
                     # A large problem's judge reserved more than a kept worker may; its profile is the next job.
                     workers.give_back(judge, key, any_peak=warmup.after_job)
@@ -161,7 +185,8 @@ async def _compile(judge: Any, reference: str, use: Any) -> tuple[str, PrepareRe
 
 
 async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str, device: str,
-                      reference_call_s: float | None, stop: Callable[[], bool] | None = None) -> str:
+                      reference_call_s: float | None, warmup: Warmup,
+                      stop: Callable[[], bool] | None = None) -> str:
     """Time the compiled baseline and eager, its canary, as a profile with the server's default budget would
     (`profile.time_baselines_ahead`), alone on the device and with no fork readying a device beside them, as a
     profile's timing. "kept, timed"; "kept, its profile came" where `stop` said so before a round; or "kept" where
@@ -179,10 +204,11 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
     use = ctx.device_use(device)
 
     async def give_way() -> None:
-        """A job that waits for the device goes first, between rounds (no job waits on a warm-up); the forks it asks for
-        start beside it (`WorkerPool.hold_forks`: except forks a job waits for) and are stopped again after it."""
-        if use.contended:
-            await use.give_way()
+        """A job that waits for the device goes first, between rounds (no job waits on a warm-up), and a late profile
+        ends first; the forks they ask for start beside them (`WorkerPool.hold_forks`: except forks a job waits for)
+        and are stopped again after them."""
+        if use.contended or warmup.late_profiles:
+            await use.give_way(until=warmup.late_profiles_done if warmup.late_profiles else None)
             await settle()
 
     async def settle() -> None:
@@ -191,6 +217,7 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
         if ctx.pool is not None:
             await ctx.pool.quiet()
 
+    await warmup.late_profiles_done()
     async with use.timing():
         release = ctx.hold_forks()
         await settle()
