@@ -16,13 +16,13 @@ import secrets
 import shutil
 import time
 import uuid
-
-import anyio
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from kforge.backends.base import DeviceFacts
 from kforge.profilers.chart_processes import PendingCharts

@@ -171,7 +171,9 @@ class _CompiledNotRun(Exception):
 
 class _HeldAtFirstRun:
     """A compiled graph whose first run raises `_CompiledNotRun` while `held` holds (once, for all of a model's graphs),
-    and which runs as the graph itself after that. Dynamo calls a boxed graph (`_boxed_call`) with one list."""
+    and which runs as the graph itself after that. Dynamo calls a boxed graph (`_boxed_call`) with one list. It stays
+    in the compiled baseline's path: one Python call more per graph call (~0.1-0.2 us on a call whose host path is
+    tens of microseconds)."""
 
     def __init__(self, graph: Any, held: list[bool]) -> None:
         self._graph, self._held = graph, held
