@@ -73,6 +73,15 @@ async def test_the_first_profile_of_a_problem_times_torch_compile_in_the_judge_t
     assert profile_pids == {warm_pid}, (warm_pid, profile_pids)
 
 
+def _timed_warm_ctx(tmp_path: Path) -> tuple[ToolContext, Path]:
+    """A server that warms the cpu backend's torch.compile and times it ahead with its default budget (0.3 s), and
+    its trace."""
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    return ctx, trace
+
+
 async def test_gpu_the_default_warms_gpu_backends_only_and_never_without_a_pool(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     assert ctx.warm_baselines == "gpu" and ctx.warm_timing  # the defaults
@@ -112,9 +121,7 @@ async def test_a_timed_warm_up_stores_the_baseline_and_the_next_profile_times_on
     # Whether eager still agrees within 2% is the canary's call, which a busy 2-core VM's noise decides either way
     # (test_e2e_stdio checks it both ways): here it always agrees, so what is checked is what the warm-up stored.
     monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)
-    trace = tmp_path / "trace.jsonl"
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    ctx, trace = _timed_warm_ctx(tmp_path)
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
@@ -149,10 +156,7 @@ def _warm_ups(trace: Path) -> list[dict]:
 def _large_problem_ctx(tmp_path: Path, monkeypatch) -> tuple[ToolContext, Path]:
     """A server whose ReLU problem counts as large: it is warmed after its verify, never beside it."""
     monkeypatch.setattr("kforge.tools.warmup._BESIDE_MAX_FOOTPRINT", 0)
-    trace = tmp_path / "trace.jsonl"
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
-    return ctx, trace
+    return _timed_warm_ctx(tmp_path)
 
 
 async def _warmed_after_verify(ctx, backend: str, reference: str) -> Warmup:
@@ -242,9 +246,7 @@ async def test_a_profile_during_the_warm_up_answers_at_once_and_its_torch_compil
     compiled, is added to the stored profile against this profile's candidate (its eager the canary). The compile ran
     as a `precompile` op, outside the device's use, so the profile's timing did not wait for it."""
     monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)  # the canary agrees (as above)
-    trace = tmp_path / "trace.jsonl"
-    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    ctx, trace = _timed_warm_ctx(tmp_path)
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
@@ -286,8 +288,7 @@ async def test_a_profile_during_the_warm_up_answers_at_once_and_its_torch_compil
 async def test_late_baselines_off_waits_for_the_warm_up(tmp_path, monkeypatch):
     """`late_baselines=False`: the profile waits for the warm-up's compile and answers with torch.compile timed."""
     monkeypatch.setattr("kforge.tools.profile._CANARY_TOLERANCE", 100.0)
-    ctx = ToolContext(home=tmp_path / "home")
-    ctx.warm_baselines, ctx.warm_timing, ctx.timing_budget_s = "all", True, 0.3
+    ctx, _ = _timed_warm_ctx(tmp_path)
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
         await _ready(pool, 3)
