@@ -38,6 +38,19 @@ def _cuda_relu(tmp_path, size: int) -> tuple[ToolContext, Path, str]:
     return ctx, trace, reference
 
 
+async def _profile_relu(ctx: ToolContext, reference: str, fresh: bool):
+    """A cuda profile of the ReLU against eager and torch.compile (budget 1 s), fresh baselines or not."""
+    prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
+                                                    baselines=("eager", "torch.compile"), budget_s=1.0,
+                                                    hardware_counters=False, use_store=False, fresh_baselines=fresh))
+    assert prof.ok and prof.output_correct, prof.failure
+    return prof
+
+
+def _baselines(prof) -> dict:
+    return {b.name: b for b in prof.report.baselines}
+
+
 async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_that_compiled_it_ahead(tmp_path):
     trace = tmp_path / "trace.jsonl"
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
@@ -75,16 +88,8 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
         with anyio.fail_after(300):  # the agent's turn
             while ctx.warmups:
                 await anyio.sleep(0.1)
-
-        async def profile(fresh: bool):
-            prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
-                                                            baselines=("eager", "torch.compile"), budget_s=1.0,
-                                                            hardware_counters=False, use_store=False,
-                                                            fresh_baselines=fresh))
-            assert prof.ok and prof.output_correct, prof.failure
-            return {b.name: b for b in prof.report.baselines}
-
-        first, fresh = await profile(False), await profile(True)
+        first = _baselines(await _profile_relu(ctx, reference, False))
+        fresh = _baselines(await _profile_relu(ctx, reference, True))
     [warmup] = [line for line in _lines(trace) if line["op"] == "warmup.torch_compile"]
     assert warmup["outcome"] == "kept, timed", warmup
     assert first["torch.compile"].reused_after_s is not None, (first["torch.compile"], first["eager"])
@@ -131,20 +136,12 @@ async def test_a_cuda_profile_at_once_answers_with_torch_compile_pending_and_the
         await verify_relu(ctx, "cuda", reference)
         assert ctx.warmups, "no warm-up started beside the verify"
 
-        async def profile(fresh: bool):
-            prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
-                                                            baselines=("eager", "torch.compile"), budget_s=1.0,
-                                                            hardware_counters=False, use_store=False,
-                                                            fresh_baselines=fresh))
-            assert prof.ok and prof.output_correct, prof.failure
-            return prof
-
-        first = await profile(False)
-        assert {b.name: b for b in first.report.baselines}["torch.compile"].pending, str(first)
+        first = await _profile_relu(ctx, reference, False)
+        assert _baselines(first)["torch.compile"].pending, str(first)
         with anyio.fail_after(300):
             while not [line for line in _lines(trace) if line["op"] == "profile.late_baseline"]:
                 await anyio.sleep(0.1)
-        fresh = await profile(True)
+        fresh = await _profile_relu(ctx, reference, True)
     lines = _lines(trace)
     [late] = [line for line in lines if line["op"] == "profile.late_baseline"]
     # What ran on the host around the warm-up's timing ahead, should its canary have moved.
@@ -153,7 +150,7 @@ async def test_a_cuda_profile_at_once_answers_with_torch_compile_pending_and_the
     assert late["outcome"] == "added", (late, around)
     stored = ctx.store.get_profile(first.profile_id)
     added = {b["name"]: b for b in stored["report"]["baselines"]}["torch.compile"]
-    now = {b.name: b for b in fresh.report.baselines}["torch.compile"]
+    now = _baselines(fresh)["torch.compile"]
     assert added["added_after_s"] is not None and now.reused_after_s is None, (added, now)
     assert abs(added["timing"]["median_us"] / now.timing.median_us - 1) <= 0.05, (added["timing"], now.timing)
     assert abs(first.report.candidate.median_us / fresh.report.candidate.median_us - 1) <= 0.05, \

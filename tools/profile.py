@@ -283,7 +283,7 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                         "fix correctness first (verify_against_reference)")
     checks = ([static_check(scan_candidate(candidate_code, backend))] + timing_checks(candidate_stats, revalidated, report, precision)
               + [wall_anchor_check(candidate_stats, anchor)] + integrity_checks(cand["integrity"], precision))
-    trusted = bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
+    trusted = _trusted(output_correct, checks)
     result = ProfileResult(spec=spec, ok=True, profile_id=profile_id, report=report, output_correct=output_correct,
                            output_check=check, checks=checks, speedup_trusted=trusted,
                            kernel_resources=[k for b in compiled.builds for k in b.kernels] + compiled.jit_kernels,
@@ -305,6 +305,11 @@ async def profile_kernel(ctx: ToolContext, request: job.ProfileRequest, progress
                                                spec.gpu), cand, eager.median_us if eager else None)
     await progress(steps, steps, "done")
     return result
+
+
+def _trusted(output_correct: bool | None, checks: list[Any]) -> bool:
+    """`speedup_trusted`: the output was right and no hard check failed."""
+    return bool(output_correct) and not any(c.hard and c.status == "fail" for c in checks)
 
 
 # How long a late baseline waits for its warm-up (its compile and its timing ahead) before it is given up.
@@ -356,7 +361,7 @@ async def _add_late_baseline(ctx: ToolContext, result: ProfileResult, warmup: An
     others = tuple(b for b in report.baselines if b.name != "torch.compile")
     report = widen_for_host_pace(report.model_copy(update={"baselines": others + (late,)}))
     checks = [stable_timing_check(report) if c.name == "stable_timing" else c for c in result.checks]
-    trusted = bool(result.output_correct) and not any(c.hard and c.status == "fail" for c in checks)
+    trusted = _trusted(result.output_correct, checks)
     amended = result.model_copy(update={"report": report, "checks": checks, "speedup_trusted": trusted})
     ctx.store.amend_profile(result.profile_id, amended.model_dump(mode="json"),
                             speedup_compile=late.speedup, trusted=trusted)
