@@ -13,11 +13,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import json
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
 
+import anyio
 import httpx2
 import pytest
 
@@ -84,6 +86,19 @@ async def stdio_session(home: Path, *, mode: str = "auto", **env: str) -> AsyncI
             yield client
     finally:
         errlog.close()
+
+
+async def stored_once_added(client, profile_id: str, name: str, wait_s: float = 60.0) -> dict:
+    """The stored profile (`kforge://profiles/{id}`) once its pending baseline `name` was added."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        stored = json.loads((await client.read_resource(f"kforge://profiles/{profile_id}")).contents[0].text)
+        [b] = [b for b in stored["report"]["baselines"] if b["name"] == name]
+        if not b.get("pending"):
+            assert not b.get("error"), b
+            return stored
+        assert time.monotonic() < deadline, f"{name} still pending after {wait_s:.0f} s"
+        await anyio.sleep(0.25)
 
 
 def free_port() -> int:
