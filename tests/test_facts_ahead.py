@@ -37,6 +37,7 @@ async def test_a_verify_measures_the_ceilings_ahead_and_the_profile_after_it_mea
     trace = tmp_path / "trace.jsonl"
     ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
     ctx.facts_ahead = "all"  # the cpu backend's too ("gpu", the default, GPU backends only)
+    ctx.facts_at_start = False  # measured after the verify, not while the pool warms (below)
     ctx.warm_baselines = "off"  # no warm-up taking the idle workers
     reference = problem_reference("relu")
     async with ctx.warm_workers(3) as pool:
@@ -53,6 +54,39 @@ async def test_a_verify_measures_the_ceilings_ahead_and_the_profile_after_it_mea
         assert _measured(trace) == 1, "the profile measured the ceilings again"
         # Known now: the next verify starts nothing.
         assert not ctx.measure_facts_ahead(await ctx.require_backend("cpu"))
+
+
+async def test_a_fresh_server_measures_them_while_its_pool_warms_and_its_first_profile_measures_none(tmp_path):
+    """During the agent's first turn: after the first verify they waited for its workers' refills (1.6 s of the
+    first profile, level2/80 after a 10 s turn, H200, s36)."""
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.facts_ahead = "all"
+    async with ctx.warm_workers(2) as pool:
+        with anyio.fail_after(150):  # no job asked (the triton backend's, its interpreter here, are measured too)
+            while ("cpu", "") not in ctx._facts or ctx._facts_ahead:
+                await anyio.sleep(0.1)
+        assert "measured" in [line["outcome"] for line in _lines(trace) if line["op"] == "ceilings.ahead"]
+        await _ready(pool, 2)
+        measured = _measured(trace)
+        prof = await profile_kernel(ctx, ProfileRequest(backend="cpu", reference_code=problem_reference("relu"),
+                                                        candidate_code=RELU, baselines=("eager",), budget_s=0.2,
+                                                        hardware_counters=False, use_store=False))
+        assert prof.ok, prof.failure
+        assert prof.report.device.peak_bandwidth_gbs and _measured(trace) == measured  # none again
+
+
+async def test_a_job_before_the_pool_is_warm_goes_first_and_its_verify_measures_them(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    ctx = ToolContext(home=tmp_path / "home", limits=WorkerLimits(trace_file=str(trace)))
+    ctx.facts_ahead = "all"
+    ctx.warm_baselines = "off"
+    async with ctx.warm_workers(2) as pool:
+        await verify_relu(ctx, "cpu", problem_reference("relu"))  # sent at once: it takes the pool's first forks
+        assert (await _ahead_done(trace))["outcome"] == "measured"
+        ahead = [line for line in _lines(trace) if line["op"] == "ceilings.ahead"]
+        trials = [line["at"] for line in _lines(trace) if line["role"] == "candidate" and line["op"] == "trial"]
+        assert len(ahead) == 1 and trials and ahead[0]["at"] > max(trials), "measured beside the job, not after it"
 
 
 async def test_the_default_measures_gpu_backends_only_and_never_starts_a_cold_worker(tmp_path):

@@ -141,6 +141,37 @@ async def test_a_job_waiting_for_a_worker_lets_a_stopped_fork_of_its_kind_go_on(
         await warm.proc.aclose()
 
 
+async def test_quiet_waits_for_the_forks_a_job_waits_for_but_not_for_stopped_ones(tmp_path):
+    """A warm-up's rounds start only when no fork readies a device beside them: one the next verify waited for (and
+    so went on through the pause) ran beside a warm-up's eager, which read 12.2% slow (level2/80, H200, s36)."""
+    ctx = ToolContext(home=tmp_path / "home")
+    async with ctx.warm_workers(1) as pool:
+        forks = await _under_way_with_pid(pool)
+        release = ctx.hold_forks()
+        ctx.pause_forks()
+        with anyio.fail_after(30):  # only stopped forks under way: nothing to wait for
+            await pool.quiet(timeout_s=60)
+        assert all([await _stopped(f.pid) for f in forks])
+        backend, env = forks[0].kind
+        got = []
+
+        async def job() -> None:
+            got.append(await pool.acquire(backend, dict(env), wait_s=120))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(job)
+            with anyio.fail_after(10):
+                while not any(not f.stopping for f in pool._under_way):  # the job's wait lets its kind go on
+                    await anyio.sleep(0.01)
+            with anyio.fail_after(150):
+                await pool.quiet(timeout_s=150)
+            assert not any(not f.stopping for f in pool._under_way), [(f.pid, f.stopping) for f in pool._under_way]
+        assert got and got[0] is not None, pool.problems
+        release()
+        await kill_group(got[0].proc)
+        await got[0].proc.aclose()
+
+
 async def test_a_jobs_workers_are_killed_at_once_and_collected_in_the_background(tmp_path):
     ctx = ToolContext(home=tmp_path / "home")
     async with ctx.warm_workers(1) as pool:

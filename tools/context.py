@@ -141,6 +141,9 @@ class ToolContext:
     #: whose device's ceilings are measured in the background after a verify, for the profile that likely follows
     #: (`measure_facts_ahead`): "gpu" backends (the default), "all", or "off"
     facts_ahead: str = "gpu"
+    #: whether those ceilings are also measured as soon as a fresh server's pool is warm, if no job came yet (during
+    #: the agent's first turn: `warm_workers`)
+    facts_at_start: bool = True
     _facts_ahead: set[tuple[str, str]] = field(default_factory=set, init=False)  # keys being measured ahead
 
     def worker(self, backend: str, scratch: Path, role: str, *, extra_env: dict[str, str] | None = None,
@@ -205,10 +208,21 @@ class ToolContext:
                 gpu_host = any(avail.kind == "gpu" for avail in ready)
                 first = [avail for avail in ready if avail.kind == "gpu" or not gpu_host]
                 want_all(first)
-                if later := [avail for avail in ready if avail not in first]:
+                later = [avail for avail in ready if avail not in first]
+                ahead = [avail for avail in first if self.facts_at_start and self._facts_wanted(avail)]
+                if later or ahead:
                     with anyio.move_on_after(_OTHER_KINDS_AFTER_S):
                         while not pool.settled():
                             await anyio.sleep(0.2)
+                # The ceilings, during the agent's first turn: measured after the first verify instead, they waited
+                # for its workers' refills and were 1.6 s of the first profile (level2/80 after a 10 s turn, H200,
+                # s36). Not once a job took workers: it goes first, and its verify measures them ahead.
+                if ahead and pool.settled() and not pool.served:
+                    for avail in ahead:
+                        for placement in gpus.placements(avail) or [None]:
+                            with gpus.placed_on(placement):
+                                self.measure_facts_ahead(avail)
+                if later:
                     want_all(later)
             except Exception:  # noqa: BLE001 - a failed probe is reported by the first tool call
                 pass
@@ -309,19 +323,24 @@ class ToolContext:
             return self._facts[key]
 
     def measure_facts_ahead(self, avail: Availability) -> bool:
-        """After a verify on the running call's device: measure its ceilings in the background when they are not
-        known yet, in the next warm worker to come idle, so that the profile that likely follows finds them (a new
-        data directory's first profile spent 0.36 s measuring them, an H200, s28). Never starts a cold worker;
+        """After a verify on the running call's device (or on a fresh server, during the agent's first turn:
+        `warm_workers`): measure its ceilings in the background when they are not known yet, in the next warm worker
+        to come idle, so that the profile that likely follows finds them (a new data directory's first profile spent
+        0.36 s measuring them, an H200, s28). Never starts a cold worker;
         where none comes idle, or a profile asks first, the profile measures them as before. Returns whether it
         started."""
         placement = gpus.current()
         key = _facts_key(avail.backend, placement)
-        wanted = self.facts_ahead == "all" or (self.facts_ahead == "gpu" and avail.kind == "gpu")
-        if self.background is None or self.pool is None or not wanted or key in self._facts or key in self._facts_ahead:
+        if self.background is None or self.pool is None or not self._facts_wanted(avail) or key in self._facts \
+                or key in self._facts_ahead:
             return False
         self._facts_ahead.add(key)
         self.background.start_soon(self._facts_in_background, avail.backend, placement, key)
         return True
+
+    def _facts_wanted(self, avail: Availability) -> bool:
+        """Whether `avail`'s ceilings are measured ahead (`facts_ahead`)."""
+        return self.facts_ahead == "all" or (self.facts_ahead == "gpu" and avail.kind == "gpu")
 
     async def _facts_in_background(self, backend: str, placement: gpus.Placement | None, key: tuple[str, str]) -> None:
         started, outcome = time.perf_counter(), "measured"
@@ -371,7 +390,12 @@ class ToolContext:
         avail = await self.require_backend(backend)
         gpu = _facts_key(backend, gpus.current())[1] or None  # a pinned GPU's id, else None
         async with self.device_use(self.device_key(avail)).timing():
-            reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
+            release = self.hold_forks()  # as a timing: the refill of its own worker's take readies a device else
+            self.pause_forks()
+            try:
+                reply = await w.call(CeilingsRequest(remeasure=remeasure, gpu=gpu), stage="ceilings")
+            finally:
+                release()
         if reply.failure is not None or reply.facts is None:
             raise RequestError(f"the device's ceilings could not be measured: {reply.failure}")
         stored = reply.to_store  # measured by a worker of its own (no candidate's): the cache is read-only there

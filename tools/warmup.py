@@ -207,7 +207,7 @@ async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str
         """A job that waits for the device goes first, between rounds (no job waits on a warm-up), and a late profile
         ends first; the forks they ask for start beside them (`WorkerPool.hold_forks`: except forks a job waits for)
         and are stopped again after them."""
-        if use.contended or warmup.late_profiles:
+        while use.contended or warmup.late_profiles:  # again, if one came while it settled
             await use.give_way(until=warmup.late_profiles_done if warmup.late_profiles else None)
             await settle()
 

@@ -168,6 +168,11 @@ class _Fork:
         if self._want_stopped:
             self._signal(signal.SIGSTOP)
 
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop (`stop`), until it goes on."""
+        return self._want_stopped
+
     def stop(self) -> None:
         self._want_stopped = True
         if self.pid is not None:
@@ -359,6 +364,7 @@ class WorkerPool:
         self.host_holds = host_holds or HostHolds()
         self._others: tuple[bool, bool] = (False, False)
         self._under_way: set[_Fork] = set()  # forks readying their device (`pause_forks` stops them)
+        self._fork_ended = anyio.Event()  # a fork under way ended (`quiet`)
         self._reaping = self._reaping_bytes = 0  # jobs' killed workers whose exits are still awaited (`reap`)
         self._reaped = anyio.Event()
         # Workers kept for the next job of the same code (`give_back_kept`), by key (role, backend, GPU pin, the
@@ -616,16 +622,23 @@ class WorkerPool:
                 self._reaped = anyio.Event()
 
     async def quiet(self, timeout_s: float = _KEPT_WAIT_S) -> None:
-        """Wait, up to `timeout_s`, until no worker given back is still being reset and no killed one is still
-        exiting: their frees, unmaps and device-context teardowns run on the device beside whatever else does. A
-        warm-up's timing ahead that started as the profile before it gave its workers back read eager 11.7% slower
-        than that profile had (8192x8192 ReLU, H200, 2026-12-02), so its torch.compile could not be compared."""
+        """Wait, up to `timeout_s`, until no worker given back is still being reset, no killed one is still exiting,
+        and no fork readies a device unstopped (after `pause_forks`: one a job waits for): their frees, unmaps and
+        device-context starts and teardowns run on the device beside whatever else does. A warm-up's timing ahead
+        that started as the profile before it gave its workers back read eager 11.7% slower than that profile had
+        (8192x8192 ReLU, H200, 2026-12-02), and one beside the forks the next verify waited for 12.2% slower
+        (level2/80, H200, s36), so its torch.compile could not be compared."""
         with anyio.move_on_after(timeout_s):
-            while self._resetting or self._reaping:
+            while self._resetting or self._reaping or self._forks_going_on():
                 if self._resetting:
                     await self._kept_settled[next(iter(self._resetting))].wait()
-                else:
+                elif self._reaping:
                     await self._reaped.wait()
+                else:
+                    await self._fork_ended.wait()
+
+    def _forks_going_on(self) -> bool:
+        return any(not fork.stopping for fork in self._under_way)
 
     async def reaped(self) -> None:
         """Wait until the last jobs' workers are gone if they held much device memory: a new job of several GB
@@ -813,6 +826,8 @@ class WorkerPool:
         finally:
             self._under_way.discard(under_way)
             under_way.go_on()  # (a fork that failed while stopped must not stay stopped)
+            self._fork_ended.set()
+            self._fork_ended = anyio.Event()
             self._starting[kind] -= 1
             if self.max_forks:
                 self._wake.set()  # room for a fork held back by the limit
