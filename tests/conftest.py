@@ -6,6 +6,7 @@ distinct kernel is compiled once (about 30 s on 2 cores) however many tests use 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import json
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path

@@ -132,7 +132,7 @@ def _device_memory(avail: Any) -> int | None:
 async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, ...], placement: Any, device: str,
                 warmup: Warmup) -> None:
     started, outcome = time.perf_counter(), "cancelled"  # by the profile it was too late for, or the server's end
-    held: list[str] = []  # what the precompile did (`_compile`), for the trace
+    precompile = None  # what the precompile did (`_compile`), for the trace
     try:
         with warmup.scope, placed_on(placement), ctx.scratch("warmup") as scratch:
             async with WorkerGroup(ctx.pool) as workers:
@@ -140,7 +140,7 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                 # the job, and could not be kept (only warm workers are).
                 judge = await workers.start(ctx.worker(backend, scratch / "judge", "judge", warm_only=True))
                 warmup.compiling = True  # from now on a profile of the reference waits for it (`steps.prepare_judge`)
-                outcome, prepared = await _compile(judge, reference, ctx.device_use(device), held)
+                outcome, prepared, precompile = await _compile(judge, reference, ctx.device_use(device))
                 if outcome == "kept" and ctx.warm_timing and prepared is not None:
                     stop = (lambda: warmup.wanted) if warmup.after_job else None
                     outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s,
@@ -154,39 +154,39 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
         outcome = "failed"
     finally:
         trace("server", "warmup.torch_compile", True, started, to=ctx.limits.trace_file, outcome=outcome,
-              precompile=held[0] if held else None)
+              precompile=precompile)
         # Ended once the judge's reset is under way (`WorkerGroup` gave it back), so `take_kept` waits for it.
         ctx.warmups.pop(key, None)
         warmup.done.set()
 
 
-async def _compile(judge: Any, reference: str, use: Any, held: list[str]) -> tuple[str, PrepareReply | None]:
-    """Load and build the reference in `judge`, compile it with torch.compile, and call it: "kept" or why not, and the
-    reference's prepared reply. What runs on the device (the reference, its inputs, the compiled model's first calls)
+async def _compile(judge: Any, reference: str, use: Any) -> tuple[str, PrepareReply | None, str | None]:
+    """Load and build the reference in `judge`, compile it with torch.compile, and call it: "kept" or why not, the
+    reference's prepared reply, and what the precompile did (None where it did not run). What runs on the device (the reference, its inputs, the compiled model's first calls)
     runs under `use.run()`, never beside a timing; the compile itself (`PrecompileRequest`: host work, one core) runs
-    beside anything, so a profile that does not wait for it (`late_baseline`) times meanwhile. `held` gets whether
-    the compiled graph's first run was held back, or the model ran to the end (no graph compiled: its calls ran
-    outside any device use)."""
+    beside anything, so a profile that does not wait for it (`late_baseline`) times meanwhile. It either held the
+    compiled graph's first run back, or the model ran to the end (no graph compiled: its calls ran outside any device
+    use)."""
     async with use.run():
         loaded = await judge.call(LoadRequest(role="reference", source=reference), stage="reference")
         if loaded.failure is not None:
-            return "the reference failed to load", None
+            return "the reference failed to load", None, None
         init_seed, seeds = fresh_seeds(1)
         prepared = await judge.call(PrepareRequest(init_seed=init_seed, seeds=seeds, exact=False, variants=False),
                                     stage="reference")
         if prepared.failure is not None:
-            return "the reference failed", None
+            return "the reference failed", None, None
         made = await judge.call(TimingSetsRequest(seeds=fresh_seeds(1)[1]), stage="reference")
         if made.failure is not None:
-            return "the reference's inputs failed", None
+            return "the reference's inputs failed", None, None
     precompiled = await judge.call(PrecompileRequest(), stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
     if precompiled.failure is not None:
-        return "torch.compile failed", prepared
-    held.append("held back" if precompiled.compiled else "ran to the end")
+        return "torch.compile failed", prepared, None
+    precompile = "held back" if precompiled.compiled else "ran to the end"
     async with use.run():
         timed = await judge.call(TimeRequest(label="torch.compile", compile=True, policy=_WARM_POLICY),
                                  stage="timing torch.compile", timeout_s=_COMPILE_TIMEOUT_S)
-    return ("torch.compile failed" if timed.failure is not None else "kept"), prepared
+    return ("torch.compile failed" if timed.failure is not None else "kept"), prepared, precompile
 
 
 async def _time_ahead(ctx: ToolContext, judge: Any, backend: str, reference: str, device: str,
