@@ -134,3 +134,25 @@ def test_the_toolchains_a_sandbox_may_read_are_named_by_the_backends(monkeypatch
     assert toolchain_homes() == ["/opt/toolkit-a"]
     monkeypatch.setenv("CUDA_PATH", "/opt/toolkit-b")
     assert toolchain_homes() == ["/opt/toolkit-a", "/opt/toolkit-b"]
+
+
+@pytest.mark.parametrize(("footprint_gb", "capacity_gb", "beside"), [
+    (0.2, 80, True),    # a small problem: the nulls run beside the trial (the time it saves)
+    (4.3, 80, False),   # KernelBench's MaxPool2d on an H100: over 1/32 of the device
+    (4.3, 141, False),  # the same on an H200: under 1/32, but over the 1 GiB that running beside may add
+    (1.5, 141, False),
+    (0.9, 16, False),   # a small device: its share holds it back
+])
+def test_the_judges_nulls_run_beside_a_trial_only_on_a_small_problem(footprint_gb, capacity_gb, beside):
+    """Whether calibration runs beside the candidate's trial (both processes then hold a trial's inputs, outputs and
+    workspace at once) is bounded by the problem's own size, not only by the device's: on a 141 GB H200 a share
+    alone let MaxPool2d's verify reach 4.75x its footprint."""
+    from kforge.tools.process.protocol import PrepareReply
+    from kforge.tools.trials import calibrate_beside_trial
+
+    def prepared(footprint: int | None) -> PrepareReply:
+        return PrepareReply(expected=[], distribution="native", exact=False, reference_call_s=0.01,
+                            footprint_bytes=footprint, capacity_bytes=int(capacity_gb * 1e9))
+
+    assert calibrate_beside_trial(prepared(int(footprint_gb * 1e9))) is beside
+    assert calibrate_beside_trial(prepared(None)) is False

@@ -131,9 +131,15 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: Pr
 
 
 # Calibration runs beside the candidate's call (and the repeat inside it) when the problem takes under this share
-# of the device's memory. At 1/16, MaxPool2d at its KernelBench size (4.3 GB on an 80 GB H100) ran beside and its
-# verify peaked at 3.6x its footprint; small problems, where running beside saves the time, stay far below.
+# of the device's memory and under `_BESIDE_MAX_BYTES`. At 1/16, MaxPool2d at its KernelBench size (4.3 GB on an
+# 80 GB H100) ran beside and its verify peaked at 3.6x its footprint; small problems, where running beside saves
+# the time, stay far below.
 _BESIDE_SHARE = 1 / 32
+# A share alone grows with the device: on a 141 GB H200, 1/32 let MaxPool2d's 4.3 GB run beside again, and its
+# verify peaked at 4.75x its footprint (the judge's nulls, 9.9 GB, beside the candidate's trial, 8.9 GB: each
+# forward also holds max_pool2d's int64 indices), where the two one after the other hold ~4x (H200, 2026-12-02).
+# Under 1 GiB a CUDA context (~1.3 GB a process there) outweighs what running beside adds.
+_BESIDE_MAX_BYTES = 2**30
 
 
 def _error_of(record: TrialReply | RepeatReply) -> str:
@@ -146,9 +152,10 @@ def _error_of(record: TrialReply | RepeatReply) -> str:
 
 def calibrate_beside_trial(prepared: PrepareReply) -> bool:
     """Whether the judge's null candidates may run while the candidate's worker runs its trial: both
-    processes then hold a trial's inputs and outputs at once, so only where that is small beside the device."""
+    processes then hold a trial's inputs and outputs at once, so only where that is small beside the device and
+    small in itself (the device's memory bound is a multiple of the problem's footprint, whatever the device)."""
     footprint, capacity = prepared.footprint_bytes, prepared.capacity_bytes
-    return bool(footprint is not None and capacity and footprint < _BESIDE_SHARE * capacity)
+    return bool(footprint is not None and capacity and footprint < min(_BESIDE_SHARE * capacity, _BESIDE_MAX_BYTES))
 
 
 async def _settle(call: Awaitable[Any]) -> Any:
