@@ -137,7 +137,8 @@ async def judge_trials(judge: WorkerProcess, worker: WorkerProcess, prepared: Pr
 _BESIDE_SHARE = 1 / 32
 # A share alone grows with the device: on a 141 GB H200, 1/32 let MaxPool2d's 4.3 GB run beside again, and its
 # verify peaked at 4.75x its footprint (the judge's nulls, 9.9 GB, beside the candidate's trial, 8.9 GB: each
-# forward also holds max_pool2d's int64 indices), where the two one after the other hold ~4x (H200, 2026-12-02).
+# forward also holds max_pool2d's int64 indices; H200, 2026-12-02). Apart, they should hold ~4x: twice the
+# reference's own peak (not yet measured on a GPU).
 # Under 1 GiB a CUDA context (~1.3 GB a process there) outweighs what running beside adds.
 _BESIDE_MAX_BYTES = 2**30
 
