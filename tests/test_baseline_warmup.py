@@ -17,7 +17,7 @@ from kforge.tools.process.limits import WorkerLimits
 from kforge.tools.profile import profile_kernel
 from kforge.tools.requests import ProfileRequest, VerifyRequest
 from kforge.tools.steps import warm_key
-from kforge.tools.warmup import Warmup, start_warmup
+from kforge.tools.warmup import Warmup, start_warmup, warmed_beside
 
 pytestmark = pytest.mark.anyio
 
@@ -179,6 +179,19 @@ async def _profile_relu(ctx, reference: str):
                                                     hardware_counters=False, use_store=False))
     assert prof.ok and prof.output_correct, prof.failure
     return {b.name: b for b in prof.report.baselines}
+
+
+def test_a_mid_size_problem_is_warmed_beside_its_verify_where_it_is_small_beside_the_device():
+    """KernelBench's Conv2d+BatchNorm (0.79 GB) and Conv2d+InstanceNorm (1.58 GB) are warmed beside their verify on an
+    H100 or H200 (their first profile at once then answers without waiting for the compile); its 9.6 GB Conv2d is warmed
+    after it, as is a problem over 1/32 of a smaller device's memory."""
+    gb, h100, h200 = 10**9, 80 * 2**30, 141 * 10**9
+    for device in (h100, h200):
+        assert warmed_beside(int(0.79 * gb), device) and warmed_beside(int(1.58 * gb), device)
+        assert not warmed_beside(int(9.63 * gb), device) and not warmed_beside(int(2.2 * gb), device)
+    assert warmed_beside(0, h100) and warmed_beside(None, h100)
+    assert not warmed_beside(int(0.79 * gb), 16 * 2**30)  # 1/32 of 16 GiB is 512 MiB
+    assert warmed_beside(int(0.79 * gb), None) and not warmed_beside(int(2.2 * gb), None)  # memory not said: 2 GiB
 
 
 async def test_a_large_problem_is_warmed_after_its_verify_and_its_profile_takes_the_baseline_timed_ahead(

@@ -10,8 +10,9 @@ reference on its GPU that has its judge (`Warmup.compiling`), then takes that ju
 it cancels, and compiles itself (`steps.prepare_judge`). Dynamo's cache lives in the judge's process, so its next
 jobs' torch.compile of the reference compiles in milliseconds.
 
-A problem over `_BESIDE_MAX_FOOTPRINT` is not warmed beside the job: a third process holding its inputs, outputs and
-compile would take the device's memory past 3x the problem's. It is warmed once its first correct verify is done
+A problem over `_BESIDE_MAX_FOOTPRINT` (2 GiB), or over 1/32 of its device's memory, is not warmed beside the job:
+a third process holding its inputs, outputs and compile would take the device's memory past 3x the problem's. It is
+warmed once its first correct verify is done
 (`after_job`), alone on its GPU with its judge, during the agent's turn. Its judge reserves more than a kept worker may
 (`pool._KEPT_MAX_BYTES`), so the baseline it times ahead is what the profile takes (`warm_timing`), and the judge is
 kept for that profile after its reset. Such a warm-up gives way: any other job on its GPU ends it, and a profile of
@@ -49,11 +50,18 @@ from .process.runner import NoIdleWorker, WorkerGroup
 from .profile import baseline_key, baseline_stored, time_baselines_ahead
 from .steps import fresh_seeds, warm_key
 
-__all__ = ["Warmup", "start_warmup"]
+__all__ = ["Warmup", "start_warmup", "warmed_beside"]
 
-# A problem up to this size is warmed beside the job that asks: its judge's inputs, a timing set and outputs stay
-# near 3x this, and its judge is kept (`pool._KEPT_MAX_BYTES`).
-_BESIDE_MAX_FOOTPRINT = 512 * 2**20
+# A problem up to this size, and up to this share of its device's memory, is warmed beside the job that asks
+# (`warmed_beside`). At 512 MiB alone, KernelBench's Conv2d+BatchNorm (0.79 GB) and Conv2d+InstanceNorm (1.58 GB) were
+# warmed after their verify, and a profile sent at once waited for the compile (3.6 and 2.9 s): verify and profile
+# took 2.07x and 1.30x KernelBench's harness (H200, 2026-12-02). Beside, its profile answers with torch.compile
+# pending and the warm-up adds it (`profile._late_warmup`). What a third process holds there (its judge: ~1x the
+# problem while it compiles, ~3x while it times) is small beside the device, and under 2 GiB the processes' CUDA
+# contexts (~1.3 GB each) already outweigh it. Its judge is kept after its reset, whatever its peak
+# (`pool._KEPT_MAX_BYTES`).
+_BESIDE_MAX_FOOTPRINT = 2 * 2**30
+_BESIDE_SHARE = 1 / 32
 # A larger one is warmed after the job (`after_job`), up to this share of its device's memory: its judge (~3x the
 # problem) and a job that arrives before it gave way (~3x) fit beside each other and the pool's idle workers.
 _AFTER_MAX_SHARE = 1 / 8
@@ -100,15 +108,17 @@ async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint
                        after_job: bool = False) -> bool:
     """Start compiling `reference`'s torch.compile baseline in a judge of its own on the job's GPU, unless one is
     compiled or being compiled there, a recent one is stored, or the backend's kind is not warmed
-    (`ToolContext.warm_baselines`). Beside a job only a problem up to `_BESIDE_MAX_FOOTPRINT` (`footprint_bytes`, its
+    (`ToolContext.warm_baselines`). Beside a job only a problem that `warmed_beside` allows (`footprint_bytes`, its
     inputs and outputs) is warmed; `after_job` (the job's workers are gone), only a larger one, up to
     `_AFTER_MAX_SHARE` of the device's memory, and only to time it ahead (`warm_timing`). Returns whether it started;
     it never waits for the compile."""
-    tg, pool, large = ctx.background, ctx.pool, (footprint_bytes or 0) > _BESIDE_MAX_FOOTPRINT
-    if tg is None or pool is None or ctx.warm_baselines == "off" or large != after_job:  # small beside, large after
+    tg, pool = ctx.background, ctx.pool
+    if tg is None or pool is None or ctx.warm_baselines == "off":
         return False
     avail = await ctx.require_backend(backend)
     if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
+        return False
+    if warmed_beside(footprint_bytes, _device_memory(avail)) == after_job:  # small beside, large after
         return False
     if after_job and (not ctx.warm_timing or (footprint_bytes or 0) > _AFTER_MAX_SHARE * (_device_memory(avail) or 0)):
         return False
@@ -118,6 +128,13 @@ async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint
     warmup = ctx.warmups[key] = Warmup(after_job=after_job)
     tg.start_soon(_warm, ctx, backend, reference, key, current_gpu(), ctx.device_key(avail), warmup)
     return True
+
+
+def warmed_beside(footprint_bytes: int | None, device_bytes: int | None) -> bool:
+    """Whether a problem of `footprint_bytes` (its inputs and outputs) is warmed beside the job that asks, rather than
+    after it: up to `_BESIDE_MAX_FOOTPRINT` and `_BESIDE_SHARE` of its device's memory (`device_bytes`)."""
+    share = _BESIDE_SHARE * device_bytes if device_bytes else _BESIDE_MAX_FOOTPRINT  # (a device that did not say)
+    return (footprint_bytes or 0) <= min(_BESIDE_MAX_FOOTPRINT, share)
 
 
 def _device_memory(avail: Any) -> int | None:
@@ -146,8 +163,9 @@ async def _warm(ctx: ToolContext, backend: str, reference: str, key: tuple[str, 
                     outcome = await _time_ahead(ctx, judge, backend, reference, device, prepared.reference_call_s,
                                                 warmup, stop)
                 if outcome.startswith("kept"):
-                    # A large problem's judge reserved more than a kept worker may; its profile is the next job.
-                    workers.give_back(judge, key, any_peak=warmup.after_job)
+                    # Its job's peak may exceed a kept worker's (`pool._KEPT_MAX_BYTES`): a large problem's profile is
+                    # the next job, and a mid-size one's judge (up to 2 GiB of problem) is small again after its reset.
+                    workers.give_back(judge, key, any_peak=True)
     except NoIdleWorker:
         outcome = "no idle worker"
     except Exception:  # noqa: BLE001 - a warm-up is a head start, never a job: the profile compiles as before
