@@ -99,11 +99,11 @@ async def test_a_timed_warm_up_gives_the_first_profile_a_torch_compile_baseline_
 
 
 async def test_a_large_problem_is_warmed_after_its_verify_and_a_profile_during_it_takes_its_judge(tmp_path):
-    """A ReLU of 16384x16384 (2 GiB of input and output) is over the size warmed beside a job: its warm-up starts once
+    """A ReLU of 24576x24576 (4.5 GiB of input and output) is over the size warmed beside a job: its warm-up starts once
     the verify's workers are gone. Its judge reserves more than a kept worker may, and is kept for the profile all
     the same; the profile, asked while that judge compiles, stops the timing ahead and times torch.compile in its own
     rounds in that judge."""
-    ctx, trace, reference = _cuda_relu(tmp_path, 16384)
+    ctx, trace, reference = _cuda_relu(tmp_path, 24576)
     async with ctx.warm_workers(2) as pool:
         await _cuda_ready(pool)
         warmup = await _warmed_after_verify(ctx, "cuda", reference)
@@ -123,14 +123,16 @@ async def test_a_large_problem_is_warmed_after_its_verify_and_a_profile_during_i
     assert len(warm) == len(times) > 1 and max(t.get("peak_gb", 0) for t in warm) * 1e9 > _KEPT_MAX_BYTES, times
 
 
+@pytest.mark.parametrize("size", [8192, 12288])
 async def test_a_cuda_profile_at_once_answers_with_torch_compile_pending_and_the_late_one_agrees_with_a_fresh_timing(
-        tmp_path):
+        tmp_path, size):
     """`late_baselines`: the profile right after the verify times eager and the candidate while the warm-up compiles
     (its `precompile` runs no kernel, so it holds no device use), answers with torch.compile pending, and the warm-up's
     baseline is added once timed; a profile with fresh baselines then times torch.compile within 5% of it, and the
     first profile's candidate within 5% of the fresh one's (the compile beside its timing did not move it). 8192x8192
-    ReLU, as above."""
-    ctx, trace, reference = _cuda_relu(tmp_path, 8192)
+    ReLU (512 MiB of input and output), and 12288x12288 (1.1 GiB: a mid-size problem, warmed beside its verify as
+    `warmup.warmed_beside` allows)."""
+    ctx, trace, reference = _cuda_relu(tmp_path, size)
     async with ctx.warm_workers(2) as pool:
         await _cuda_ready(pool)
         await verify_relu(ctx, "cuda", reference)
