@@ -147,3 +147,51 @@ def test_a_verdict_only_compare_gives_the_full_verdict_and_stops_at_the_first_wr
     assert zeros.mismatches == 5 and zeros.numel == 40 and "first 5 elements" in zeros.problems[0]  # its first chunk only
     [right] = compare_outputs([e], [e + 1e-6], verdict_only=True)
     assert right.max_abs_error == pytest.approx(1e-6, rel=0.05) and right.rel_error is not None  # the full pass
+
+
+def _full_pass_only(monkeypatch):
+    """compare_outputs with the pass that masks NaN and Inf in every chunk (the one a finite pass falls back to)."""
+    import kforge.tools.harness.compare as compare
+
+    masked = compare._Pass.__init__
+
+    def always_masked(self, *args, finite=False, **kwargs):
+        masked(self, *args, finite=False, **kwargs)
+
+    monkeypatch.setattr(compare._Pass, "__init__", always_masked)
+
+
+def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatch):
+    """Most outputs hold no NaN or Inf, and their compare skips the masks those need (`_Pass.finite`); it must give
+    the very check the masked pass gives, chunk by chunk or not, with a float64 truth or not, and an output with a
+    NaN or Inf anywhere (in the reference, the candidate or the truth) must be compared by the masked pass."""
+    import kforge.tools.harness.compare as compare
+
+    torch.manual_seed(0)
+    e = torch.randn(97)
+    wrong, nan_both, inf_both, inf_got = e + 1e-6, e.clone(), e.clone(), e.clone()
+    wrong[[3, 50, 96]] += torch.tensor([1.0, -2e-3, 5e-4])
+    nan_both[10] = float("nan")
+    inf_both[20] = float("inf")
+    inf_got[30] = float("-inf")
+    g_nan, g_inf = e.clone(), inf_both.clone()
+    g_nan[10] = float("nan")
+    truth, truth_inf = e.double() + 1e-9, e.double()
+    truth_inf[5] = float("inf")
+    cases = [(e, e + 1e-6, None), (e, wrong, None), (e, wrong, truth), (nan_both, g_nan, None), (inf_both, g_inf, None),
+             (e, inf_got, truth), (e, e + 1e-6, truth_inf), (e, torch.zeros_like(e), truth),
+             (torch.arange(97), torch.arange(97), None), (torch.arange(97), torch.arange(97).flip(0), None),
+             (e * 1e-30, e * 1e-30 + 1e-6, None)]
+    for chunk in (1 << 24, 7):
+        monkeypatch.setattr(compare, "_CHUNK", chunk)
+        for verdict_only in (False, True):
+            quick = [compare_outputs([x], [y], exact=[t] if t is not None else None, verdict_only=verdict_only)[0]
+                     for x, y, t in cases]
+            with monkeypatch.context() as m:
+                _full_pass_only(m)
+                full = [compare_outputs([x], [y], exact=[t] if t is not None else None, verdict_only=verdict_only)[0]
+                        for x, y, t in cases]
+            for k, (a, b) in enumerate(zip(quick, full)):
+                assert a == b, (chunk, verdict_only, k, a, b)
+    # (the last: every element within atol, its norm 1e24 times the output's own: wrong, as the masked pass says)
+    assert [c.correct for c in quick] == [True, False, False, True, True, False, True, False, True, False, False]
