@@ -381,8 +381,9 @@ def compare_outputs(expected: list[Any], got: list[Any], *, atol: float | None =
     beside it and the expected one took 3x the output in the judge, conv2d at its KernelBench size).
     `verdict_only`: an output with an element beyond tolerance is judged wrong as soon as one is seen (read after
     chunk 1, 2, 4, 8, ...), its other numbers left out: the judge's nulls only ask whether they would pass, and a
-    compare of level1/63's 5 GB output took 0.34 s in full (an H200, s27, before the finite pass, `_Pass.finite`). Verdicts are those of the full compare; an
-    output with none beyond tolerance (softmax's tiny outputs against zeros) is compared in full, as before.
+    compare of level1/63's 5 GB output took 0.34 s in full (an H200, s27, before the finite pass, `_Pass.finite`).
+    Verdicts are those of the full compare; an output with none beyond tolerance (softmax's tiny outputs against
+    zeros) is compared in full, as before.
     """
     exact = exact or []
     checks = [_compare_one(i, exp, got[i] if i < len(got) else None, atol, rtol, precision,
