@@ -149,18 +149,6 @@ def test_a_verdict_only_compare_gives_the_full_verdict_and_stops_at_the_first_wr
     assert right.max_abs_error == pytest.approx(1e-6, rel=0.05) and right.rel_error is not None  # the full pass
 
 
-def _full_pass_only(monkeypatch):
-    """compare_outputs with the pass that masks NaN and Inf in every chunk (the one a finite pass falls back to)."""
-    import kforge.tools.harness.compare as compare
-
-    masked = compare._Pass.__init__
-
-    def always_masked(self, *args, finite=False, **kwargs):
-        masked(self, *args, finite=False, **kwargs)
-
-    monkeypatch.setattr(compare._Pass, "__init__", always_masked)
-
-
 def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatch):
     """Most outputs hold no NaN or Inf, and their compare skips the masks those need (`_Pass.finite`); it must give
     the very check the masked pass gives, chunk by chunk or not, with a float64 truth or not, and an output with a
@@ -188,7 +176,7 @@ def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatc
             quick = [compare_outputs([x], [y], exact=[t] if t is not None else None, verdict_only=verdict_only)[0]
                      for x, y, t in cases]
             with monkeypatch.context() as m:
-                _full_pass_only(m)
+                m.setattr(compare, "_FINITE_FIRST", False)  # the masked pass alone
                 full = [compare_outputs([x], [y], exact=[t] if t is not None else None, verdict_only=verdict_only)[0]
                         for x, y, t in cases]
             for k, (a, b) in enumerate(zip(quick, full)):

@@ -117,9 +117,10 @@ async def start_warmup(ctx: ToolContext, backend: str, reference: str, footprint
     avail = await ctx.require_backend(backend)
     if not avail.timing or (ctx.warm_baselines == "gpu" and avail.kind != "gpu"):
         return False
-    if warmed_beside(footprint_bytes, _device_memory(avail)) == after_job:  # small beside, large after
+    memory = _device_memory(avail)
+    if warmed_beside(footprint_bytes, memory) == after_job:  # small beside, large after
         return False
-    if after_job and (not ctx.warm_timing or (footprint_bytes or 0) > _AFTER_MAX_SHARE * (_device_memory(avail) or 0)):
+    if after_job and (not ctx.warm_timing or (footprint_bytes or 0) > _AFTER_MAX_SHARE * (memory or 0)):
         return False
     key = warm_key(backend, reference)
     if key in ctx.warmups or pool.has_kept(key) or baseline_stored(ctx, sha256_text(reference), "torch.compile"):
