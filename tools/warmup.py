@@ -14,9 +14,9 @@ A problem over `_BESIDE_MAX_FOOTPRINT` (2 GiB), or over 1/32 of its device's mem
 a third process holding its inputs, outputs and compile would take the device's memory past 3x the problem's. It is
 warmed once its first correct verify is done (`after_job`), alone on its GPU with its judge, during the agent's turn.
 Its judge reserves more than a kept worker may (`pool._KEPT_MAX_BYTES`), so the baseline it times ahead is what the
-profile takes (`warm_timing`), and the judge is kept for that profile after its reset. Such a warm-up gives way: any other job on its GPU ends it, and a profile of
-its reference that arrives before it is done stops its timing ahead at the next round and takes its judge (it times
-torch.compile in its own rounds, without compiling). On KernelBench's convolutions at their published sizes (H200,
+profile takes (`warm_timing`), and the judge is kept for that profile after its reset. Such a warm-up gives way: any
+other job on its GPU ends it, and a profile of its reference that arrives before it is done stops its timing ahead at
+the next round and takes its judge (it times torch.compile in its own rounds, without compiling). On KernelBench's convolutions at their published sizes (H200,
 2026-11-29), the first profile compiled torch.compile for 2.8-5.2 s and took 1.17-1.75x the harness for verify and
 profile together.
 

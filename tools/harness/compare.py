@@ -156,8 +156,7 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
                     return None
                 if bad:
                     return bad, min(lo + _CHUNK, e_all.numel())
-        acc.finish()
-        return None if acc.finite and not acc.held else acc
+        return acc if acc.finish() else None
 
     acc = streamed(finite=_FINITE_FIRST)
     if acc is None:  # a NaN or Inf in an output or the truth: the pass that tells them apart
@@ -236,8 +235,8 @@ class _Pass:
         self.atol, self.rtol, self.floating, self.has_exact = atol, rtol, floating, has_exact
         # `finite`: every value taken as finite, which makes the masks (NaN, Inf) needless: 17 kernels a chunk
         # instead of 45 (level1/63's 5 GB output took 0.34 s a compare, H200 2026-12-03). Whether that held is known
-        # once the chunks' maxima and sums are read (`held`): a NaN or Inf anywhere makes them NaN or Inf.
-        self.finite, self.held = finite, None
+        # once the chunks' maxima and sums are read (`_held`): a NaN or Inf anywhere makes them NaN or Inf.
+        self.finite = finite
         self.mismatches = self.nan_count = self.inf_count = 0
         self.max_abs = self.max_rel = 0.0
         self.first: list[tuple[int, float, float]] = []
@@ -295,20 +294,22 @@ class _Pass:
         if not self._parts:
             return 0
         parts = torch.stack(self._parts)
-        if self.finite and not bool(torch.isfinite(parts).all()):
-            return None
-        return int(parts[:, 0].sum())
+        return int(parts[:, 0].sum()) if self._held(parts) else None
 
-    def finish(self) -> None:
-        """Bring the per-chunk quantities to the host, once; for a `finite` pass, whether every value was (`held`)."""
-        self.held = True
+    def _held(self, parts: Any) -> bool:
+        """Whether the chunks' quantities can be taken as they are: always, but for a `finite` pass that met a NaN or
+        Inf (which makes a maximum or a sum NaN or Inf)."""
+        return not self.finite or bool(torch.isfinite(parts).all())
+
+    def finish(self) -> bool:
+        """Bring the per-chunk quantities to the host, once; False (and nothing taken) for a `finite` pass that met a
+        value that is not (`_held`)."""
         if not self._parts:
-            return
+            return True
         parts = torch.stack(self._parts).cpu()
         self._parts = []
-        if self.finite and not (held := bool(torch.isfinite(parts).all())):
-            self.held = held
-            return
+        if not self._held(parts):
+            return False
         total, peak = parts.sum(0).tolist(), parts.amax(0).tolist()
         self.mismatches, self.nan_count, self.inf_count = int(total[0]), int(total[3]), int(total[4])
         self.max_abs, self.max_rel = peak[1], peak[2]
@@ -316,6 +317,7 @@ class _Pass:
             self.sq["got"] = total[5:7]
             if self.has_exact:
                 self.sq["reference"] = total[7:9]
+        return True
 
     def locate(self, start: int, e: Any, g: Any) -> None:
         """Record the first mismatches of a chunk (the output is already known to be wrong)."""
