@@ -32,6 +32,16 @@ def test_nan_and_inf_are_reported():
     assert check.nan_count == 1 and check.inf_count == 1
 
 
+def test_an_infinite_reference_is_matched_only_by_the_same_infinity():
+    """Its tolerance (atol + rtol x inf) is infinite, and so is any difference from it: without a rule of its own, a
+    finite value or the other infinity passed where the reference is infinite (torch.isclose fails them)."""
+    e = torch.tensor([float("inf"), float("-inf"), float("inf"), 1.0])
+    g = torch.tensor([1e30, float("inf"), float("inf"), 1.0])
+    [check] = compare_outputs([e], [g])
+    assert not check.correct and check.mismatches == 2
+    assert [m.index for m in check.first_mismatches] == [[0], [1]]
+
+
 def test_shape_dtype_and_type_problems():
     e = torch.ones(3, 4)
     assert "shape [4, 3]" in compare_outputs([e], [torch.ones(4, 3)])[0].problems[0]

@@ -31,10 +31,12 @@ async def test_a_cpu_worker_holds_no_device_context_and_a_cuda_one_does(tmp_path
 
         with anyio.fail_after(240):
             while not (idle("cpu") and idle("cuda")):
+                assert not pool.problems, pool.problems  # a kind whose forks failed: why, not a timeout
                 await anyio.sleep(0.2)
         on_gpu = _gpu_pids()
         cpu_worker, cuda_worker = idle("cpu")[0], idle("cuda")[0]
         assert _tree(cuda_worker.proc.pid) & on_gpu, f"the cuda worker shows no context: {on_gpu}"
+        assert cuda_worker.notes == []  # its judge's compare, the fused kernel (`harness/compare_kernel.py`), ran
         assert not _tree(cpu_worker.proc.pid) & on_gpu, "a cpu worker started a CUDA context"
 
 

@@ -5,6 +5,7 @@ Runs in the judge worker, which holds the expected outputs; the candidate never 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -12,12 +13,15 @@ import torch
 from ..models import Mismatch, OutputCheck, TensorInfo, Tolerance
 from ..tool_inputs import PRECISIONS  # the one definition of the precision policies (torch-free)
 
-__all__ = ["PRECISIONS", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
+__all__ = ["PRECISIONS", "compare_kernel_failures", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
 
 _FIRST_MISMATCHES = 5
 # Each output is compared first by the pass that takes its values as finite (`_Pass.finite`), and by the masked pass
 # only where one is not; False: by the masked pass alone (what `bench/compare_cost.py` and the tests compare it with).
 _FINITE_FIRST = True
+# An output on a GPU is compared by one Triton kernel a chunk (`compare_kernel`), where it can be: "gpu"; "interpret":
+# on CPU tensors under Triton's interpreter (the tests, on a host without a GPU); "off": by the torch passes alone.
+_FUSED = "gpu"
 
 
 # dtype -> (atol, rtol, why). fp32 follows KernelBench's current default with the reference
@@ -106,6 +110,9 @@ def tensor_info(value: Any) -> TensorInfo:
 # Elements compared per pass: the float64 temporaries of a pass stay near 128 MB each however large the
 # output (a multi-GB output compared whole would need several times its size again on the device).
 _CHUNK = 1 << 24
+# Elements per launch of the fused kernel (`compare_kernel`), which makes no temporaries: its offsets stay within
+# int32 (level1/63's output is 2.14e9 elements) and its partial rows (72 bytes a block of 1024) near 19 MB.
+_FUSED_CHUNK = 1 << 28
 
 
 def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: float | None,
@@ -136,18 +143,24 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
     truth = exact if exact is not None and exact.shape == expected.shape else None
     g_all, t_all = got.detach().reshape(-1), truth.detach().reshape(-1) if truth is not None else None
 
-    def chunks():
-        for lo in range(0, e_all.numel(), _CHUNK):
-            hi = lo + _CHUNK
-            yield lo, e_all[lo:hi].to(device, torch.float64), g_all[lo:hi].to(device, torch.float64), \
-                t_all[lo:hi].to(device, torch.float64) if t_all is not None else None
+    fused = _fused_kernel(e_all, g_all, t_all, device)
+
+    def chunks(size: int = _CHUNK, in_float64: bool = True):
+        for lo in range(0, e_all.numel(), size):
+            hi = lo + size
+            e, g, t = e_all[lo:hi], g_all[lo:hi], t_all[lo:hi] if t_all is not None else None
+            if in_float64:
+                e, g = e.to(device, torch.float64), g.to(device, torch.float64)
+                t = t.to(device, torch.float64) if t is not None else None
+            yield lo, e, g, t
 
     def streamed(finite: bool) -> _Pass | tuple[int, int] | None:
         """One pass (`_Pass`): its accumulator; (mismatches, elements seen) where `verdict_only` stopped at a wrong
         chunk; None where a pass that took every value as finite met one that is not (NaN, Inf: `_Pass.finite`)."""
-        acc = _Pass(tol.atol, tol.rtol, expected.is_floating_point(), truth is not None, finite=finite)
+        acc = _Pass(tol.atol, tol.rtol, expected.is_floating_point(), truth is not None, finite=finite, fused=fused)
         look_at = 1  # `verdict_only`: the chunks' mismatches are read after chunk 1, 2, 4, 8, ... (a round trip each)
-        for k, (lo, e, g, t) in enumerate(chunks(), 1):
+        size = _FUSED_CHUNK if fused is not None else _CHUNK
+        for k, (lo, e, g, t) in enumerate(chunks(size, in_float64=fused is None), 1):
             acc.add(e, g, t)
             if verdict_only and k == look_at:
                 look_at *= 2
@@ -155,10 +168,17 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
                 if bad is None:
                     return None
                 if bad:
-                    return bad, min(lo + _CHUNK, e_all.numel())
+                    return bad, min(lo + size, e_all.numel())
         return acc if acc.finish() else None
 
-    acc = streamed(finite=_FINITE_FIRST)
+    try:
+        acc = streamed(finite=_FINITE_FIRST and fused is None)  # (the kernel masks NaN and Inf at no cost)
+    except Exception as exc:  # noqa: BLE001 - only the fused kernel's build or launch: the torch passes still compare
+        if fused is None:
+            raise
+        _fused_failed(exc)
+        fused = None
+        acc = streamed(finite=_FINITE_FIRST)
     if acc is None:  # a NaN or Inf in an output or the truth: the pass that tells them apart
         acc = streamed(finite=False)
     if isinstance(acc, tuple):
@@ -196,6 +216,36 @@ def _compare_one(index: int, expected: Any, got: Any, atol: float | None, rtol: 
                        inf_count=acc.inf_count, rel_error=rel, reference_rel_error=ref_rel, tolerance=tol)
 
 
+_FUSED_FAILED: list[str] = []  # why the fused kernel failed in this process, once: it is not tried again
+
+
+def _fused_failed(exc: BaseException) -> None:
+    """The fused kernel could not build or run here (a Triton or toolchain problem of the host, not the candidate's):
+    said once on stderr (the worker's log), and this process compares with the torch passes from now on."""
+    _FUSED_FAILED.append(f"{type(exc).__name__}: {exc}"[:2000])
+    print(f"kforge: the fused output compare failed, comparing with torch instead: {_FUSED_FAILED[0]}", file=sys.stderr,
+          flush=True)
+
+
+def compare_kernel_failures() -> list[str]:
+    """Why the fused kernel failed in this process, if it did (`_fused_failed`)."""
+    return list(_FUSED_FAILED)
+
+
+def _fused_kernel(e: Any, g: Any, truth: Any, device: Any) -> Any:
+    """The fused compare's module (`compare_kernel`) where it can compare these flat outputs on `device`, or None:
+    the torch passes (`_FUSED` off, no Triton, a CPU device, an output not floating point, a kernel that failed here
+    before: `_fused_failed`)."""
+    interpret = _FUSED == "interpret"
+    if _FUSED == "off" or _FUSED_FAILED or not (interpret or str(device).startswith("cuda")):
+        return None
+    try:
+        from . import compare_kernel
+    except ImportError:  # no Triton (a CPU host's judge)
+        return None
+    return compare_kernel if compare_kernel.usable(e, g, truth, interpret=interpret) else None
+
+
 _ORDER_ONLY_ATOLS = 10.0  # element errors up to this many atols can be summation order where outputs are near 0
 
 
@@ -231,8 +281,12 @@ class _Pass:
     host round trips and gathers (a null candidate, wrong everywhere, made those gathers as large as
     the output and took seconds)."""
 
-    def __init__(self, atol: float, rtol: float, floating: bool, has_exact: bool, *, finite: bool = False) -> None:
+    def __init__(self, atol: float, rtol: float, floating: bool, has_exact: bool, *, finite: bool = False,
+                 fused: Any = None) -> None:
         self.atol, self.rtol, self.floating, self.has_exact = atol, rtol, floating, has_exact
+        # `fused`: the kernel module (`compare_kernel`) that computes a chunk's quantities, masks included, in one
+        # launch on chunks in their own dtypes; None: the torch arithmetic below, on float64 chunks.
+        self.fused = fused
         # `finite`: every value taken as finite, which makes the masks (NaN, Inf) needless: 17 kernels a chunk
         # instead of 45 (level1/63's 5 GB output took 0.34 s a compare, H200 2026-12-03). Whether that held is known
         # once the chunks' maxima and sums are read (`_held`): a NaN or Inf anywhere makes them NaN or Inf.
@@ -244,11 +298,17 @@ class _Pass:
         self._parts: list[Any] = []  # per chunk, one float64 vector of the quantities below
 
     def _bad(self, e: Any, g: Any, diff: Any) -> Any:
-        # Same-signed infinities compare equal (inf - inf is NaN), and so do NaNs where the reference has one.
-        ok = (diff <= self.atol + self.rtol * e.abs()) | (torch.isnan(e) & torch.isnan(g)) | (torch.isinf(e) & (g == e))
+        # Same-signed infinities compare equal (inf - inf is NaN), and so do NaNs where the reference has one; an
+        # infinite reference is matched by nothing else (its tolerance is infinite too: as torch.isclose has it).
+        ok = ((diff <= self.atol + self.rtol * e.abs()) & torch.isfinite(e)) | (torch.isnan(e) & torch.isnan(g)) \
+            | (torch.isinf(e) & (g == e))
         return ~ok
 
     def add(self, e: Any, g: Any, exact: Any) -> None:
+        if self.fused is not None:
+            self._parts.append(self.fused.chunk_quantities(e, g, exact, self.atol, self.rtol, max(self.atol, 1e-12),
+                                                           interpret=_FUSED == "interpret"))
+            return
         if self.finite:
             self._add_finite(e, g, exact)
             return

@@ -220,6 +220,10 @@ def _preload(backend_name: str) -> dict[str, float]:
 
     from . import candidate, compare, inputs, integrity, judge, output_contract, timing  # noqa: F401
     from .loader import load_user_module  # noqa: F401
+    try:
+        from . import compare_kernel  # noqa: F401 - the judge's compare on a GPU (Triton, where it is installed)
+    except ImportError:
+        pass
     phases.done("harness")
 
     backend = backend_class(backend_name)
@@ -253,7 +257,7 @@ def _warm_device(backend: Any) -> None:
     timer.elapsed_s()
 
 
-def _warm_libraries(backend: Any) -> None:
+def _warm_libraries(backend: Any) -> list[str]:
     """First uses that a job would otherwise pay inside its verify or profile, measured on an H100 after
     `_warm_device` (bench/explore/first_use.py): the judge's first output comparison 0.29-0.45 s (its kernels,
     float64 among them), and the device's math libraries (`Backend.warm_libraries`: on a GPU cuDNN's start 0.44 s,
@@ -262,7 +266,7 @@ def _warm_libraries(backend: Any) -> None:
     measured (first_use.py's `digest` step); warming it left the first check's 0.06-0.11 s on an H200 as it was."""
     import torch
 
-    from .compare import compare_outputs
+    from .compare import compare_kernel_failures, compare_outputs
     from .output_contract import digest_weights, value_digest
 
     dev = backend.device
@@ -272,6 +276,9 @@ def _warm_libraries(backend: Any) -> None:
         compare_outputs([expected], [got], exact=exact, device=dev)
     value_digest(got, digest_weights(dev))  # the first trial's check digests its outputs (its own weights, later)
     backend.warm_libraries()
+    # What went wrong short of failing the worker (the pool traces it with the fork): a fused compare that could
+    # not build or run here, whose outputs the torch passes compare instead.
+    return [f"fused output compare failed, torch compares instead: {why}" for why in compare_kernel_failures()]
 
 
 def _forked_worker(backend_name: str, network: str, confinement: Any,
@@ -295,7 +302,7 @@ def _forked_worker(backend_name: str, network: str, confinement: Any,
         isolation = _isolation(confinement and replace(confinement, extra_writable=own), network,  # one thread
                                backend_name)
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
-            os.environ.update(job_cache_env(first["scratch"]))
+            use_own_directories(first["scratch"])
         phases.done("sandbox")
         try:
             backend = load_backend(backend_name)
@@ -303,15 +310,24 @@ def _forked_worker(backend_name: str, network: str, confinement: Any,
             phases.done("setup")
             _warm_device(backend)
             phases.done("device")  # its start (a GPU's context), a launch and the profiler's first start
-            _warm_libraries(backend)
+            notes = _warm_libraries(backend)
             phases.done("libraries")
         except BaseException as exc:  # noqa: BLE001 - the pool stops; a cold worker will report the problem
             channel.write({"warm": False, "why": f"{type(exc).__name__}: {exc}"[:500]})
             return
-        channel.write({"warm": True, "pid": isolation["host_pid"], "phases": phases})
+        channel.write({"warm": True, "pid": isolation["host_pid"], "phases": phases, "notes": notes})
         _serve(channel, backend, isolation)
 
     return run
+
+
+def use_own_directories(scratch: str) -> None:
+    """A forked worker's temporary files and caches in its own directory (`job_cache_env`). Python reads TMPDIR once
+    and keeps it (`tempfile.tempdir`), and a fork inherits the fork server's (its directory in the read-only cache, once
+    the Triton driver's build asked for it there): Triton's PTX files for ptxas failed with "Read-only file system" in
+    every warm GPU worker (H200, 2026-12-03), so it is read again."""
+    os.environ.update(job_cache_env(scratch))
+    tempfile.tempdir = None
 
 
 def _fork_server_env(backend_name: str) -> dict[str, str]:

@@ -123,8 +123,9 @@ class ForkedProcess:
 class WarmProcess:
     """A started worker, its channel and its own directory, not yet given a job."""
 
-    def __init__(self, proc: ForkedProcess, channel: Channel, scratch: Path) -> None:
+    def __init__(self, proc: ForkedProcess, channel: Channel, scratch: Path, notes: list[str] | None = None) -> None:
         self.proc, self.channel, self.scratch = proc, channel, scratch
+        self.notes = notes or []  # what the worker said of its readying that went wrong short of failing it
 
     async def discard(self) -> None:
         """End a worker that got no job, and remove its directory."""
@@ -149,6 +150,7 @@ class _Fork:
         self._want_stopped = False
         self.stopped_s = 0.0  # how long it was kept stopped, in all
         self.phases: dict[str, float] = {}  # the worker's own account of its readying (setup, device, libraries)
+        self.notes: list[str] = []  # ... and what went wrong short of failing it (`worker._warm_libraries`)
 
     def timed_by(self, scope: anyio.CancelScope) -> None:
         """The wait for this fork's answer. Its deadline does not run while the fork is stopped: a fork kept stopped
@@ -308,10 +310,10 @@ class _Zygote:
             if under_way.pid is not None:
                 killpg(under_way.pid)  # and one that hangs goes too
             return f"a forked worker could not start its device: {reply.get('why', 'no reason given')}"
-        under_way.phases = reply.get("phases") or {}
+        under_way.phases, under_way.notes = reply.get("phases") or {}, reply.get("notes") or []
         proc = ForkedProcess(int(reply["pid"]), channel)
         self.children[proc.pid] = proc
-        return WarmProcess(proc, channel, scratch)
+        return WarmProcess(proc, channel, scratch, under_way.notes)
 
     async def close(self) -> None:
         await close_socket_stream(raw_socket(self.ctl), self.ctl)  # EOF: the zygote kills the workers it still has and exits
@@ -815,7 +817,7 @@ class WorkerPool:
             warm = await zygote.fork(dict(env), own, under_way) if isinstance(zygote, _Zygote) else zygote
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started,
                   to=self.trace_file, stopped_s=round(under_way.stopped_s, 3), pid=under_way.pid,
-                  phases=under_way.phases)
+                  phases=under_way.phases, **({"notes": under_way.notes} if under_way.notes else {}))
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         except BaseException:  # cancelled mid-fork (the pool's end): the half-made worker goes, and its directory
