@@ -234,8 +234,8 @@ def compare_kernel_failures() -> list[str]:
 
 def _fused_kernel(e: Any, g: Any, truth: Any, device: Any) -> Any:
     """The fused compare's module (`compare_kernel`) where it can compare these flat outputs on `device`, or None:
-    the torch passes (`_FUSED` off, no Triton, a CPU device, an output not floating point, a kernel that failed here
-    before: `_fused_failed`)."""
+    the torch passes (`_FUSED` off, no Triton, a CPU device, an output not float32, a kernel that failed here before:
+    `_fused_failed`)."""
     interpret = _FUSED == "interpret"
     if _FUSED == "off" or _FUSED_FAILED or not (interpret or str(device).startswith("cuda")):
         return None
