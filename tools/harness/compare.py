@@ -13,7 +13,8 @@ import torch
 from ..models import Mismatch, OutputCheck, TensorInfo, Tolerance
 from ..tool_inputs import PRECISIONS  # the one definition of the precision policies (torch-free)
 
-__all__ = ["PRECISIONS", "compare_kernel_failures", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info", "tolerance_for"]
+__all__ = ["PRECISIONS", "compare_kernel_failures", "compare_outputs", "error_bound", "flatten_outputs", "tensor_info",
+           "tolerance_for"]
 
 _FIRST_MISMATCHES = 5
 # Each output is compared first by the pass that takes its values as finite (`_Pass.finite`), and by the masked pass

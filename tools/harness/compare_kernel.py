@@ -9,8 +9,8 @@ in registers), and reduced to one row of partial results: about one read of the 
 Each row holds what `_Pass.add` stacks a chunk, in the same order and the same float64 arithmetic (`QUANTITIES`);
 only the sums' order differs (per block, then over blocks, where torch.dot has its own), so the relative L2 errors
 agree to rounding, and the counts and maxima exactly. The kernel is built and run for float32 outputs alone (`usable`);
-where it cannot run (no Triton, a tensor not on a GPU, another dtype) the caller uses the torch passes. Imported only where Triton is
-(`compare`): a CPU judge needs none of it.
+where it cannot run (no Triton, a tensor not on a GPU, another dtype) the caller uses the torch passes. Imported only
+where Triton is (`compare`): a CPU judge needs none of it.
 """
 
 from __future__ import annotations

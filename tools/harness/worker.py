@@ -264,8 +264,8 @@ def _warm_libraries(backend: Any) -> list[str]:
     cuBLAS's bfloat16, float16 and float64 paths 0.14 s each). Paid here, before the job, on inputs of a size whose
     kernels the comparison also uses on large outputs; on a GPU that builds the fused compare's kernel
     (`compare_kernel`, ~1.1 s of Triton's on an H200, 2026-12-03), once per worker since Triton's cache is the job's
-    own. Also the first trial's output digest: its own cost is not yet
-    measured (first_use.py's `digest` step); warming it left the first check's 0.06-0.11 s on an H200 as it was."""
+    own. Also the first trial's output digest: its own cost is not yet measured (first_use.py's `digest` step);
+    warming it left the first check's 0.06-0.11 s on an H200 as it was."""
     import torch
 
     from .compare import compare_kernel_failures, compare_outputs
