@@ -159,16 +159,13 @@ def test_a_verdict_only_compare_gives_the_full_verdict_and_stops_at_the_first_wr
     assert right.max_abs_error == pytest.approx(1e-6, rel=0.05) and right.rel_error is not None  # the full pass
 
 
-def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatch):
-    """Most outputs hold no NaN or Inf, and their compare skips the masks those need (`_Pass.finite`); it must give
-    the very check the masked pass gives, chunk by chunk or not, with a float64 truth or not, and an output with a
-    NaN or Inf anywhere (in the reference, the candidate or the truth) must be compared by the masked pass."""
-    import kforge.tools.harness.compare as compare
-
+def compare_cases(device: str = "cpu", n: int = 97) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(reference, candidate, float64 truth or None): the outputs that tell the compare's passes apart, `CASE_VERDICTS`
+    their verdicts (also the fused kernel's cases, `test_compare_kernel.py`)."""
     torch.manual_seed(0)
-    e = torch.randn(97)
+    e = torch.randn(n, device=device)
     wrong, nan_both, inf_both, inf_got = e + 1e-6, e.clone(), e.clone(), e.clone()
-    wrong[[3, 50, 96]] += torch.tensor([1.0, -2e-3, 5e-4])
+    wrong[[3, 50, n - 1]] += torch.tensor([1.0, -2e-3, 5e-4], device=device)
     nan_both[10] = float("nan")
     inf_both[20] = float("inf")
     inf_got[30] = float("-inf")
@@ -176,10 +173,27 @@ def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatc
     g_nan[10] = float("nan")
     truth, truth_inf = e.double() + 1e-9, e.double()
     truth_inf[5] = float("inf")
-    cases = [(e, e + 1e-6, None), (e, wrong, None), (e, wrong, truth), (nan_both, g_nan, None), (inf_both, g_inf, None),
-             (e, inf_got, truth), (e, e + 1e-6, truth_inf), (e, torch.zeros_like(e), truth),
-             (torch.arange(97), torch.arange(97), None), (torch.arange(97), torch.arange(97).flip(0), None),
-             (e * 1e-30, e * 1e-30 + 1e-6, None)]
+    ints = torch.arange(n, device=device)
+    return [(e, e + 1e-6, None), (e, wrong, None), (e, wrong, truth), (nan_both, g_nan, None), (inf_both, g_inf, None),
+            (e, inf_got, truth), (e, e + 1e-6, truth_inf), (e, torch.zeros_like(e), truth), (ints, ints, None),
+            (ints, ints.flip(0), None), (e * 1e-30, e * 1e-30 + 1e-6, None), (e.half(), (e + 3e-3).half(), None),
+            (e.bfloat16(), e.bfloat16(), None), (e.double(), e.double() + 1e-13, None), (e, e.bfloat16(), None),
+            (inf_both, e, None), (inf_both, -inf_both, None)]
+
+
+# (case 10: every element within atol, its norm 1e24 times the output's own: wrong; 14: bfloat16, read as float32 or
+# not, is off by up to 2^-9 relative; 15-16: an infinite reference is matched by nothing but the same infinity)
+CASE_VERDICTS = [True, False, False, True, True, False, True, False, True, False, False, True, True, True, False, False,
+                 False]
+
+
+def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatch):
+    """Most outputs hold no NaN or Inf, and their compare skips the masks those need (`_Pass.finite`); it must give
+    the very check the masked pass gives, chunk by chunk or not, with a float64 truth or not, and an output with a
+    NaN or Inf anywhere (in the reference, the candidate or the truth) must be compared by the masked pass."""
+    import kforge.tools.harness.compare as compare
+
+    cases = compare_cases()
     for chunk in (1 << 24, 7):
         monkeypatch.setattr(compare, "_CHUNK", chunk)
         for verdict_only in (False, True):
@@ -191,5 +205,4 @@ def test_the_pass_for_finite_outputs_gives_what_the_masked_pass_gives(monkeypatc
                         for x, y, t in cases]
             for k, (a, b) in enumerate(zip(quick, full)):
                 assert a == b, (chunk, verdict_only, k, a, b)
-    # (the last: every element within atol, its norm 1e24 times the output's own: wrong, as the masked pass says)
-    assert [c.correct for c in quick] == [True, False, False, True, True, False, True, False, True, False, False]
+    assert [c.correct for c in quick] == CASE_VERDICTS

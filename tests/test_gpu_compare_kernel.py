@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .test_compare_kernel import _VERDICTS, _differences, same_checks
+from .test_compare import CASE_VERDICTS
+from .test_compare_kernel import _differences, same_checks
 
 pytestmark = pytest.mark.gpu
 
@@ -15,7 +16,7 @@ def test_the_fused_compare_gives_what_the_torch_passes_give_on_a_gpu():
     result = same_checks("cuda", "gpu")
     assert result["differences"] == []
     assert result["launches"] >= 4 * 11
-    assert result["verdicts"] == _VERDICTS
+    assert result["verdicts"] == CASE_VERDICTS
 
 
 @pytest.mark.parametrize("wrong_at", [None, 300_000_000])
