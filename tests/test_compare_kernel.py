@@ -1,8 +1,9 @@
 """The fused compare (`harness/compare_kernel.py`, one Triton kernel a chunk, for float32 outputs) gives the checks that
 the torch passes give, on the cases that tell them apart: chunked or not, verdict-only or not, with and without a float64
 truth, NaN or Inf in the reference, the candidate or the truth; outputs of other dtypes (half precision, a candidate's
-output of another dtype read as the expected one) are left to the torch passes. Here it runs under Triton's interpreter on CPU tensors, in a process of its own (the
-interpreter is chosen before Triton is imported); `test_gpu_compare_kernel.py` runs the same cases on a GPU.
+output of another dtype read as the expected one) are left to the torch passes. Here it runs under Triton's
+interpreter on CPU tensors, in a process of its own (the interpreter is chosen before Triton is imported);
+`test_gpu_compare_kernel.py` runs the same cases on a GPU.
 """
 
 from __future__ import annotations
@@ -71,8 +72,6 @@ def same_checks(device: str, fused: str) -> dict:
     return {"differences": differences, "verdicts": verdicts, "launches": launches}
 
 
-
-
 def test_the_fused_compare_gives_what_the_torch_passes_give_under_the_interpreter():
     pytest.importorskip("triton")
     code = ("import json; from kforge.tests.test_compare_kernel import same_checks; "
@@ -85,8 +84,6 @@ def test_the_fused_compare_gives_what_the_torch_passes_give_under_the_interprete
     # Cases 8-9 (integers) and 11-14 (other dtypes) are not the kernel's; the other 11 are, in each of the 4 settings,
     # in 1 or 3 chunks.
     assert result["launches"] >= 4 * 11
-    # (bfloat16 read as float32 is off by up to 2^-9 relative: wrong at fp32's tolerance; an infinite reference is
-    # matched by nothing but the same infinity, as torch.isclose has it)
     assert result["verdicts"] == CASE_VERDICTS
 
 

@@ -307,8 +307,7 @@ class _Pass:
 
     def add(self, e: Any, g: Any, exact: Any) -> None:
         if self.fused is not None:
-            self._parts.append(self.fused.chunk_quantities(e, g, exact, self.atol, self.rtol, max(self.atol, 1e-12),
-                                                           interpret=_FUSED == "interpret"))
+            self._parts.append(self.fused.chunk_quantities(e, g, exact, self.atol, self.rtol, max(self.atol, 1e-12)))
             return
         if self.finite:
             self._add_finite(e, g, exact)

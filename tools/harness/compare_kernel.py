@@ -91,15 +91,15 @@ def usable(expected: Any, got: Any, truth: Any, interpret: bool = False) -> bool
     return expected.device.type == ("cpu" if interpret else "cuda")
 
 
-def chunk_quantities(e: Any, g: Any, t: Any, atol: float, rtol: float, big_min: float, *,
-                     interpret: bool = False) -> Any:
+def chunk_quantities(e: Any, g: Any, t: Any, atol: float, rtol: float, big_min: float) -> Any:
     """`QUANTITIES` float64 values on the device for one flat chunk (contiguous, with int32 offsets) of the
     reference's output `e`, the candidate's `g` and the float64 truth `t` (or None), reduced over its blocks."""
     n = e.numel()
     blocks = max(1, -(-n // _BLOCK))
     rows = torch.empty((blocks, QUANTITIES), dtype=torch.float64, device=e.device)
     params = torch.tensor([atol, rtol, big_min], dtype=torch.float64).to(e.device, non_blocking=True)
-    options = {} if interpret else {"enable_fp_fusion": False}  # atol + rtol*|e| rounded as torch rounds it
+    # atol + rtol*|e| rounded as torch rounds it (on CPU tensors, Triton's interpreter takes no such option)
+    options = {} if e.device.type == "cpu" else {"enable_fp_fusion": False}
     # Without a truth its pointer is the float64 `params`, never read: the same build as with a float64 truth.
     _KERNEL[(blocks,)](e, g, t if t is not None else params, params, rows, n, int(t is not None), BLOCK=_BLOCK,
                        **options)
