@@ -221,6 +221,79 @@ def import_kernelbench(kb_src: str):
     return eval_kernel_against_ref, stubbed
 
 
+def _host_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole host so far, from /proc/stat (all cores, in clock ticks)."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+class HarnessPhases:
+    """Where KernelBench's eval_kernel_against_ref spends its wall time, and what else the host did meanwhile.
+
+    Its module's own functions are wrapped for the one run (KernelBench's code is not changed): each call of the
+    problem's `get_inputs` (host RNG: 5 correctness trials and one before each of its two timing loops), its
+    correctness check (which includes those trials' `get_inputs`), and its timing loops (the candidate, then the
+    reference for its excessive-speedup check). The host's CPU seconds over the run, less this process's own, are the
+    other processes' (a KForge server's background work, say)."""
+
+    def __init__(self, kb_eval) -> None:
+        self.kb_eval, self.saved, self.out = kb_eval, {}, {"get_inputs_s": [], "timing_s": [], "correctness_s": None}
+
+    def _patch(self, name: str, wrap) -> None:
+        self.saved[name] = getattr(self.kb_eval, name)
+        setattr(self.kb_eval, name, wrap(self.saved[name]))
+
+    def __enter__(self):
+        out = self.out
+
+        def timed_list(fn, key):
+            @functools.wraps(fn)
+            def call(*a, **kw):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    out[key].append(round(time.perf_counter() - t, 3))
+            return call
+
+        def loader(fn):
+            @functools.wraps(fn)
+            def load(*a, **kw):
+                model, init_inputs, get_inputs = fn(*a, **kw)
+                return model, init_inputs, timed_list(get_inputs, "get_inputs_s")
+            return load
+
+        def correctness(fn):
+            @functools.wraps(fn)
+            def check(*a, **kw):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    out["correctness_s"] = round(time.perf_counter() - t, 3)
+            return check
+
+        self._patch("load_original_model_and_inputs", loader)
+        self._patch("run_and_check_correctness", correctness)
+        timing = self.kb_eval.timing
+        self.saved_timing = timing.get_timing_function
+        timing.get_timing_function = lambda *a, **kw: timed_list(self.saved_timing(*a, **kw), "timing_s")
+        self.t0, self.cpu0, self.own0 = time.perf_counter(), _host_cpu_s(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        wall, (busy, total), own = time.perf_counter() - self.t0, _host_cpu_s(), time.process_time() - self.own0
+        for name, fn in self.saved.items():
+            setattr(self.kb_eval, name, fn)
+        self.kb_eval.timing.get_timing_function = self.saved_timing
+        self.out.update(wall_s=round(wall, 3), own_cpu_s=round(own, 2),
+                        others_busy_cores=round(max(0.0, busy - self.cpu0[0] - own) / wall, 2) if wall else None,
+                        host_cores=os.cpu_count())
+        return False
+
+
 def helper_local(spec: dict) -> dict:
     """do_bench, then KernelBench's harness, in this fresh process (`dry`, on CPU: load everything, time nothing).
 
@@ -270,9 +343,10 @@ def helper_local(spec: dict) -> dict:
     if eval_fn is not None:
         t = time.perf_counter()
         try:
-            res = eval_fn(spec["src"], as_candidate(spec["src"]), num_correct_trials=5, num_perf_trials=100,
-                          measure_performance=True, backend="cuda")
-            out["kb_harness_s"] = round(time.perf_counter() - t, 3)
+            with HarnessPhases(sys.modules["kernelbench.eval"]) as phases:
+                res = eval_fn(spec["src"], as_candidate(spec["src"]), num_correct_trials=5, num_perf_trials=100,
+                              measure_performance=True, backend="cuda")
+            out["kb_harness_s"], out["kb_phases"] = round(time.perf_counter() - t, 3), phases.out
             if res is None:
                 out["kb_error"] = "eval_kernel_against_ref returned None (a build lock error; retry)"
             else:
@@ -1008,6 +1082,20 @@ def markdown(res: dict) -> str:
         lines += [f"| {r['problem']} | " + " | ".join(
             ", ".join(f"{k} {v:.2f}" for k, v in list(((r.get(key) or {}).get("peak_gb") or {}).items())[:4])
             for key in ("verify_trace", "profile_trace")) + " |" for r in peaks]
+    kb = [(r, (r.get("local") or {}).get("kb_phases")) for r in res["rows"]]
+    if any(ph for _, ph in kb):
+        lines += ["", "| problem | KB harness s | its get_inputs calls: n, total s (max) | correctness s (with its "
+                  "get_inputs) | timing loops s (candidate, reference) | rest s | other processes' busy cores |",
+                  "|---|---|---|---|---|---|---|"]
+        for r, ph in kb:
+            if not ph:
+                continue
+            gi, loops = ph.get("get_inputs_s") or [], ph.get("timing_s") or []
+            rest = ph["wall_s"] - (ph.get("correctness_s") or 0) - sum(loops) - sum(gi[5:])
+            lines.append(f"| {r['problem']} | {fmt(ph['wall_s'], 2)} | {len(gi)}, {fmt(sum(gi), 2)} "
+                         f"({fmt(max(gi) if gi else None, 2)}) | {fmt(ph.get('correctness_s'), 2)} | "
+                         f"{', '.join(fmt(x, 2) for x in loops)} | {fmt(rest, 2)} | "
+                         f"{fmt(ph.get('others_busy_cores'), 2)} of {ph.get('host_cores')} |")
     lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 

@@ -115,6 +115,24 @@ def test_sync_overhead_alone_is_not_unseen_work():
     assert timed(backend, TimingPolicy(budget_s=5)).stats.unseen_work
 
 
+def test_the_cross_check_of_a_long_call_takes_fewer_calls_and_still_sees_hidden_work():
+    """9 checked calls of a 17 ms convolution were 0.15 s of every round: a long call is checked on 3, enough for
+    work hidden in every call to show in their median; a short one on all of `checked_calls`."""
+    from kforge.tools.harness.timing import _cross_check
+
+    policy = TimingPolicy(checked_calls=9)
+    for per_call_s, calls in ((17e-3, 3), (5e-3, 4), (100e-6, 9)):
+        backend = FakeBackend(per_call_s)
+        backend.hidden_s = per_call_s  # as long again, on a stream the timer cannot see
+        _host, unseen, _note = _cross_check(backend.run, lambda i: [], backend, policy, backend.now, per_call_s)
+        assert backend.calls == calls and unseen
+        honest = FakeBackend(per_call_s)
+        assert not _cross_check(honest.run, lambda i: [], honest, policy, honest.now, per_call_s)[1]
+    one = FakeBackend(17e-3)  # a policy asking for fewer (the warm-up's 1) gets what it asked for
+    _cross_check(one.run, lambda i: [], one, TimingPolicy(checked_calls=1), one.now, 17e-3)
+    assert one.calls == 1
+
+
 def test_hidden_work_shorter_than_the_sync_itself_is_still_seen():
     """A warm GPU runs a hidden side-stream kernel in ~20 us, less than two syncs cost: the sync's own cost is
     measured on empty windows and subtracted once, so what remains is the hidden work."""

@@ -4,6 +4,7 @@ do not validate and malformed replies are rejected with a message that names the
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from typing import Literal
@@ -222,7 +223,12 @@ async def test_the_servers_clock_times_a_candidate_and_the_judges_launch_floor_i
         # loaded host's jitter, where 50 calls' (at 20 us) read 0 beside a CI run (2-core VM, 2026-11-28).
         anchor = await _wall_anchor(cand, 5.0, None, limits, judge)
         plain = await _wall_anchor(cand, 5.0, None, limits)
+        # A call of 10 ms or more is timed in ops of 1 and 2 calls (the round trip's jitter is ~1% of one), 0.5-5 ms
+        # ones in ops of at least 3.
+        long_calls = await _wall_anchor(cand, 20_000.0, None, limits)
+        mid_calls = await _wall_anchor(cand, 2_000.0, None, limits)
     assert anchor is not None and plain is not None and plain["floor_us"] is None
+    assert anchor["calls"] == math.ceil(1e-3 / (5.0 * 1e-6)) and long_calls["calls"] == 1 and mid_calls["calls"] == 3
     if anchor["per_call_us"] is None or anchor["floor_us"] is None or anchor["batches"] < 3:
         pytest.skip(f"the host was too busy for the server's clock ({anchor['batches']} clean pairs of "
                     f"{anchor['tried']} tried)")

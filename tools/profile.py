@@ -68,6 +68,9 @@ _COMPILE_TIMEOUT_S = 600.0
 # The server's own clock on the candidate's calls (`_wall_anchor`): ops of about this long and twice as long, each
 # of at most so many calls; the difference of the two is the calls' own time.
 _ANCHOR_BATCH_S = 0.001  # short: some escape preemption on a busy host
+# Ops of at least this many calls, or of one call where a call takes `_ANCHOR_ONE_CALL_S` or more: the round trip's
+# jitter (~0.1-0.2 ms) is then about 1% of the difference, and 27 calls of a 17 ms convolution took 0.46 s.
+_ANCHOR_MIN_CALLS, _ANCHOR_ONE_CALL_S = 3, 0.01
 _ANCHOR_BATCHES = 3  # ops of each length that were not preempted more than ...
 _ANCHOR_SWITCHES_TOLERATED = 2  # ... this often wanted (on an idle 2-core VM a CPU matmul's 5 ms op is taken
 # off its core once or twice by its own threads; a busy host takes it off more often) ...
@@ -404,7 +407,8 @@ async def _wall_anchor(worker: WorkerProcess, median_us: float, reference_call_s
     4-17 us per call on an idle or loaded H100 host against a 7.1 us ReLU (H100 2026-11-25). None without a median."""
     if not median_us or median_us <= 0:
         return None
-    calls = max(3, min(_ANCHOR_MAX_CALLS, math.ceil(_ANCHOR_BATCH_S / (median_us * 1e-6))))
+    least = 1 if median_us * 1e-6 >= _ANCHOR_ONE_CALL_S else _ANCHOR_MIN_CALLS
+    calls = max(least, min(_ANCHOR_MAX_CALLS, math.ceil(_ANCHOR_BATCH_S / (median_us * 1e-6))))
     series: dict[str, tuple[WorkerProcess, Any, int]] = {"candidate": (worker, AnchorRequest, calls)}
     if judge is not None:
         series["floor"] = (judge, LaunchFloorRequest, _FLOOR_CALLS)

@@ -44,6 +44,11 @@ _GAP_FLOOR_S = 5e-6
 _MAX_BATCH = 100  # calls queued before one synchronize (each holds two events and maybe an output)
 _MAX_TOP_UP = 1000  # warm-up calls queued after the estimate (tiny kernels: the host's queueing is the limit)
 _PROBE_EVERY_S = 0.05  # the launch probe's 60 launches (~0.4 ms) at most this often: under 1% of a round's time
+# The cross-check's calls fill about this much time, with at least `_MIN_CHECKED_CALLS` of them: hidden work shows
+# in every call, so a median of 3 finds it, and 9 calls of a 17 ms convolution were 0.15 s of every round (x9 rounds
+# in a profile with torch.compile, H200 2026-12-03).
+_CHECK_WINDOW_S = 0.02
+_MIN_CHECKED_CALLS = 3
 
 
 class TimingPolicy:
@@ -97,7 +102,7 @@ def time_model(label: str, fn: Callable[..., Any], make_args: Callable[[int], Se
     per_call_s = _warm_up(fn, make_args, backend, policy, schedule)
     # The cross-check runs before sampling: it decides how the samples are taken, and no call may follow the
     # last timed one before its output is saved (a candidate may reuse its output buffer).
-    host_med, unseen, gap_note = _cross_check(fn, make_args, backend, policy, clock)
+    host_med, unseen, gap_note = _cross_check(fn, make_args, backend, policy, clock, per_call_s)
     contention = getattr(backend, "contention", None)  # host backends count windows another process preempted
     if contention:
         contention()
@@ -201,14 +206,18 @@ def _warm_up(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], 
 
 
 def _cross_check(fn: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], backend: Any,
-                 policy: TimingPolicy, clock: Callable[[], float]) -> tuple[float | None, bool, str]:
+                 policy: TimingPolicy, clock: Callable[[], float],
+                 per_call_s: float = 0.0) -> tuple[float | None, bool, str]:
     """Host clock (closed after a device-wide sync) against the device timer on the same calls, on set 0
-    (the warm-up's, so no fresh set is spent before the replay check can use it)."""
+    (the warm-up's, so no fresh set is spent before the replay check can use it): `policy.checked_calls` of
+    them, or as many as fill `_CHECK_WINDOW_S` at `per_call_s` each (at least `_MIN_CHECKED_CALLS`)."""
     if policy.checked_calls < 1:
         return None, False, ""
+    calls = min(policy.checked_calls,
+                max(_MIN_CHECKED_CALLS, math.ceil(_CHECK_WINDOW_S / per_call_s) if per_call_s > 0 else policy.checked_calls))
     overhead = _timer_overhead_s(backend, clock)
     host, device = [], []
-    for _ in range(policy.checked_calls):
+    for _ in range(calls):
         args = make_args(0)
         backend.flush_cache()
         backend.synchronize()
