@@ -40,6 +40,47 @@ async def test_a_cpu_worker_holds_no_device_context_and_a_cuda_one_does(tmp_path
         assert not _tree(cpu_worker.proc.pid) & on_gpu, "a cpu worker started a CUDA context"
 
 
+async def test_forks_after_the_first_find_the_fused_compare_in_the_triton_seed(tmp_path):
+    """The first GPU forks compile the fused compare while they ready and the pool seeds it (`triton_seed`); a fork
+    after them copies the seed into its own Triton cache and compiles nothing: every entry its cache holds is the
+    seed's (a key it missed would show as an entry of its own), and the seed did not grow."""
+    from kforge.tools.process.triton_seed import seed_dir
+
+    ctx = ToolContext(home=tmp_path / "home")
+    seed = seed_dir(ctx.home)
+
+    def idle_cuda() -> list:
+        return [w for kind, ws in pool._idle.items() if kind[0] == "cuda" for w in ws]
+
+    async with ctx.warm_workers(1) as pool:
+        with anyio.fail_after(240):
+            while not idle_cuda():
+                assert not pool.problems, pool.problems
+                await anyio.sleep(0.2)
+        with anyio.fail_after(240):  # the forks started beside the first (before any seed) arrive
+            while any(pool._starting.values()):
+                await anyio.sleep(0.2)
+        seeded = sorted(p.name for p in seed.iterdir()) if seed.is_dir() else []
+        assert seeded, "the first cuda fork seeded nothing"
+        before = {w.proc.pid for ws in pool._idle.values() for w in ws}
+        kind = next(k for k, ws in pool._idle.items() if k[0] == "cuda" and ws)
+        taken = pool.take(kind[0], dict(kind[1]))  # the pool refills it: a fork after the seed was made
+        assert taken is not None
+
+        def new_cuda() -> list:
+            return [w for w in idle_cuda() if w.proc.pid not in before]
+
+        with anyio.fail_after(240):
+            while not new_cuda():
+                assert not pool.problems, pool.problems
+                await anyio.sleep(0.2)
+        later = new_cuda()[0]
+        own = sorted(p.name for p in (later.scratch / "triton").iterdir())
+        assert later.notes == [] and set(own) <= set(seeded), (own, seeded)
+        assert sorted(p.name for p in seed.iterdir()) == seeded
+        await taken.discard()
+
+
 async def test_a_kept_cuda_judge_gives_its_device_memory_back_and_judges_the_next_candidate_anew(tmp_path):
     """A judge kept for the next job of its reference (`WorkerPool.give_back_kept`) on a GPU: its reset leaves its
     allocator holding little, the next verify is served by the same process, and a wrong candidate after a right

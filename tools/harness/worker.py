@@ -32,6 +32,7 @@ from kforge.backends.build.fast_build import job_cache_env
 
 from ..process import protocol as p
 from ..process.channel import WorkerChannel, close_all
+from ..process.triton_seed import copy_into
 from .handoff import return_free_memory
 from .session import Session
 
@@ -305,6 +306,8 @@ def _forked_worker(backend_name: str, network: str, confinement: Any,
                                backend_name)
         if first.get("scratch"):  # the zygote's own directory lies in the cache, read-only here
             use_own_directories(first["scratch"])
+        # What earlier forks compiled while they readied (the fused compare): a cache hit here (`triton_seed`).
+        copy_into(first.get("triton_seed"), os.environ.get("TRITON_CACHE_DIR"))
         phases.done("sandbox")
         try:
             backend = load_backend(backend_name)

@@ -45,6 +45,7 @@ from .channel import Channel, SocketBytes, close_socket_stream, raw_socket
 from .host_holds import HostHolds
 from .lifecycle import close_together, kill_group, killpg, scratch_name, session_members, trace, worker_env
 from .protocol import ResetReply, ResetRequest
+from .triton_seed import add_new, seed_dir
 
 __all__ = ["ForkedProcess", "WarmProcess", "WorkerPool"]
 
@@ -280,9 +281,11 @@ class _Zygote:
                 child._exited(-9)
             self.children.clear()
 
-    async def fork(self, extra_env: dict[str, str], scratch: Path, under_way: _Fork) -> WarmProcess | str:
+    async def fork(self, extra_env: dict[str, str], scratch: Path, under_way: _Fork,
+                   triton_seed: Path | None = None) -> WarmProcess | str:
         """A new worker with this environment, its device started and `scratch` its only writable directory
-        of the data directory, or why there is none. `under_way` learns its pid while it readies."""
+        of the data directory, or why there is none. `under_way` learns its pid while it readies; `triton_seed`:
+        Triton cache entries it copies into its own before it readies (`triton_seed.copy_into`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             async with self._asking:
@@ -296,7 +299,9 @@ class _Zygote:
             theirs.close()
         channel = await Channel.from_socket(ours)
         try:
-            await channel.send((json.dumps({"env": extra_env, "scratch": str(scratch)}) + "\n").encode())
+            first = {"env": extra_env, "scratch": str(scratch),
+                     **({"triton_seed": str(triton_seed)} if triton_seed is not None and triton_seed.is_dir() else {})}
+            await channel.send((json.dumps(first) + "\n").encode())
             with anyio.fail_after(timeout_s := _FORK_TIMEOUT_S) as scope:
                 under_way.timed_by(scope)
                 reply = json.loads((await channel.receive_line(1 << 16))[0])
@@ -814,10 +819,14 @@ class WorkerPool:
         try:
             zygote = await self._zygote(backend)
             own.mkdir(mode=0o700, parents=True)
-            warm = await zygote.fork(dict(env), own, under_way) if isinstance(zygote, _Zygote) else zygote
+            seed = seed_dir(self.home)
+            warm = await zygote.fork(dict(env), own, under_way, seed) if isinstance(zygote, _Zygote) else zygote
+            # What its readying compiled (the fused compare) goes to the seed, before any job runs in it.
+            seeded = await anyio.to_thread.run_sync(add_new, own / "triton", seed) if not isinstance(warm, str) else []
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started,
                   to=self.trace_file, stopped_s=round(under_way.stopped_s, 3), pid=under_way.pid,
-                  phases=under_way.phases, **({"notes": under_way.notes} if under_way.notes else {}))
+                  phases=under_way.phases, **({"notes": under_way.notes} if under_way.notes else {}),
+                  **({"triton_seeded": seeded} if seeded else {}))
         except Exception as exc:  # noqa: BLE001 - a pool that cannot warm must not take the server down
             warm = f"{type(exc).__name__}: {exc}"
         except BaseException:  # cancelled mid-fork (the pool's end): the half-made worker goes, and its directory
