@@ -71,3 +71,20 @@ def test_the_judges_whole_output_checks_go_a_chunk_at_a_time_on_views(monkeypatc
                 u = t.clone()
                 u[tuple(s - 1 for s in u.shape)] = bad  # the last element in index order
                 assert not judge._all_finite([torch.ones(3), u])
+
+
+def test_the_repeat_makes_its_inputs_before_it_poisons_the_allocator(monkeypatch):
+    """Made after the poisoning, the inputs took the start of the poisoned block and a large output went to memory of
+    its own, which held no NaN (level1/63's repeat reserved 17.4 GB for a 9.9 GB peak, H200)."""
+    import torch
+
+    from kforge.tools.harness import candidate
+
+    order: list[str] = []
+    monkeypatch.setattr(candidate, "poison_allocator", lambda sizes, backend: order.append(f"poison {sizes}"))
+    fake = SimpleNamespace(
+        _output_sizes=[64], backend=SimpleNamespace(synchronize=lambda: order.append("sync")),
+        sets=SimpleNamespace(fresh=lambda i: order.append(f"inputs {i}") or [torch.ones(16)]),
+        model=lambda x: order.append("call") or x * 2)
+    out = candidate.Candidate._run_poisoned(fake, 3)
+    assert order == ["inputs 3", "poison [64]", "call", "sync"] and torch.equal(out[0], torch.full((16,), 2.0))

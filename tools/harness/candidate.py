@@ -100,9 +100,14 @@ class Candidate:
         return p.TrialReply(**record)
 
     def _run_poisoned(self, i: int) -> list[Any]:
-        """Trial i's inputs again, after the allocator was poisoned with NaN where the last outputs' sizes fit."""
+        """Trial i's inputs again, after the allocator was poisoned with NaN where the last outputs' sizes fit. The
+        inputs are made first: made after, they took the start of the poisoned block, and an output as large as the
+        block went to memory of its own, not poisoned (level1/63: 1.07 GB of inputs, an 8.55 GB output; the repeat
+        reserved 17.4 GB, H200 2026-12-03)."""
+        args = self.sets.fresh(i)
         poison_allocator(self._output_sizes, self.backend)
-        again = flatten_outputs(self.model(*self.sets.fresh(i)))
+        again = flatten_outputs(self.model(*args))
+        del args
         self.backend.synchronize()
         return again
 
