@@ -58,7 +58,10 @@ async def test_a_cuda_profile_after_a_verify_times_torch_compile_in_the_judge_th
     reference = problem_reference("relu")
     async with ctx.warm_workers(2) as pool:
         await _cuda_ready(pool)
-        await verify_relu(ctx, "cuda", reference)
+        # Once the warm-up has its judge: a profile that comes before it has one compiles for itself and ends the
+        # warm-up (outcome "cancelled"), which happened here once when the verify had taken both idle workers and
+        # the warm-up's came after the verify (H200, 2026-12-03).
+        await _compiling(await _warmed_after_verify(ctx, "cuda", reference))
         prof = await profile_kernel(ctx, ProfileRequest(backend="cuda", reference_code=reference, candidate_code=RELU,
                                                         baselines=("eager", "torch.compile"), budget_s=0.5,
                                                         hardware_counters=False, use_store=False))
