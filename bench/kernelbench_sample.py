@@ -1085,8 +1085,8 @@ def markdown(res: dict) -> str:
     kb = [(r, (r.get("local") or {}).get("kb_phases")) for r in res["rows"]]
     if any(ph for _, ph in kb):
         lines += ["", "| problem | KB harness s | its get_inputs calls: n, total s (max) | correctness s (with its "
-                  "get_inputs) | timing loops s (candidate, reference) | rest s | other processes' busy cores |",
-                  "|---|---|---|---|---|---|---|"]
+                  "get_inputs) | timing loops s (candidate, reference) | rest s | other processes' busy cores | "
+                  "(v+p) / (KB less its get_inputs) |", "|---|---|---|---|---|---|---|---|"]
         for r, ph in kb:
             if not ph:
                 continue
@@ -1095,7 +1095,8 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['problem']} | {fmt(ph['wall_s'], 2)} | {len(gi)}, {fmt(sum(gi), 2)} "
                          f"({fmt(max(gi) if gi else None, 2)}) | {fmt(ph.get('correctness_s'), 2)} | "
                          f"{', '.join(fmt(x, 2) for x in loops)} | {fmt(rest, 2)} | "
-                         f"{fmt(ph.get('others_busy_cores'), 2)} of {ph.get('host_cores')} |")
+                         f"{fmt(ph.get('others_busy_cores'), 2)} of {ph.get('host_cores')} | "
+                         f"{fmt(ratio((r.get('verify_s') or 0) + (r.get('profile_s') or 0), ph['wall_s'] - sum(gi)), 2)} |")
     lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 
