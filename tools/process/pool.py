@@ -821,8 +821,12 @@ class WorkerPool:
             own.mkdir(mode=0o700, parents=True)
             seed = seed_dir(self.home)
             warm = await zygote.fork(dict(env), own, under_way, seed) if isinstance(zygote, _Zygote) else zygote
-            # What its readying compiled (the fused compare) goes to the seed, before any job runs in it.
-            seeded = await anyio.to_thread.run_sync(add_new, own / "triton", seed) if not isinstance(warm, str) else []
+            # What its readying compiled (the fused compare) goes to the seed, before any job runs in it; shielded (a
+            # few ms), so a cancel cannot land between the worker's making and its place in the pool.
+            seeded: list[str] = []
+            if not isinstance(warm, str):
+                with anyio.CancelScope(shield=True):
+                    seeded = await anyio.to_thread.run_sync(add_new, own / "triton", seed)
             trace("pool", "fork " + " ".join([backend, *(f"{k}={v}" for k, v in env)]), True, started,
                   to=self.trace_file, stopped_s=round(under_way.stopped_s, 3), pid=under_way.pid,
                   phases=under_way.phases, **({"notes": under_way.notes} if under_way.notes else {}),
