@@ -239,7 +239,7 @@ class HarnessPhases:
     other processes' (a KForge server's background work, say)."""
 
     def __init__(self, kb_eval) -> None:
-        self.kb_eval, self.saved, self.out = kb_eval, {}, {"get_inputs_s": [], "timing_s": [], "correctness_s": None}
+        self.kb_eval, self.saved, self.out = kb_eval, {}, {"get_inputs_s": [], "timing_s": [], "correctness_s": []}
 
     def _patch(self, name: str, wrap) -> None:
         self.saved[name] = getattr(self.kb_eval, name)
@@ -265,18 +265,8 @@ class HarnessPhases:
                 return model, init_inputs, timed_list(get_inputs, "get_inputs_s")
             return load
 
-        def correctness(fn):
-            @functools.wraps(fn)
-            def check(*a, **kw):
-                t = time.perf_counter()
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    out["correctness_s"] = round(time.perf_counter() - t, 3)
-            return check
-
         self._patch("load_original_model_and_inputs", loader)
-        self._patch("run_and_check_correctness", correctness)
+        self._patch("run_and_check_correctness", lambda fn: timed_list(fn, "correctness_s"))
         timing = self.kb_eval.timing
         self.saved_timing = timing.get_timing_function
         timing.get_timing_function = lambda *a, **kw: timed_list(self.saved_timing(*a, **kw), "timing_s")
@@ -284,12 +274,13 @@ class HarnessPhases:
         return self
 
     def __exit__(self, *exc):
-        wall, (busy, total), own = time.perf_counter() - self.t0, _host_cpu_s(), time.process_time() - self.own0
+        wall, (busy, _total), own = time.perf_counter() - self.t0, _host_cpu_s(), time.process_time() - self.own0
         for name, fn in self.saved.items():
             setattr(self.kb_eval, name, fn)
         self.kb_eval.timing.get_timing_function = self.saved_timing
-        self.out.update(wall_s=round(wall, 3), own_cpu_s=round(own, 2),
-                        others_busy_cores=round(max(0.0, busy - self.cpu0[0] - own) / wall, 2) if wall else None,
+        checks = self.out["correctness_s"]  # called once: its time, as a number
+        self.out.update(correctness_s=round(sum(checks), 3) if checks else None, wall_s=round(wall, 3),
+                        own_cpu_s=round(own, 2), others_busy_cores=round(max(0.0, busy - self.cpu0[0] - own) / wall, 2) if wall else None,
                         host_cores=os.cpu_count())
         return False
 
