@@ -221,12 +221,11 @@ def import_kernelbench(kb_src: str):
     return eval_kernel_against_ref, stubbed
 
 
-def _host_cpu_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole host so far, from /proc/stat (all cores, in clock ticks)."""
+def _host_busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole host so far (all cores, not idle nor waiting on I/O), from /proc/stat."""
     fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return (sum(fields) - idle) / tick, sum(fields) / tick
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 class HarnessPhases:
@@ -270,18 +269,19 @@ class HarnessPhases:
         timing = self.kb_eval.timing
         self.saved_timing = timing.get_timing_function
         timing.get_timing_function = lambda *a, **kw: timed_list(self.saved_timing(*a, **kw), "timing_s")
-        self.t0, self.cpu0, self.own0 = time.perf_counter(), _host_cpu_s(), time.process_time()
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _host_busy_cpu_s(), time.process_time()
         return self
 
     def __exit__(self, *exc):
-        wall, (busy, _total), own = time.perf_counter() - self.t0, _host_cpu_s(), time.process_time() - self.own0
+        wall, own = time.perf_counter() - self.t0, time.process_time() - self.own0
+        busy = _host_busy_cpu_s() - self.busy0
         for name, fn in self.saved.items():
             setattr(self.kb_eval, name, fn)
         self.kb_eval.timing.get_timing_function = self.saved_timing
         checks = self.out["correctness_s"]  # called once: its time, as a number
+        others = round(max(0.0, busy - own) / wall, 2) if wall else None
         self.out.update(correctness_s=round(sum(checks), 3) if checks else None, wall_s=round(wall, 3),
-                        own_cpu_s=round(own, 2), others_busy_cores=round(max(0.0, busy - self.cpu0[0] - own) / wall, 2) if wall else None,
-                        host_cores=os.cpu_count())
+                        own_cpu_s=round(own, 2), others_busy_cores=others, host_cores=os.cpu_count())
         return False
 
 
@@ -1087,7 +1087,8 @@ def markdown(res: dict) -> str:
                          f"({fmt(max(gi) if gi else None, 2)}) | {fmt(ph.get('correctness_s'), 2)} | "
                          f"{', '.join(fmt(x, 2) for x in loops)} | {fmt(rest, 2)} | "
                          f"{fmt(ph.get('others_busy_cores'), 2)} of {ph.get('host_cores')} | "
-                         f"{fmt(ratio((r.get('verify_s') or 0) + (r.get('profile_s') or 0), ph['wall_s'] - sum(gi)), 2)} |")
+                         f"{fmt(ratio((r.get('verify_s') or 0) + (r.get('profile_s') or 0), ph['wall_s'] - sum(gi)), 2)}"
+                         " |")
     lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 
